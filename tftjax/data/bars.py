@@ -1,0 +1,226 @@
+"""Read and validate OHLCV bars from parquet.
+
+``read_bars(path)`` returns a :class:`Bars` table (numpy columns, float64
+prices, int64 nanosecond timestamps) or raises :class:`DataError` whose
+message names the file, the column and the first offending row. Every CLI
+turns a ``DataError`` into one line on stderr and exit code 2.
+
+Accepted column names (any case): time from ``ts``, ``ts_event``,
+``timestamp``, ``datetime``, ``date`` (first match in that order; timestamp,
+date, ISO-8601 string or integer epoch in s/ms/us/ns); prices and volume
+from ``open``, ``high``, ``low``, ``close``, ``volume``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+TIME_COLUMNS = ("ts", "ts_event", "timestamp", "datetime", "date")
+VALUE_COLUMNS = ("open", "high", "low", "close", "volume")
+
+
+class DataError(ValueError):
+    """Bad input data: the message names the file, column and row."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Bars:
+    """A validated bar table; every column has the same length ``n``."""
+
+    path: str
+    ts: np.ndarray  # [n] int64, nanoseconds since the epoch (wall-clock as stored)
+    open: np.ndarray  # [n] float64
+    high: np.ndarray  # [n] float64
+    low: np.ndarray  # [n] float64
+    close: np.ndarray  # [n] float64
+    volume: np.ndarray  # [n] float64
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+    def slice(self, start: int, stop: int) -> "Bars":
+        return dataclasses.replace(
+            self, **{f: getattr(self, f)[start:stop] for f in ("ts",) + VALUE_COLUMNS}
+        )
+
+    def replace(self, **columns: np.ndarray) -> "Bars":
+        return dataclasses.replace(self, **columns)
+
+
+def default_min_rows() -> int:
+    """One encoder+decoder window plus the feature warm-up."""
+    from tftjax.config import DataConfig
+    from tftjax.data.features import WARMUP
+
+    return WARMUP + DataConfig().window
+
+
+def _fmt_ts(ns: int) -> str:
+    return str(np.datetime64(int(ns), "ns"))
+
+
+def _find_column(table: pa.Table, wanted: str) -> str | None:
+    by_lower = {name.lower(): name for name in table.column_names}
+    return by_lower.get(wanted)
+
+
+def _time_to_ns(col: pa.ChunkedArray, path: str, name: str) -> np.ndarray:
+    t = col.type
+    try:
+        if pa.types.is_timestamp(t):
+            arr = pc.cast(col, pa.timestamp("ns", tz=t.tz))
+        elif pa.types.is_date(t):
+            arr = pc.cast(pc.cast(col, pa.timestamp("s")), pa.timestamp("ns"))
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
+            arr = pc.cast(col, pa.timestamp("ns"))
+        elif pa.types.is_integer(t):
+            ints = col.to_numpy().astype(np.int64)
+            if ints.size and np.abs(ints).max() > 0:
+                mag = np.abs(ints).max()
+                # Seconds < 1e11 (year 5138), ms < 1e14, us < 1e17, else ns.
+                scale = 10**9 if mag < 1e11 else 10**6 if mag < 1e14 else 10**3 if mag < 1e17 else 1
+                ints = ints * scale
+            return ints
+        else:
+            raise DataError(
+                f"{path}: column '{name}' has type {t}, expected a timestamp, date, "
+                "ISO-8601 string or integer epoch"
+            )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise DataError(f"{path}: column '{name}' cannot be read as timestamps ({e})") from None
+    if arr.null_count:
+        row = int(np.flatnonzero(pc.is_null(arr).to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{path}: column '{name}' row {row}: missing timestamp")
+    return arr.to_numpy().view("int64") if arr.type.tz is None else np.asarray(
+        pc.cast(arr, pa.int64())
+    )
+
+
+def _numeric(col: pa.ChunkedArray, path: str, name: str) -> np.ndarray:
+    t = col.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
+        raise DataError(f"{path}: column '{name}' has type {t}, expected a number")
+    values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+    values = np.where(np.isnan(values), np.nan, values)  # nulls arrive as NaN
+    return np.ascontiguousarray(values, dtype=np.float64)
+
+
+def _first(mask: np.ndarray) -> int | None:
+    idx = np.flatnonzero(mask)
+    return int(idx[0]) if idx.size else None
+
+
+def validate(bars: Bars, min_rows: int) -> None:
+    """Raise :class:`DataError` at the first problem found."""
+    path = bars.path
+    for name in VALUE_COLUMNS:
+        values = getattr(bars, name)
+        row = _first(~np.isfinite(values))
+        if row is not None:
+            what = "NaN or missing" if np.isnan(values[row]) else "infinite"
+            raise DataError(f"{path}: column '{name}' row {row}: value is {what}")
+    for name in ("open", "high", "low", "close"):
+        row = _first(getattr(bars, name) <= 0)
+        if row is not None:
+            raise DataError(
+                f"{path}: column '{name}' row {row}: price {float(getattr(bars, name)[row])!r} is not positive"
+            )
+    row = _first(bars.volume < 0)
+    if row is not None:
+        raise DataError(f"{path}: column 'volume' row {row}: negative volume {float(bars.volume[row])!r}")
+    top = np.maximum(bars.open, bars.close)
+    row = _first(bars.high < top)
+    if row is not None:
+        raise DataError(
+            f"{path}: column 'high' row {row}: high {float(bars.high[row])!r} is below "
+            f"max(open, close) = {float(top[row])!r}"
+        )
+    bottom = np.minimum(bars.open, bars.close)
+    row = _first(bars.low > bottom)
+    if row is not None:
+        raise DataError(
+            f"{path}: column 'low' row {row}: low {float(bars.low[row])!r} is above "
+            f"min(open, close) = {float(bottom[row])!r}"
+        )
+    step = np.diff(bars.ts)
+    row = _first(step <= 0)
+    if row is not None:
+        kind = "duplicate" if step[row] == 0 else "unsorted"
+        raise DataError(
+            f"{path}: column 'ts' row {row + 1}: {kind} timestamp {_fmt_ts(bars.ts[row + 1])} "
+            f"(previous row {row}: {_fmt_ts(bars.ts[row])})"
+        )
+    if len(bars) < min_rows:
+        raise DataError(
+            f"{path}: {len(bars)} rows, need at least {min_rows} "
+            "(one encoder+decoder window plus the feature warm-up)"
+        )
+
+
+def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
+    """Read a parquet file of OHLCV bars and validate it.
+
+    Args:
+      path: parquet file.
+      min_rows: fewest rows accepted; default one window plus feature warm-up.
+
+    Returns:
+      A :class:`Bars` table.
+
+    Raises:
+      DataError: naming the file, the column and the first offending row.
+    """
+    p = Path(path)
+    path_s = str(path)
+    if not p.exists():
+        raise DataError(f"{path_s}: file not found")
+    if p.is_dir():
+        raise DataError(f"{path_s}: is a directory, expected a parquet file")
+    try:
+        table = pq.read_table(p)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise DataError(f"{path_s}: not a readable parquet file ({type(e).__name__}: {e})") from None
+
+    time_name = next((_find_column(table, c) for c in TIME_COLUMNS if _find_column(table, c)), None)
+    if time_name is None:
+        raise DataError(
+            f"{path_s}: no time column (looked for {', '.join(TIME_COLUMNS)}; "
+            f"found {', '.join(table.column_names) or 'no columns'})"
+        )
+    cols: dict[str, np.ndarray] = {}
+    for name in VALUE_COLUMNS:
+        actual = _find_column(table, name)
+        if actual is None:
+            raise DataError(
+                f"{path_s}: missing column '{name}' (found {', '.join(table.column_names)})"
+            )
+        cols[name] = _numeric(table.column(actual), path_s, actual)
+    ts = _time_to_ns(table.column(time_name), path_s, time_name)
+    bars = Bars(path=path_s, ts=np.ascontiguousarray(ts, dtype=np.int64), **cols)
+    validate(bars, default_min_rows() if min_rows is None else min_rows)
+    return bars
+
+
+def write_bars(bars: Bars, path: str | os.PathLike) -> None:
+    """Write bars as parquet with the canonical column names (``ts`` in us)."""
+    table = pa.table(
+        {
+            "ts": pa.array(bars.ts // 1000, type=pa.int64()).cast(pa.timestamp("us")),
+            **{name: pa.array(getattr(bars, name), type=pa.float64()) for name in VALUE_COLUMNS},
+        }
+    )
+    pq.write_table(table, path)
+
+
+def default_parquet() -> Path:
+    """Path of the bundled ES 1-minute bars (see ``tftjax/data/bundled/SOURCES.md``)."""
+    from importlib import resources
+
+    return Path(str(resources.files("tftjax.data.bundled") / "es_1min_2013-09.parquet"))

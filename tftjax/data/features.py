@@ -1,0 +1,382 @@
+"""OHLCV bars → the TFT-225 feature set (210 historical, 10 known, 5 static).
+
+Everything is vectorised numpy over the whole series (rolling sums by
+cumulative sums, rolling extremes by log-doubling), float64 inside, float32
+out, written column by column into one preallocated matrix so that peak
+memory stays near the size of the result. Every feature at row ``t`` is a
+function of bars ``<= t`` only (tested: changing bars after ``t`` leaves rows
+``<= t`` bit-identical).
+
+Notation: ``c, o, h, l, v`` close/open/high/low/volume; ``r_t = log(c_t /
+c_{t-1})``; ``mean_L``/``sum_L``/``max_L``/``min_L`` over the ``L`` rows
+ending at ``t``.
+
+Historical features (210 = 15 families × 14 look-backs
+``L ∈ {2, 3, 5, 8, 10, 13, 15, 20, 25, 30, 40, 60, 90, 120}``), column
+``family * 14 + window_index``:
+
+=========  ==================================================================
+``ret``    log return over L bars, ``log c_t - log c_{t-L}``
+``rvol``   realised volatility ``sqrt(mean_L r²)``
+``range``  mean log range ``mean_L log(h/l)``
+``clv``    close location in the L-bar channel, ``(log c - log min_L l) /
+           (log max_L h - log min_L l) - 0.5``
+``vz``     volume z-score of ``log(1+v)`` against its L-bar mean and std
+``rsi``    RSI-style balance ``sum_L max(r, 0) / sum_L |r| - 0.5``
+``sma``    distance to the moving average ``log c - mean_L log c``
+``vwap``   distance to the L-bar VWAP of the typical price ``(h+l+c)/3``
+``absr``   tail shape ``mean_L |r| / rvol`` (≈0.8 for Gaussian returns)
+``tstat``  trend strength ``ret / (rvol · sqrt(L))``
+``dhigh``  distance below the L-bar high ``log c - log max_L h``
+``dlow``   distance above the L-bar low ``log c - log min_L l``
+``upfrac`` share of up bars ``mean_L [c > o] - 0.5``
+``body``   candle body ratio ``mean_L (c - o) / (h - l)``
+``gap``    summed opening gaps ``sum_L log(o_t / c_{t-1})``
+=========  ==================================================================
+
+They are z-scored with mean/std fitted on the training rows only and
+clipped to ±10 (:class:`FeatureStats`, JSON-serialisable, saved with
+checkpoints). The first :data:`WARMUP` rows have incomplete look-backs and
+are never used as encoder rows.
+
+Known-future features (10), from timestamps only (exchange-local wall clock
+as stored), so they are known for the decoder steps: time of day sin/cos,
+day of week sin/cos, day of year sin/cos, day of month (centred), elapsed
+time in the session (days, clipped to [0, 1]; a session starts after a gap
+longer than ``max(5 × bar interval, 15 min)``, the bar interval being the
+smallest step seen so far), log of the gap to the previous bar in bar
+intervals, and a session-start flag. They are
+bounded by construction and not re-scaled.
+
+Static features (5, per series, from the training rows): instrument code
+(CRC32 of the file name, in [-0.5, 0.5)), log10 mean close, log10 (1 + mean
+volume), log10 std of 1-bar log returns, log10 median bar interval in
+minutes.
+
+Target: the 1-bar log return ``r_t`` divided by its training-split std;
+a window starting at row ``s`` forecasts ``target[s+E : s+E+D]``, the next
+``D`` bars' returns after the last encoder bar ``s+E-1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from tftjax.config import NUM_HISTORICAL, NUM_KNOWN, NUM_STATIC
+
+WINDOWS = (2, 3, 5, 8, 10, 13, 15, 20, 25, 30, 40, 60, 90, 120)
+FAMILIES = (
+    "ret", "rvol", "range", "clv", "vz", "rsi", "sma", "vwap",
+    "absr", "tstat", "dhigh", "dlow", "upfrac", "body", "gap",
+)  # fmt: skip
+KNOWN_NAMES = (
+    "tod_sin", "tod_cos", "dow_sin", "dow_cos", "doy_sin", "doy_cos",
+    "dom", "session_elapsed", "log_gap", "session_start",
+)  # fmt: skip
+STATIC_NAMES = ("instrument", "log_price", "log_volume", "log_volatility", "log_interval")
+HISTORICAL_NAMES = tuple(f"{f}_{w}" for f in FAMILIES for w in WINDOWS)
+WARMUP = max(WINDOWS)
+"""Rows before this index have incomplete look-backs (NaN before normalisation)."""
+CLIP = 10.0
+
+assert len(HISTORICAL_NAMES) == NUM_HISTORICAL
+assert len(KNOWN_NAMES) == NUM_KNOWN and len(STATIC_NAMES) == NUM_STATIC
+
+_NS_MIN = 60 * 10**9
+_NS_DAY = 1440 * _NS_MIN
+
+
+# ----------------------------------------------------------------- rolling ops
+class _Rolling:
+    """Rolling sums over one series from one cumulative sum (rows < L-1 → NaN)."""
+
+    def __init__(self, x: np.ndarray):
+        self.n = x.shape[0]
+        finite = np.where(np.isfinite(x), x, 0.0)
+        self.cs = np.concatenate([[0.0], np.cumsum(finite)])
+        # Rows before the first finite value must stay NaN in every window.
+        self.first_valid = int(np.argmax(np.isfinite(x))) if np.isfinite(x).any() else self.n
+
+    def sum(self, L: int) -> np.ndarray:
+        out = np.empty(self.n)
+        start = min(L - 1 + self.first_valid, self.n)
+        out[:start] = np.nan
+        np.subtract(self.cs[start + 1 :], self.cs[start + 1 - L : self.n + 1 - L], out=out[start:])
+        return out
+
+    def mean(self, L: int) -> np.ndarray:
+        return self.sum(L) / L
+
+
+class _Extreme:
+    """Rolling max (or min) for any window by log-doubling: O(n log L)."""
+
+    def __init__(self, x: np.ndarray, op, max_window: int):
+        self.op = op
+        self.levels = {1: x}
+        w = 1
+        while 2 * w <= max_window:
+            m = self.levels[w]
+            self.levels[2 * w] = op(m, _shift(m, w))
+            w *= 2
+
+    def __call__(self, L: int) -> np.ndarray:
+        w = 1 << (L.bit_length() - 1)  # largest power of two <= L
+        m = self.levels[w]
+        out = self.op(m, _shift(m, L - w))
+        out[: L - 1] = np.nan
+        return out
+
+
+def _shift(x: np.ndarray, k: int) -> np.ndarray:
+    """``y[t] = x[t-k]``; the first k rows repeat ``x[0]`` (masked by callers)."""
+    if k == 0:
+        return x
+    y = np.empty_like(x)
+    y[:k] = x[0]
+    y[k:] = x[:-k]
+    return y
+
+
+# ------------------------------------------------------------------ features
+def historical_raw(bars) -> np.ndarray:
+    """The 210 historical features before normalisation, ``[n, 210]`` float32.
+
+    Rows ``< WARMUP`` hold NaN where a look-back is incomplete.
+    """
+    out = np.empty((len(bars), NUM_HISTORICAL), dtype=np.float32)
+    for j, col in historical_columns(bars):
+        out[:, j] = col
+    return out
+
+
+def historical_columns(bars):
+    """Yield ``(column index, float64 values [n])`` for the 210 historical features."""
+    n = len(bars)
+    c, o, h, lo, v = bars.close, bars.open, bars.high, bars.low, bars.volume
+    lc = np.log(c / c[0])  # relative to the first close: smaller cumsums, same differences
+    lh, ll = np.log(h / c[0]), np.log(lo / c[0])
+    r = np.empty(n)
+    r[0] = np.nan
+    r[1:] = np.diff(lc)
+    lv = np.log1p(v)
+    tp = (h + lo + c) / 3.0
+    gap = np.empty(n)
+    gap[0] = np.nan
+    gap[1:] = np.log(o[1:] / c[:-1])
+
+    R = {
+        "r2": _Rolling(r * r), "absr": _Rolling(np.abs(r)), "rpos": _Rolling(np.maximum(r, 0.0)),
+        "range": _Rolling(lh - ll), "lv": _Rolling(lv), "lv2": _Rolling(lv * lv),
+        "lc": _Rolling(lc), "tpv": _Rolling(tp * v), "v": _Rolling(v), "tp": _Rolling(tp),
+        "up": _Rolling((c > o).astype(np.float64)),
+        "body": _Rolling(np.where(h > lo, (c - o) / np.where(h > lo, h - lo, 1.0), 0.0)),
+        "gap": _Rolling(gap),
+    }  # fmt: skip
+    hi = _Extreme(lh, np.maximum, max(WINDOWS))
+    lw = _Extreme(ll, np.minimum, max(WINDOWS))
+    nw = len(WINDOWS)
+    eps = 1e-12
+    for j, L in enumerate(WINDOWS):
+        ret = lc - _shift(lc, L)
+        ret[:L] = np.nan
+        rvol = np.sqrt(R["r2"].mean(L))
+        mx, mn = hi(L), lw(L)
+        lv_mean = R["lv"].mean(L)
+        lv_std = np.sqrt(np.maximum(R["lv2"].mean(L) - lv_mean * lv_mean, 0.0))
+        vwap = (R["tpv"].sum(L) + 1e-9 * R["tp"].sum(L)) / (R["v"].sum(L) + 1e-9 * L)
+        cols = {
+            "ret": ret,
+            "rvol": rvol,
+            "range": R["range"].mean(L),
+            "clv": (lc - mn) / (mx - mn + eps) - 0.5,
+            "vz": (lv - lv_mean) / (lv_std + 1e-3),
+            "rsi": R["rpos"].sum(L) / (R["absr"].sum(L) + eps) - 0.5,
+            "sma": lc - R["lc"].mean(L),
+            "vwap": np.log(c / vwap),
+            "absr": R["absr"].mean(L) / (rvol + eps),
+            "tstat": ret / (rvol * np.sqrt(L) + eps),
+            "dhigh": lc - mx,
+            "dlow": lc - mn,
+            "upfrac": R["up"].mean(L) - 0.5,
+            "body": R["body"].mean(L),
+            "gap": R["gap"].sum(L),
+        }
+        for f, name in enumerate(FAMILIES):
+            yield f * nw + j, cols[name]
+
+
+def known_features(ts: np.ndarray) -> np.ndarray:
+    """The 10 known-future (calendar) features, ``[n, 10]`` float32, from timestamps only."""
+    n = ts.shape[0]
+    out = np.empty((n, NUM_KNOWN), dtype=np.float32)
+    two_pi = 2.0 * np.pi
+    tod = (ts % _NS_DAY) / _NS_DAY
+    days = ts // _NS_DAY
+    dow = ((days + 3) % 7 + tod) / 7.0  # 1970-01-01 was a Thursday; Monday = 0
+    d = ts.astype("datetime64[ns]").astype("datetime64[D]")
+    doy = (d - d.astype("datetime64[Y]")).astype(np.int64) / 365.25
+    dom = (d - d.astype("datetime64[M]")).astype(np.int64)
+    step = np.empty(n, dtype=np.int64)
+    step[1:] = np.diff(ts)
+    step[0] = step[1] if n > 1 else _NS_MIN
+    # The bar interval so far is the smallest step seen up to t (causal: no
+    # later timestamp can change it, unlike a median over the whole file).
+    base = np.maximum(np.minimum.accumulate(step), 1).astype(np.float64)
+    start = step > np.maximum(5.0 * base, 15.0 * _NS_MIN)
+    start[0] = True
+    session_start_ts = np.maximum.accumulate(np.where(start, ts, np.iinfo(np.int64).min))
+    out[:, 0], out[:, 1] = np.sin(two_pi * tod), np.cos(two_pi * tod)
+    out[:, 2], out[:, 3] = np.sin(two_pi * dow), np.cos(two_pi * dow)
+    out[:, 4], out[:, 5] = np.sin(two_pi * doy), np.cos(two_pi * doy)
+    out[:, 6] = dom / 30.0 - 0.5
+    out[:, 7] = np.clip((ts - session_start_ts) / _NS_DAY, 0.0, 1.0)
+    out[:, 8] = np.log(step / base)
+    out[:, 9] = start.astype(np.float32)
+    return out
+
+
+def log_returns(close: np.ndarray) -> np.ndarray:
+    """``r_t = log(c_t / c_{t-1})``, ``r_0 = 0``."""
+    r = np.zeros(close.shape[0])
+    r[1:] = np.diff(np.log(close))
+    return r
+
+
+# --------------------------------------------------------------------- stats
+@dataclasses.dataclass(frozen=True)
+class FeatureStats:
+    """Normalisation statistics, fitted on the training rows only."""
+
+    hist_mean: np.ndarray  # [210] float64
+    hist_std: np.ndarray  # [210] float64
+    target_scale: float  # std of 1-bar log returns on the training rows
+    static: np.ndarray  # [5] float64
+    train_rows: tuple[int, int]  # [start, stop) rows the statistics came from
+
+    def to_json(self) -> dict:
+        return {
+            "hist_mean": self.hist_mean.tolist(),
+            "hist_std": self.hist_std.tolist(),
+            "target_scale": float(self.target_scale),
+            "static": self.static.tolist(),
+            "train_rows": list(self.train_rows),
+            "historical_names": list(HISTORICAL_NAMES),
+            "known_names": list(KNOWN_NAMES),
+            "static_names": list(STATIC_NAMES),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "FeatureStats":
+        if list(d.get("historical_names", HISTORICAL_NAMES)) != list(HISTORICAL_NAMES):
+            raise ValueError("feature statistics were saved for a different feature set")
+        return cls(
+            hist_mean=np.asarray(d["hist_mean"], dtype=np.float64),
+            hist_std=np.asarray(d["hist_std"], dtype=np.float64),
+            target_scale=float(d["target_scale"]),
+            static=np.asarray(d["static"], dtype=np.float64),
+            train_rows=(int(d["train_rows"][0]), int(d["train_rows"][1])),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FeatureStats":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def _static_features(bars, start: int, stop: int, target_scale: float) -> np.ndarray:
+    median_ns = float(np.median(np.diff(bars.ts[start:stop])))
+    return np.array([
+        zlib.crc32(Path(bars.path).name.encode()) / 2.0**32 - 0.5,
+        np.log10(bars.close[start:stop].mean()),
+        np.log10(1.0 + bars.volume[start:stop].mean()),
+        np.log10(max(target_scale, 1e-12)),
+        np.log10(median_ns / _NS_MIN),
+    ])  # fmt: skip
+
+
+def _train_block(train_rows: tuple[int, int]) -> tuple[int, int]:
+    start, stop = max(train_rows[0], WARMUP), train_rows[1]
+    if stop - start < 2:
+        raise ValueError(f"training rows {train_rows} leave fewer than 2 rows after warm-up")
+    return start, stop
+
+
+def _column_stats(col: np.ndarray, start: int, stop: int) -> tuple[float, float]:
+    block = col[start:stop]
+    mean, std = float(block.mean()), float(block.std())
+    return mean, (std if std > 1e-12 else 1.0)
+
+
+def _finish_stats(bars, mean, std, train_rows, start, stop) -> FeatureStats:
+    r = log_returns(bars.close)[max(start, 1) : stop]
+    scale = float(r.std())
+    scale = scale if scale > 0 else 1.0
+    static = _static_features(bars, train_rows[0], stop, scale)
+    return FeatureStats(mean, std, scale, static, (int(train_rows[0]), int(stop)))
+
+
+# ----------------------------------------------------------------- features
+@dataclasses.dataclass(frozen=True)
+class FeatureSet:
+    """Model-ready arrays for one series (host numpy; put on device once)."""
+
+    historical: np.ndarray  # [n, 210] float32, normalised and clipped; rows < WARMUP are 0
+    known: np.ndarray  # [n, 10] float32
+    static: np.ndarray  # [5] float32
+    target: np.ndarray  # [n] float32, r_t / target_scale
+    stats: FeatureStats
+
+    def __len__(self) -> int:
+        return int(self.historical.shape[0])
+
+
+def _normalise(col: np.ndarray, mean: float, std: float) -> np.ndarray:
+    """Z-score and clip; NaN (warm-up rows) → 0."""
+    z = np.clip((col - mean) / std, -CLIP, CLIP)
+    return np.nan_to_num(z, copy=False, nan=0.0)
+
+
+def build_features(bars, *, train_rows: tuple[int, int] | None = None,
+                   stats: FeatureStats | None = None) -> FeatureSet:
+    """Compute the TFT-225 features of ``bars``.
+
+    Each historical column is computed, (fitted,) normalised and written
+    once, so memory peaks near the float32 result plus a few columns.
+
+    Args:
+      bars: a validated :class:`~tftjax.data.bars.Bars` table.
+      train_rows: rows ``[start, stop)`` to fit statistics on (ignored when
+        ``stats`` is given; default all rows).
+      stats: statistics from a previous fit (e.g. restored from a checkpoint).
+    """
+    n = len(bars)
+    hist = np.empty((n, NUM_HISTORICAL), dtype=np.float32)
+    fit = stats is None
+    if fit:
+        train_rows = train_rows or (0, n)
+        start, stop = _train_block(train_rows)
+        mean, std = np.zeros(NUM_HISTORICAL), np.ones(NUM_HISTORICAL)
+    else:
+        mean, std = stats.hist_mean, stats.hist_std
+    for j, col in historical_columns(bars):
+        if fit:
+            mean[j], std[j] = _column_stats(col, start, stop)
+        hist[:, j] = _normalise(col, mean[j], std[j])
+    if fit:
+        stats = _finish_stats(bars, mean, std, train_rows, start, stop)
+    target = (log_returns(bars.close) / stats.target_scale).astype(np.float32)
+    return FeatureSet(
+        historical=hist,
+        known=known_features(bars.ts),
+        static=stats.static.astype(np.float32),
+        target=target,
+        stats=stats,
+    )

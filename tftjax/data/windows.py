@@ -1,0 +1,139 @@
+"""Time-ordered splits, shuffled start-index batches and an on-device window gather.
+
+A window starting at row ``s`` covers rows ``s .. s+E+D-1``: encoder rows
+``s .. s+E-1`` (historical and known inputs), decoder rows ``s+E .. s+E+D-1``
+(known inputs and targets). Batches are *start indices* only; the feature
+matrix goes to the device once and :func:`gather` (jittable) cuts the
+windows there, so no host copy of windows is ever made (250k bars as
+``[n, 60, 225]`` float32 windows would be 13 GB).
+
+Splits are contiguous row ranges in time order: train, val, test, with an
+embargo of one full window (by default) of unused rows between them, so that
+no window of one split shares rows with, or directly abuts, a window of
+another. Statistics are fitted on the train rows only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tftjax.config import DataConfig
+from tftjax.data.bars import DataError
+from tftjax.data.features import WARMUP, FeatureSet
+
+
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    """Row ranges ``[start, stop)`` and valid window starts of each split."""
+
+    train_rows: tuple[int, int]
+    val_rows: tuple[int, int]
+    test_rows: tuple[int, int]
+    train: np.ndarray  # [n_train] int32 window starts
+    val: np.ndarray  # [n_val] int32
+    test: np.ndarray  # [n_test] int32
+
+    def rows(self, name: str) -> tuple[int, int]:
+        return getattr(self, f"{name}_rows")
+
+
+def _starts(rows: tuple[int, int], window: int) -> np.ndarray:
+    a, b = rows
+    return np.arange(a, max(b - window + 1, a), dtype=np.int32)
+
+
+def make_splits(n_rows: int, cfg: DataConfig = DataConfig(), *, warmup: int = WARMUP,
+                source: str = "data") -> Splits:
+    """Split rows ``[warmup, n_rows)`` into train/val/test with embargoes.
+
+    Raises:
+      DataError: when a split would hold no complete window (names ``source``).
+    """
+    W, E = cfg.window, cfg.embargo_rows
+    usable = n_rows - warmup - 2 * E
+    n_train = int(usable * cfg.train_fraction)
+    n_val = int(usable * cfg.val_fraction)
+    train = (warmup, warmup + n_train)
+    val = (train[1] + E, train[1] + E + n_val)
+    test = (val[1] + E, n_rows)
+    splits = Splits(train, val, test, _starts(train, W), _starts(val, W), _starts(test, W))
+    for name in ("train", "val", "test"):
+        if getattr(splits, name).size == 0 and (name != "val" or cfg.val_fraction > 0):
+            a, b = splits.rows(name)
+            need = warmup + 2 * E + int(np.ceil(W / min(cfg.train_fraction, cfg.val_fraction or 1,
+                                                         1 - cfg.train_fraction - cfg.val_fraction)))
+            raise DataError(
+                f"{source}: {n_rows} rows leave the {name} split {b - a} rows, fewer than one "
+                f"{W}-row window (need about {need} rows: {warmup} warm-up, two {E}-row embargoes "
+                f"and the split fractions {cfg.train_fraction}/{cfg.val_fraction})"
+            )
+    return splits
+
+
+def epoch_batches(starts: np.ndarray, batch_size: int, *, seed: int, epoch: int,
+                  shuffle: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """One epoch of batches covering every window exactly once.
+
+    Returns:
+      ``(idx, mask)``, both ``[n_batches, batch_size]``: window starts and a
+      validity mask. The last batch is padded (mask ``False``) so that every
+      batch has the same shape and the jitted step compiles once.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    order = starts
+    if shuffle:
+        order = np.random.default_rng([seed, epoch]).permutation(starts)
+    n = order.shape[0]
+    n_batches = max(-(-n // batch_size), 1)
+    pad = n_batches * batch_size - n
+    fill = order[:1] if n else np.zeros(1, dtype=np.int32)
+    idx = np.concatenate([order, np.repeat(fill, pad)]).astype(np.int32)
+    mask = np.concatenate([np.ones(n, bool), np.zeros(pad, bool)])
+    return idx.reshape(n_batches, batch_size), mask.reshape(n_batches, batch_size)
+
+
+class DeviceData(NamedTuple):
+    """A series' feature arrays, on device once."""
+
+    historical: jax.Array  # [n, 210] float32
+    known: jax.Array  # [n, 10] float32
+    target: jax.Array  # [n] float32
+    static: jax.Array  # [5] float32
+
+
+class Batch(NamedTuple):
+    """Model inputs for B windows."""
+
+    static: jax.Array  # [B, 5]
+    historical: jax.Array  # [B, E, 210]
+    known: jax.Array  # [B, E+D, 10]
+    target: jax.Array  # [B, D]
+
+
+def to_device(features: FeatureSet, device=None) -> DeviceData:
+    """Copy the feature arrays to the device (once per run)."""
+    put = lambda x: jax.device_put(np.ascontiguousarray(x), device)  # noqa: E731
+    return DeviceData(put(features.historical), put(features.known), put(features.target),
+                      put(features.static))
+
+
+def gather(data: DeviceData, starts: jax.Array, encoder_steps: int, decoder_steps: int) -> Batch:
+    """Cut windows at ``starts`` ``[B]`` out of the device arrays (jittable).
+
+    ``encoder_steps`` and ``decoder_steps`` must be static under ``jit``.
+    """
+    steps = encoder_steps + decoder_steps
+    rows = starts[:, None] + jnp.arange(steps, dtype=starts.dtype)  # [B, E+D]
+    return Batch(
+        static=jnp.broadcast_to(data.static, (starts.shape[0], data.static.shape[0])),
+        historical=jnp.take(data.historical, rows[:, :encoder_steps], axis=0,
+                            mode="clip"),
+        known=jnp.take(data.known, rows, axis=0, mode="clip"),
+        target=jnp.take(data.target, rows[:, encoder_steps:], axis=0, mode="clip"),
+    )
