@@ -1,0 +1,84 @@
+"""Training throughput of the TFT: samples/s and compile time per batch size.
+
+    python experiments/throughput.py [--preset tft225] [--batch-sizes 64,256] [--remat off] [--steps 5]
+
+For each batch size: compile time of the jitted train step (lower + compile),
+then ``--steps`` timed steps after one warm-up step on the bundled ES data;
+reports the median step time and samples/s (with min–max), and XLA's
+compiled temp memory. Steps run back to back in one process, so ratios
+between rows are side by side; absolute numbers move with machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tftjax.config import preset
+from tftjax.data import epoch_batches, load_dataset, to_device
+from tftjax.train_lib import TrainConfig, create_train_state, make_train_step
+
+
+def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data) -> dict:
+    cfg = preset(preset_name, remat=remat)
+    tc = TrainConfig(batch_size=batch)
+    state = create_train_state(cfg, tc, jax.random.key(0))
+    step = make_train_step(cfg)
+    key = jax.random.key(1, impl="rbg")
+    idx, _ = epoch_batches(ds.splits.train, batch, seed=0, epoch=1)
+    batches = [jnp.asarray(idx[i % len(idx)]) for i in range(steps + 1)]
+    t0 = time.perf_counter()
+    compiled = step.lower(state, data, batches[0], key).compile()
+    compile_s = time.perf_counter() - t0
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    state, m = compiled(state, data, batches[0], key)  # warm-up
+    jax.block_until_ready(m)
+    times = []
+    for b in batches[1:]:
+        t0 = time.perf_counter()
+        state, m = compiled(state, data, b, key)
+        jax.block_until_ready(m)
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    return {"preset": preset_name, "remat": remat, "batch_size": batch, "compile_s": compile_s,
+            "step_s_median": med, "step_s_min": min(times), "step_s_max": max(times),
+            "samples_per_s": batch / med, "temp_bytes": temp,
+            "loss_finite": bool(np.isfinite(float(m["loss"])))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="tft225")
+    ap.add_argument("--batch-sizes", default="64,256")
+    ap.add_argument("--remat", default="off", help="comma-separated tiers")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("experiments/results/throughput.json"))
+    args = ap.parse_args()
+    cfg = preset(args.preset)
+    ds = load_dataset(None, cfg.data)
+    data = to_device(ds.features)
+    rows = []
+    print(f"{args.preset} on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
+          f"median of {args.steps} steps")
+    print("| remat | batch | compile | step (median; min–max) | samples/s | XLA temp |")
+    print("|---|---|---|---|---|---|")
+    for remat in args.remat.split(","):
+        for b in (int(x) for x in args.batch_sizes.split(",")):
+            r = measure(args.preset, b, remat, args.steps, ds, data)
+            rows.append(r)
+            print(f"| {remat} | {b} | {r['compile_s']:.1f} s | {r['step_s_median']:.2f} s "
+                  f"({r['step_s_min']:.2f}–{r['step_s_max']:.2f}) | {r['samples_per_s']:.0f} "
+                  f"| {r['temp_bytes'] / 2**20:,.0f} MiB |", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

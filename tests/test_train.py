@@ -1,0 +1,178 @@
+"""Training: single trace, learning, NaN guard, checkpoint names, exact resume, CLIs."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import random_bars
+
+from tftjax.checkpoints import list_checkpoints, restore_state
+from tftjax.config import preset
+from tftjax.data import Dataset, load_dataset, make_splits, to_device
+from tftjax.data.features import FeatureSet, FeatureStats
+from tftjax.train_lib import (Trainer, TrainConfig, TrainingDiverged, create_train_state,
+                              train_and_evaluate)
+
+CFG = preset("tiny")
+TC = TrainConfig(epochs=1, batch_size=32, learning_rate=3e-3, max_steps_per_epoch=4,
+                 progress=False, patience=0)
+quiet = dict(log=lambda *a: None)
+
+
+@pytest.fixture(scope="module")
+def es():
+    return load_dataset(None, CFG.data)
+
+
+def signal_dataset(n=2264, seed=0) -> Dataset:
+    """Targets = 1.5 · known feature 0 + noise: learnable from the known future inputs."""
+    rng = np.random.default_rng(seed)
+    bars = random_bars(n, seed=seed)
+    known = rng.normal(size=(n, 10)).astype(np.float32)
+    target = (1.5 * known[:, 0] + 0.3 * rng.normal(size=n)).astype(np.float32)
+    stats = FeatureStats(np.zeros(210), np.ones(210), 1.0, np.zeros(5), (0, n))
+    fs = FeatureSet(rng.normal(size=(n, 210)).astype(np.float32), known,
+                    np.zeros(5, np.float32), target, stats)
+    return Dataset(bars, fs, make_splits(n, CFG.data), CFG.data)
+
+
+def test_train_step_traces_once(es):
+    trainer = Trainer(CFG, TC, to_device(es.features), max_traces=1)
+    state = create_train_state(CFG, TC, jax.random.key(0))
+    key = jax.random.key(1, impl="rbg")
+    for i in range(3):
+        idx = np.asarray(es.splits.train[i * 32 : (i + 1) * 32], np.int32)
+        idx[-2:] = -1  # padded rows do not retrace
+        state, m = trainer.train_step(state, idx, key)
+    assert int(state.step) == 3 and np.isfinite(float(m["loss"]))
+    chex.clear_trace_counter()
+
+
+def test_padded_rows_do_not_count(es):
+    data = to_device(es.features)
+    state = create_train_state(CFG, TC, jax.random.key(0))
+    idx = np.asarray(es.splits.val[:10], np.int32)
+    whole = Trainer(CFG, dataclasses.replace(TC, eval_batch_size=10), data)
+    padded = Trainer(CFG, dataclasses.replace(TC, eval_batch_size=4), data)  # 4 + 4 + 2 (+2 pad)
+    a, b = whole.evaluate(state.params, idx), padded.evaluate(state.params, idx)
+    for k in a:
+        assert a[k] == pytest.approx(b[k], rel=1e-5)
+    assert whole.evaluate(state.params, idx[:5])["loss"] != pytest.approx(a["loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_loss_falls_well_below_naive_baseline(tmp_path):
+    tc = dataclasses.replace(TC, epochs=6, max_steps_per_epoch=None, batch_size=64)
+    s = train_and_evaluate(CFG, tc, tmp_path, dataset=signal_dataset(), **quiet)
+    model, naive = s["model"]["val"]["loss"], s["baselines"]["train_quantiles"]["val"]["loss"]
+    assert model < 0.5 * naive, (model, naive)
+    assert s["history"][-1]["train_loss"] < 0.5 * s["history"][0]["train_loss"]
+
+
+def names(workdir):
+    return list_checkpoints(workdir / "checkpoints")
+
+
+def test_checkpoint_names_full_run(tmp_path, es):
+    tc = dataclasses.replace(TC, epochs=3)
+    train_and_evaluate(CFG, tc, tmp_path, dataset=es, **quiet)
+    got = set(names(tmp_path))
+    assert {"tft_epoch_2", "tft_epoch_3", "tft_final_epoch3"} <= got
+    hist = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [h["epoch"] for h in hist] == [1, 2, 3]
+    best = min(hist, key=lambda h: h["val_loss"])["epoch"]
+    assert got == {"tft_epoch_2", "tft_epoch_3", "tft_final_epoch3", f"tft_epoch_{best}"}
+    for png in ("loss_curves.png", "quantile_fan.png", "variable_importance.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_checkpoint_names_early_stop(tmp_path, es):
+    # learning rate 0: the validation loss never improves after epoch 1.
+    tc = dataclasses.replace(TC, epochs=10, learning_rate=0.0, patience=2)
+    s = train_and_evaluate(CFG, tc, tmp_path, dataset=es, **quiet)
+    assert s["stopped_early"] and s["epochs_run"] == 3
+    got = set(names(tmp_path))
+    assert {"tft_epoch_2", "tft_epoch_3", "tft_final_epoch3"} <= got  # latest 2 + final
+    assert got <= {"tft_epoch_1", "tft_epoch_2", "tft_epoch_3", "tft_final_epoch3"}
+
+
+def test_resume_equals_uninterrupted(tmp_path, es):
+    full = tmp_path / "full"
+    part = tmp_path / "part"
+    tc4 = dataclasses.replace(TC, epochs=4)
+    train_and_evaluate(CFG, tc4, full, dataset=es, **quiet)
+    train_and_evaluate(CFG, dataclasses.replace(TC, epochs=2), part, dataset=es, **quiet)
+    # An interrupted save of epoch 3 leaves a temporary folder: it must be ignored.
+    (part / "checkpoints" / "tft_epoch_3.orbax-checkpoint-tmp-1").mkdir()
+    train_and_evaluate(CFG, dataclasses.replace(tc4, resume=True), part, dataset=es, **quiet)
+    like = create_train_state(CFG, TC, jax.random.key(0))
+    a = restore_state(full / "checkpoints" / "tft_final_epoch4", like)
+    b = restore_state(part / "checkpoints" / "tft_final_epoch4", like)
+    assert int(a.step) == int(b.step) == 16
+    chex.assert_trees_all_equal(a.params, b.params)
+    chex.assert_trees_all_equal(a.opt_state, b.opt_state)
+    hist = [json.loads(x)["epoch"] for x in (part / "metrics.jsonl").read_text().splitlines()]
+    assert hist == [1, 2, 3, 4]
+
+
+def test_refuses_to_overwrite_an_earlier_run(tmp_path, es):
+    train_and_evaluate(CFG, TC, tmp_path, dataset=es, **quiet)
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        train_and_evaluate(CFG, TC, tmp_path, dataset=es, **quiet)
+
+
+def test_nan_guard_keeps_last_good_checkpoint(tmp_path, es):
+    train_and_evaluate(CFG, TC, tmp_path, dataset=es, **quiet)
+    before = names(tmp_path)
+    target = es.features.target.copy()
+    target[es.splits.train] = np.nan  # every training window now sees a NaN target
+    bad = dataclasses.replace(es, features=dataclasses.replace(es.features, target=target))
+    with pytest.raises(TrainingDiverged, match="epoch 2"):
+        train_and_evaluate(CFG, dataclasses.replace(TC, epochs=3, resume=True), tmp_path,
+                           dataset=bad, **quiet)
+    assert names(tmp_path) == before == ["tft_epoch_1", "tft_final_epoch1"]
+    like = create_train_state(CFG, TC, jax.random.key(0))
+    good = restore_state(tmp_path / "checkpoints" / "tft_epoch_1", like)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(good.params))
+
+
+def run(*args, timeout=600):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_cli_train_and_evaluate(tmp_path):
+    wd = tmp_path / "run"
+    p = run("-m", "tftjax.train", "--preset", "tiny", "--epochs", "1", "--batch-size", "32",
+            "--max-steps-per-epoch", "3", "--workdir", str(wd), "--no-progress",
+            "--profile", str(tmp_path / "prof"))
+    assert p.returncode == 0, p.stderr
+    assert "naive: train quantiles" in p.stdout and "q-risk P50" in p.stdout
+    assert (wd / "checkpoints" / "tft_final_epoch1").is_dir()
+    assert list((tmp_path / "prof").rglob("*.xplane.pb"))
+    e = run("-m", "tftjax.evaluate", "--checkpoint", str(wd / "checkpoints" / "tft_final_epoch1"))
+    assert e.returncode == 0, e.stderr
+    assert "test" in e.stdout and "q-risk P90" in e.stdout
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--remat", "sideways"], "choose one of: off"),
+    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--parquet-file", "/nonexistent/bars.parquet"], "bars.parquet: file not found"),
+    (["--bogus-flag"], "bogus"),
+])
+def test_cli_bad_input_exit_2(tmp_path, args, expect):
+    p = run("-m", "tftjax.train", "--preset", "tiny", "--workdir", str(tmp_path / "w"), *args)
+    assert p.returncode == 2, p.stderr
+    assert expect in p.stderr and "Traceback" not in p.stderr
+
+
+def test_evaluate_cli_missing_checkpoint(tmp_path):
+    p = run("-m", "tftjax.evaluate", "--checkpoint", str(tmp_path / "nope"))
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "nope" in p.stderr

@@ -1,0 +1,254 @@
+"""TFT building blocks as Flax linen modules.
+
+Shape glossary:
+  B  batch            T   time steps (T_e encoder + T_d decoder)
+  N  flattened rows (B or B·T)
+  m  variables in a selection network      d_v per-variable embedding size
+  d  hidden size      H   attention heads  d_h = d / H
+
+Choices where the reference implementations differ (tft_spec.md):
+  * skip connection when sizes differ: a Dense projection (google-research);
+  * real inputs: a per-variable ``Linear(1 → d_v)`` then a per-variable
+    ``GRN(d_v, d_v, d)`` (pytorch-forecasting), computed as one stacked
+    (variable-major, batched matmul) computation, optionally in checkpointed
+    chunks of variables scanned with ``lax.scan`` (the remat knob that
+    really saves memory on XLA:CPU, see architecture.md);
+  * attention: queries at the decoder steps only, and a decoder step sees
+    itself and everything before it (google-research's ``j <= i``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
+
+Array = jax.Array
+Policy = Callable[..., Any] | None
+
+# Stacked kernels [m, in, out]: fan-in scaling per variable.
+stacked_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2,
+                                                out_axis=-1, batch_axis=(0,))
+
+
+class GLU(nn.Module):
+    """``σ(W_4 g + b_4) ⊙ (W_5 g + b_5)``, dropout on the input."""
+
+    features: int
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool = True) -> Array:
+        x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+        value, gate = jnp.split(nn.Dense(2 * self.features, name="proj")(x), 2, axis=-1)
+        return nn.sigmoid(gate) * value
+
+
+class GRN(nn.Module):
+    """Gated residual network ``LayerNorm(skip(a) + GLU(W_1 ELU(W_2 a + W_3 c + b_2) + b_1))``."""
+
+    hidden: int
+    output: int
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, a: Array, context: Array | None = None, deterministic: bool = True) -> Array:
+        skip = a if a.shape[-1] == self.output else nn.Dense(self.output, name="skip")(a)
+        h = nn.Dense(self.hidden, name="fc2")(a)
+        if context is not None:
+            h = h + nn.Dense(self.hidden, use_bias=False, name="context")(context)
+        h = nn.Dense(self.hidden, name="fc1")(nn.elu(h))
+        g = GLU(self.output, self.dropout, name="glu")(h, deterministic)
+        return nn.LayerNorm(name="norm")(skip + g)
+
+
+class GateAddNorm(nn.Module):
+    """``LayerNorm(a + GLU(b))``."""
+
+    features: int
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, a: Array, b: Array, deterministic: bool = True) -> Array:
+        return nn.LayerNorm(name="norm")(a + GLU(self.features, self.dropout, name="glu")(b, deterministic))
+
+
+def _bmm(x: Array, k: Array) -> Array:
+    """Per-variable matmul ``[m, N, i] × [m, i, o] → [m, N, o]`` (variable axis batched)."""
+    return lax.dot_general(x, k, (((2,), (1,)), ((0,), (0,))))
+
+
+def _stacked_grn(p: dict, x: Array, w: Array, key: Array | None, rate: float) -> Array:
+    """m per-variable GRNs and their weighted sum.
+
+    Args:
+      p: stacked parameters, each with a leading variable axis of size m.
+      x: inputs ``[m, N]`` (one real value per variable and row).
+      w: selection weights ``[m, N]``.
+      key: dropout key, or ``None`` when deterministic.
+      rate: dropout rate on ``η_1``.
+
+    Returns:
+      ``Σ_j w_j GRN_j(e_j)``, ``[N, d]``.
+    """
+    # e = x·k + b is affine in the scalar x, so W_2 e and skip(e) are too: fold
+    # the embedding into them (same parameters, no [m, N, d_v] → d matmuls).
+    xv = x[..., None]  # [m, N, 1]
+    fold = lambda w: (jnp.einsum("mv,mvo->mo", p["emb_k"], w)[:, None, :],  # noqa: E731
+                      jnp.einsum("mv,mvo->mo", p["emb_b"], w)[:, None, :])
+    sk, sb = fold(p["skip_k"])
+    skip = xv * sk + (sb + p["skip_b"][:, None, :])  # [m, N, d]
+    fk, fb = fold(p["fc2_k"])
+    h = nn.elu(xv * fk + (fb + p["fc2_b"][:, None, :]))  # [m, N, d_v]
+    h = _bmm(h, p["fc1_k"]) + p["fc1_b"][:, None, :]  # η_1 [m, N, d_v]
+    if key is not None and rate > 0:
+        keep = jax.random.bernoulli(key, 1.0 - rate, h.shape)
+        h = jnp.where(keep, h / (1.0 - rate), 0.0)
+    value, gate = jnp.split(_bmm(h, p["glu_k"]) + p["glu_b"][:, None, :], 2, axis=-1)
+    y = skip + nn.sigmoid(gate) * value  # [m, N, d]
+    mean = y.mean(-1, keepdims=True)
+    var = jnp.square(y - mean).mean(-1, keepdims=True)
+    y = (y - mean) * lax.rsqrt(var + 1e-6) * p["ln_scale"][:, None, :] + p["ln_bias"][:, None, :]
+    return jnp.einsum("mn,mnd->nd", w, y)
+
+
+class VariableSelection(nn.Module):
+    """Variable selection network over m real inputs.
+
+    Weights ``v = softmax(GRN_v(concat_j e_j, c))``; output ``Σ_j v_j GRN_j(e_j)``.
+    The m per-variable GRNs are one stacked computation; with ``chunk`` set,
+    they run as a ``lax.scan`` over chunks of ``chunk`` variables whose body
+    is ``jax.checkpoint``-ed with ``policy``, so only the ``[N, d]`` running
+    sum is saved per chunk instead of several ``[m, N, d]`` activations.
+    """
+
+    num_vars: int
+    d_v: int
+    hidden: int
+    dropout: float = 0.0
+    chunk: int | None = None  # variables per checkpointed scan step; None: all at once
+    policy: Policy = None  # jax.checkpoint policy for the chunk body
+    remat_weights: bool = False  # also rematerialise the selection-weight GRN
+
+    @nn.compact
+    def __call__(self, x: Array, context: Array | None = None,
+                 deterministic: bool = True) -> tuple[Array, Array]:
+        m, dv, d = self.num_vars, self.d_v, self.hidden
+        lead = x.shape[:-1]
+        xf = x.reshape(-1, m)  # [N, m]
+        n = xf.shape[0]
+        p = {
+            "emb_k": self.param("emb_k", nn.initializers.normal(1.0), (m, dv)),
+            "emb_b": self.param("emb_b", nn.initializers.zeros, (m, dv)),
+            "fc2_k": self.param("fc2_k", stacked_init, (m, dv, dv)),
+            "fc2_b": self.param("fc2_b", nn.initializers.zeros, (m, dv)),
+            "fc1_k": self.param("fc1_k", stacked_init, (m, dv, dv)),
+            "fc1_b": self.param("fc1_b", nn.initializers.zeros, (m, dv)),
+            "glu_k": self.param("glu_k", stacked_init, (m, dv, 2 * d)),
+            "glu_b": self.param("glu_b", nn.initializers.zeros, (m, 2 * d)),
+            "skip_k": self.param("skip_k", stacked_init, (m, dv, d)),
+            "skip_b": self.param("skip_b", nn.initializers.zeros, (m, d)),
+            "ln_scale": self.param("ln_scale", nn.initializers.ones, (m, d)),
+            "ln_bias": self.param("ln_bias", nn.initializers.zeros, (m, d)),
+        }
+        # Selection weights from the flattened embeddings (and the context).
+        flat = (xf[:, :, None] * p["emb_k"] + p["emb_b"]).reshape(n, m * dv)  # [N, m·d_v]
+        ctx = None
+        if context is not None:
+            ctx = jnp.broadcast_to(context, lead + context.shape[-1:]).reshape(n, -1)
+        weight_grn = nn.remat(GRN, static_argnums=(3,)) if self.remat_weights else GRN
+        logits = weight_grn(min(d, m), m, self.dropout, name="weights")(flat, ctx, deterministic)
+        w = nn.softmax(logits, axis=-1)  # [N, m]
+
+        key = None if deterministic or self.dropout == 0 else self.make_rng("dropout")
+        xt, wt = xf.T, w.T  # variable-major [m, N]
+        if self.chunk is None or self.chunk >= m:
+            out = _stacked_grn(p, xt, wt, key, self.dropout)
+        else:
+            out = self._chunked(p, xt, wt, key)
+        out = checkpoint_name(out, "vsn_out")
+        return out.reshape(lead + (d,)), w.reshape(lead + (m,))
+
+    def _chunked(self, p: dict, xt: Array, wt: Array, key: Array | None) -> Array:
+        m, c = self.num_vars, self.chunk
+        k = -(-m // c)
+        c = -(-m // k)  # even chunks: at most k-1 padded variables
+        pad = k * c - m
+        padv = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
+        chunks = lambda a: padv(a).reshape((k, c) + a.shape[1:])  # noqa: E731
+        ps = jax.tree.map(chunks, p)
+        keys = None if key is None else jax.random.split(key, k)
+        rate = self.dropout
+
+        def body(acc, inputs):
+            pc, xc, wc, kc = inputs
+            return acc + _stacked_grn(pc, xc, wc, kc, rate), None
+
+        body = jax.checkpoint(body, policy=self.policy, prevent_cse=False)
+        acc0 = jnp.zeros((xt.shape[1], self.hidden), xt.dtype)
+        out, _ = lax.scan(body, acc0, (ps, chunks(xt), chunks(wt), keys))
+        return out
+
+
+class LSTM(nn.Module):
+    """Single-layer LSTM over time, input projections hoisted out of the scan.
+
+    With ``remat`` the per-step body is ``jax.checkpoint``-ed inside the scan,
+    so the backward pass recomputes gates from the saved ``(c, h)`` carries.
+    Parameters match ``nn.OptimizedLSTMCell``'s count: ``8d² + 4d``.
+    """
+
+    features: int
+    remat: bool = False
+    policy: Policy = None
+
+    @nn.compact
+    def __call__(self, carry: tuple[Array, Array], xs: Array) -> tuple[tuple[Array, Array], Array]:
+        d = self.features
+        w_i = self.param("w_i", nn.initializers.lecun_normal(), (xs.shape[-1], 4 * d))
+        w_h = self.param("w_h", nn.initializers.orthogonal(), (d, 4 * d))
+        b = self.param("b", nn.initializers.zeros, (4 * d,))
+        xp = jnp.einsum("bti,ig->tbg", xs, w_i) + b  # [T, B, 4d]
+
+        def step(state, x_t):
+            c, h = state
+            i, f, g, o = jnp.split(x_t + h @ w_h, 4, axis=-1)
+            c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
+            h = nn.sigmoid(o) * jnp.tanh(c)
+            return (c, h), h
+
+        if self.remat:
+            step = jax.checkpoint(step, policy=self.policy, prevent_cse=False)
+        carry, hs = lax.scan(step, carry, xp)
+        return carry, jnp.swapaxes(hs, 0, 1)  # [B, T, d]
+
+
+class InterpretableAttention(nn.Module):
+    """Multi-head attention with per-head Q/K, one shared V, heads averaged.
+
+    ``H̃ = (1/H) Σ_h softmax(Q_h K_hᵀ / √d_h + mask) V``; output ``W_H H̃``.
+    Returns the output and the head-averaged attention weights.
+    """
+
+    heads: int
+    features: int
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, q_in: Array, kv: Array, mask: Array,
+                 deterministic: bool = True) -> tuple[Array, Array]:
+        H = self.heads
+        dh = self.features // H
+        q = nn.Dense(H * dh, name="query")(q_in).reshape(q_in.shape[:-1] + (H, dh))  # [B, Tq, H, dh]
+        k = nn.Dense(H * dh, name="key")(kv).reshape(kv.shape[:-1] + (H, dh))  # [B, T, H, dh]
+        v = nn.Dense(dh, name="value")(kv)  # [B, T, dh], shared by all heads
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(dh).astype(q.dtype)
+        logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+        attn = nn.softmax(logits, axis=-1)  # [B, H, Tq, T]
+        attn_d = nn.Dropout(self.dropout)(attn, deterministic=deterministic)
+        mixed = jnp.einsum("bhqk,bkd->bqd", attn_d, v) / H  # mean over heads [B, Tq, dh]
+        return nn.Dense(self.features, name="out")(mixed), attn.mean(axis=1)

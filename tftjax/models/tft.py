@@ -1,0 +1,118 @@
+"""The Temporal Fusion Transformer (Lim et al. 2021), TFT-225 layout.
+
+Shape glossary: B batch, T_e encoder steps, T_d decoder steps, T = T_e + T_d,
+d hidden, Q quantiles; static ``[B, S]``, historical ``[B, T_e, F_h]``,
+known ``[B, T, F_k]`` (known inputs at past and future steps).
+
+Data flow (tft_spec.md):
+  static VSN → ζ → four static encoders → c_s, c_e, c_h, c_c
+  encoder VSN over historical+known past (context c_s) → ξ_enc [B, T_e, d]
+  decoder VSN over known future (context c_s)          → ξ_dec [B, T_d, d]
+  LSTM encoder from (c_h, c_c), decoder from its final state → φ [B, T, d]
+  φ̃ = GAN(ξ, φ); θ = GRN(φ̃, c_e); causal interpretable attention
+  (queries at decoder steps) → δ = GAN(θ_dec, attn) → ψ = GRN(δ)
+  → ψ̃ = GAN(φ̃_dec, ψ) → quantiles [B, T_d, Q]
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from tftjax.config import TFTConfig
+from tftjax.models.layers import (GRN, LSTM, GateAddNorm, InterpretableAttention,
+                                  VariableSelection)
+from tftjax.remat import plan as remat_plan
+
+Array = jax.Array
+
+
+class Interpretation(NamedTuple):
+    static_weights: Array  # [B, S]
+    historical_weights: Array  # [B, T_e, F_h + F_k]
+    future_weights: Array  # [B, T_d, F_k]
+    attention: Array  # [B, T_d, T], head-averaged
+
+
+def causal_mask(encoder_steps: int, decoder_steps: int) -> Array:
+    """``[T_d, T]``: decoder step k (position T_e + k) sees positions ``<= T_e + k``."""
+    q = encoder_steps + jnp.arange(decoder_steps)[:, None]
+    return jnp.arange(encoder_steps + decoder_steps)[None, :] <= q
+
+
+class TFT(nn.Module):
+    cfg: TFTConfig
+
+    @nn.compact
+    def __call__(self, static: Array, historical: Array, known: Array,
+                 deterministic: bool = True) -> tuple[Array, Interpretation]:
+        cfg = self.cfg
+        plan = remat_plan(cfg.remat)
+        d, p = cfg.hidden, cfg.dropout
+        te = historical.shape[1]
+        td = known.shape[1] - te
+        det = deterministic
+
+        def block(cls, remat: bool):
+            # ``deterministic`` is the last positional argument of every block.
+            if not remat:
+                return cls
+            n_args = {GRN: 3, GateAddNorm: 3, InterpretableAttention: 4}[cls]
+            return nn.remat(cls, static_argnums=(n_args,), policy=plan.policy, prevent_cse=True)
+
+        def vsn(m, name):
+            return VariableSelection(m, cfg.d_v, d, p, chunk=cfg.vsn_chunk if plan.vsn else None,
+                                     policy=plan.policy, remat_weights=plan.vsn, name=name)
+
+        # 1-2. Static covariates and their four contexts.
+        zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]
+        enc_grn = block(GRN, plan.encoders)
+        c_s, c_e, c_h, c_c = (enc_grn(d, d, p, name=f"static_{n}")(zeta, None, det)
+                              for n in ("selection", "enrichment", "state_h", "state_c"))
+
+        # 3. Variable selection at every step (context c_s).
+        past = jnp.concatenate([historical, known[:, :te]], axis=-1)  # [B, T_e, F_h + F_k]
+        xi_enc, hist_w = vsn(past.shape[-1], "encoder_vsn")(past, c_s[:, None, :], det)
+        xi_dec, fut_w = vsn(cfg.num_known, "decoder_vsn")(known[:, te:], c_s[:, None, :], det)
+
+        # 4. LSTM encoder seeded by the static context, decoder from its final state.
+        carry, h_enc = LSTM(d, remat=plan.lstm, policy=plan.policy, name="lstm_encoder")(
+            (c_c, c_h), xi_enc)
+        _, h_dec = LSTM(d, remat=plan.lstm, policy=plan.policy, name="lstm_decoder")(carry, xi_dec)
+        phi = checkpoint_name(jnp.concatenate([h_enc, h_dec], axis=1), "lstm_out")  # [B, T, d]
+        xi = jnp.concatenate([xi_enc, xi_dec], axis=1)
+
+        # 5-6. Gated skip over the LSTM, static enrichment.
+        phi_t = block(GateAddNorm, plan.encoders)(d, p, name="lstm_gate")(xi, phi, det)
+        theta = enc_grn(d, d, p, name="enrichment")(phi_t, c_e[:, None, :], det)
+
+        # 7. Causal interpretable attention, queries at the decoder steps.
+        attn, attn_w = block(InterpretableAttention, plan.attention)(
+            cfg.heads, d, p, name="attention")(theta[:, te:], theta, causal_mask(te, td), det)
+        attn = checkpoint_name(attn, "attention_out")
+
+        # 8-9. Gates, position-wise GRN, quantile head.
+        delta = GateAddNorm(d, p, name="attention_gate")(theta[:, te:], attn, det)
+        psi = enc_grn(d, d, p, name="positionwise")(delta, None, det)
+        psi_t = GateAddNorm(d, 0.0, name="output_gate")(phi_t[:, te:], psi, det)
+        pred = nn.Dense(len(cfg.quantiles), name="quantiles")(psi_t)  # [B, T_d, Q]
+        return pred, Interpretation(static_w, hist_w, fut_w, attn_w)
+
+
+def init_params(cfg: TFTConfig, key: Array, batch_size: int = 2) -> dict:
+    """Parameters of a TFT for ``cfg`` (shapes from a dummy batch)."""
+    # Jitted: an eager Flax init compiles every small op on its own (hundreds
+    # of XLA:CPU compiles, ~25 s even for the tiny preset).
+    init = jax.jit(lambda k: TFT(cfg).init({"params": k}, *dummy_inputs(cfg, batch_size), True))
+    return init(key)["params"]
+
+
+def dummy_inputs(cfg: TFTConfig, batch_size: int) -> tuple[Array, Array, Array]:
+    t = cfg.encoder_steps + cfg.decoder_steps
+    return (jnp.zeros((batch_size, cfg.num_static)),
+            jnp.zeros((batch_size, cfg.encoder_steps, cfg.num_historical)),
+            jnp.zeros((batch_size, t, cfg.num_known)))

@@ -1,0 +1,101 @@
+"""PNG plots of a training run: loss curves, a quantile fan, variable importance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def loss_curves(path: Path, history: list[dict]) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ep = [h["epoch"] for h in history]
+    ax.plot(ep, [h["train_loss"] for h in history], "o-", label="train")
+    ax.plot(ep, [h["val_loss"] for h in history], "s-", label="validation")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("quantile loss")
+    ax.set_title("TFT loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def quantile_fan(path: Path, target_history: np.ndarray, target: np.ndarray, pred: np.ndarray,
+                 quantiles, titles: list[str]) -> None:
+    """``target_history [k, T_e]``, ``target [k, T_d]``, ``pred [k, T_d, Q]``."""
+    plt = _plt()
+    k = len(target)
+    fig, axes = plt.subplots(1, k, figsize=(4 * k, 3.4), squeeze=False)
+    qs = np.asarray(quantiles)
+    te, td = target_history.shape[1], target.shape[1]
+    for i, ax in enumerate(axes[0]):
+        ax.plot(np.arange(-te, 0), target_history[i], color="0.4", lw=1, label="past")
+        x = np.arange(td)
+        for lo in range(len(qs) // 2):
+            hi = len(qs) - 1 - lo
+            ax.fill_between(x, pred[i, :, lo], pred[i, :, hi], color="tab:blue", alpha=0.15 + 0.1 * lo,
+                            lw=0, label=f"P{qs[lo] * 100:g}–P{qs[hi] * 100:g}")
+        if len(qs) % 2:
+            ax.plot(x, pred[i, :, len(qs) // 2], color="tab:blue", lw=1.5, label="median")
+        ax.plot(x, target[i], "k.-", lw=1, label="actual")
+        ax.axvline(-0.5, color="0.7", ls=":")
+        ax.set_title(titles[i], fontsize=9)
+        ax.set_xlabel("step (0 = first forecast bar)")
+    axes[0][0].set_ylabel("return / train std")
+    axes[0][-1].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def variable_importance(path: Path, static_w: np.ndarray, hist_w: np.ndarray, fut_w: np.ndarray,
+                        static_names, hist_names, fut_names, top: int = 20) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 5), gridspec_kw={"width_ratios": [1, 2, 1]})
+    for ax, w, names, title in (
+        (axes[0], static_w, static_names, "static"),
+        (axes[1], hist_w, hist_names, f"encoder (top {top} of {len(hist_names)})"),
+        (axes[2], fut_w, fut_names, "decoder (known future)"),
+    ):
+        order = np.argsort(w)[::-1][:top]
+        ax.barh(np.arange(len(order))[::-1], w[order], color="tab:green")
+        ax.set_yticks(np.arange(len(order))[::-1])
+        ax.set_yticklabels([names[j] for j in order], fontsize=7)
+        ax.set_title(f"{title} variable weights", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def training_plots(workdir: Path, history, trainer, params, ds, cfg) -> None:
+    from tftjax.data.features import HISTORICAL_NAMES, KNOWN_NAMES, STATIC_NAMES
+
+    if history:
+        loss_curves(workdir / "loss_curves.png", history)
+    test = ds.splits.test
+    picks = test[np.linspace(0, len(test) - 1, num=min(4, len(test))).astype(int)]
+    pred, _ = trainer.predict(params, picks)
+    e, d = cfg.encoder_steps, cfg.decoder_steps
+    tgt = ds.features.target
+    past = tgt[picks[:, None] + np.arange(e)]
+    future = tgt[picks[:, None] + e + np.arange(d)]
+    ts = ds.bars.ts[picks + e]
+    titles = [f"test window from {np.datetime64(int(t), 'm')}" for t in ts]
+    quantile_fan(workdir / "quantile_fan.png", past, future, pred, cfg.quantiles, titles)
+    _, interp = trainer.predict(params, test)
+    hist_names = list(HISTORICAL_NAMES) + [f"{n} (known)" for n in KNOWN_NAMES]
+    variable_importance(workdir / "variable_importance.png",
+                        interp.static_weights.mean(0), interp.historical_weights.mean((0, 1)),
+                        interp.future_weights.mean((0, 1)), STATIC_NAMES, hist_names,
+                        KNOWN_NAMES)
