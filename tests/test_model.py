@@ -41,7 +41,8 @@ def expected_params(c):
         + 2 * lstm
         + gan  # gated skip over the LSTM
         + grn(d, d, d, ctx=d)  # static enrichment
-        + 2 * dense(d, H * dh) + dense(d, dh) + dense(dh, d)  # attention: Q, K, shared V, out
+        + dense(d, H * dh) + dense(d, H * dh, bias=False)  # attention: Q, K (no bias)
+        + dense(d, dh) + dense(dh, d)  # shared V, output
         + gan + grn(d, d, d) + gan  # attention gate, position-wise GRN, output gate
         + dense(d, len(c.quantiles))
     )
@@ -59,7 +60,7 @@ def test_parameter_count_matches_hand_formula(name):
 
 
 def test_tiny_parameter_count_value():
-    assert count(CFG) == 307_007
+    assert count(CFG) == 306_991
 
 
 @pytest.fixture(scope="module")

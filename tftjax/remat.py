@@ -1,13 +1,46 @@
 """Rematerialisation tiers: one table from a tier name to what is recomputed.
 
-Tiers are ordered from fastest / most memory to slowest / least memory.
+Ordered like MaxText's ``remat_policy``: a trade-off between speed and memory,
+from ``off`` (nothing recomputed) to ``full`` (everything but the quantile
+head). Every tier computes the same function and the same gradients (tested
+leaf by leaf against ``off``): remat is ``jax.checkpoint``, never
+``stop_gradient``.
+
+Where the recompute sits matters on XLA:CPU (architecture.md): a checkpoint
+around a whole block is often scheduled early and saves little, so the two
+blocks that hold most activations are rematerialised *inside their scans*:
+the LSTMs per time step, and the variable selection networks per chunk of
+``vsn_chunk`` variables (``lax.scan`` over chunks with a checkpointed body
+that only carries the ``[N, d]`` weighted sum).
+
+=============  ===============================================================
+``off``        nothing rematerialised (most memory)
+``minimal``    LSTM encoder/decoder, per step inside the scan
+``aggressive`` the seed's plan: static encoders, gated skip, static
+               enrichment and position-wise GRNs ("encoder GRNs"), LSTMs,
+               temporal attention; VSNs and quantile head kept
+``full``       ``aggressive`` plus the VSNs (per-variable GRNs in checkpointed
+               scan chunks, selection-weight GRNs rematerialised)
+``offload``    ``aggressive``, but the tagged intermediates inside the
+               rematerialised blocks (:data:`OFFLOAD_NAMES`) are moved to
+               pinned host memory instead of being recomputed (GPU/TPU); on
+               CPU there is no separate host memory space and it *is*
+               ``aggressive`` (the CLI says so)
+``auto``       not a plan: ``python -m tftjax.train --remat auto
+               --memory-budget 24GB`` picks the first tier of this table and
+               the largest batch that fit the budget (tftjax.memory.plan_auto)
+=============  ===============================================================
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax
 from jax import checkpoint_policies as cp
+
+# checkpoint_name tags used in the model (tftjax/models/*.py).
+OFFLOAD_NAMES = ("grn_hidden", "lstm_gates", "attention_weights")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,21 +50,56 @@ class RematPlan:
     name: str
     description: str
     lstm: bool = False  # per-step checkpoint inside the LSTM scans
-    encoders: bool = False  # static encoders, enrichment and position-wise GRNs
+    encoders: bool = False  # static encoders, gated skip, enrichment, position-wise GRNs
     attention: bool = False
     vsn: bool = False  # per-variable GRNs in checkpointed scan chunks
     policy: object = None
+    note: str = ""
 
+
+_AGGRESSIVE = dict(lstm=True, encoders=True, attention=True, policy=cp.nothing_saveable)
 
 TIERS: dict[str, RematPlan] = {
-    "off": RematPlan("off", "nothing rematerialised (fastest, most memory)",
-                     policy=cp.everything_saveable),
+    "off": RematPlan("off", "nothing rematerialised (most memory)"),
+    "minimal": RematPlan("minimal", "LSTM encoder/decoder, per step inside the scan",
+                         lstm=True, policy=cp.nothing_saveable),
+    "aggressive": RematPlan("aggressive", "encoder GRNs, LSTMs, attention; VSNs and head kept",
+                            **_AGGRESSIVE),
+    "full": RematPlan("full", "everything but the quantile head, VSNs in checkpointed chunks",
+                      vsn=True, **_AGGRESSIVE),
+    "offload": RematPlan(
+        "offload", "aggressive, with tagged intermediates offloaded to pinned host memory",
+        lstm=True, encoders=True, attention=True,
+        policy=cp.save_and_offload_only_these_names(
+            names_which_can_be_saved=[], names_which_can_be_offloaded=list(OFFLOAD_NAMES),
+            offload_src="device", offload_dst="pinned_host")),
 }
+ORDER = ("off", "minimal", "aggressive", "full")
+"""Tiers from fastest/most memory to slowest/least memory (``offload`` aside)."""
+AUTO = "auto"
+CHOICES = tuple(TIERS) + (AUTO,)
 
 
-def plan(tier: str) -> RematPlan:
-    """The plan of ``tier``; an unknown name raises ``ValueError`` listing the tiers."""
+def offload_supported(backend: str | None = None) -> bool:
+    return (backend or jax.default_backend()) in ("gpu", "cuda", "rocm", "tpu")
+
+
+def plan(tier: str, backend: str | None = None) -> RematPlan:
+    """The plan of ``tier``; an unknown name raises ``ValueError`` listing the tiers.
+
+    ``offload`` on a backend without a host memory space (CPU) returns the
+    ``aggressive`` plan under the name ``offload`` with a note saying so.
+    """
+    if tier == AUTO:
+        raise ValueError("'auto' is resolved to a tier before the model is built "
+                         "(tftjax.memory.plan_auto)")
     try:
-        return TIERS[tier]
+        p = TIERS[tier]
     except KeyError:
-        raise ValueError(f"unknown remat tier {tier!r}; choose one of: {', '.join(TIERS)}") from None
+        raise ValueError(f"unknown remat tier {tier!r}; choose one of: {', '.join(CHOICES)}") from None
+    if tier == "offload" and not offload_supported(backend):
+        return dataclasses.replace(
+            TIERS["aggressive"], name="offload",
+            note=f"offload: the {backend or jax.default_backend()} backend has no separate host "
+                 "memory space, so this tier behaves exactly like 'aggressive'")
+    return p

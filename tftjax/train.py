@@ -16,7 +16,7 @@ from typing import Literal
 import tyro
 
 from tftjax.config import PRESETS, preset
-from tftjax.remat import TIERS
+from tftjax.remat import AUTO, CHOICES
 
 
 @dataclasses.dataclass
@@ -40,7 +40,10 @@ class Args:
     """Continue from the latest complete checkpoint in --workdir."""
     max_steps_per_epoch: int | None = None
     remat: str = "off"
-    """Rematerialisation tier (see tftjax.remat)."""
+    """Rematerialisation tier: off, minimal, aggressive, full, offload, or auto (with
+    --memory-budget) -- see tftjax.remat."""
+    memory_budget: str | None = None
+    """Device memory budget for --remat auto, e.g. 24GB or 16GiB."""
     profile: Path | None = None
     """Write a jax.profiler trace of a few steps here (TensorBoard / XProf)."""
     no_progress: bool = False
@@ -56,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, prog="python -m tftjax.train")
     from tftjax.data import DataError
 
-    if args.remat not in TIERS:
-        return fail(f"--remat {args.remat!r} is not a tier; choose one of: {', '.join(TIERS)}")
+    if args.remat not in CHOICES:
+        return fail(f"--remat {args.remat!r} is not a tier; choose one of: {', '.join(CHOICES)}")
+    if args.remat == AUTO and not args.memory_budget:
+        return fail("--remat auto needs --memory-budget (e.g. --memory-budget 24GB)")
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
             return fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -67,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail("--max-steps-per-epoch must be >= 1")
     if args.preset not in PRESETS:
         return fail(f"--preset must be one of {', '.join(PRESETS)}")
-    overrides = {"remat": args.remat}
+    overrides = {"remat": "off" if args.remat == AUTO else args.remat}
     if args.hidden_size is not None:
         overrides["hidden"] = args.hidden_size
     try:
@@ -77,6 +82,21 @@ def main(argv: list[str] | None = None) -> int:
 
     from tftjax.train_lib import ConfigError, TrainConfig, TrainingDiverged, train_and_evaluate
 
+    if args.remat == AUTO:
+        from tftjax.data import default_parquet, read_bars
+        from tftjax.memory import parse_bytes, plan_auto
+
+        try:
+            budget = parse_bytes(args.memory_budget)
+        except ValueError:
+            return fail(f"--memory-budget {args.memory_budget!r} is not a size like 24GB")
+        try:
+            rows = len(read_bars(args.parquet_file or default_parquet()))
+            tier, batch = plan_auto(cfg, budget, args.batch_size, rows)
+        except (DataError, ValueError) as e:
+            return fail(str(e))
+        cfg = dataclasses.replace(cfg, remat=tier)
+        args.batch_size = batch
     tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size,
                      learning_rate=args.learning_rate, seed=args.seed, patience=args.patience,
                      max_steps_per_epoch=args.max_steps_per_epoch, resume=args.resume,

@@ -29,6 +29,7 @@ from tftjax.checkpoints import EpochCheckpointer, list_checkpoints
 from tftjax.config import TFTConfig
 from tftjax.data import Dataset, DeviceData, FeatureStats, epoch_batches, gather, load_dataset, to_device
 from tftjax.models.tft import TFT, init_params
+from tftjax.remat import plan as remat_plan
 
 Array = jax.Array
 
@@ -264,6 +265,9 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
     history = _read_history(metrics_path, upto=start_epoch)
     metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
 
+    note = remat_plan(cfg.remat).note
+    if note:
+        log(note)
     trainer = Trainer(cfg, tc, to_device(ds.features))
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     log(f"TFT {n_params:,} parameters; {len(ds.bars):,} bars from {ds.bars.path}; windows "

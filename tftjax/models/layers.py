@@ -61,7 +61,8 @@ class GRN(nn.Module):
         h = nn.Dense(self.hidden, name="fc2")(a)
         if context is not None:
             h = h + nn.Dense(self.hidden, use_bias=False, name="context")(context)
-        h = nn.Dense(self.hidden, name="fc1")(nn.elu(h))
+        h = checkpoint_name(nn.elu(h), "grn_hidden")
+        h = nn.Dense(self.hidden, name="fc1")(h)
         g = GLU(self.output, self.dropout, name="glu")(h, deterministic)
         return nn.LayerNorm(name="norm")(skip + g)
 
@@ -82,14 +83,15 @@ def _bmm(x: Array, k: Array) -> Array:
     return lax.dot_general(x, k, (((2,), (1,)), ((0,), (0,))))
 
 
-def _stacked_grn(p: dict, x: Array, w: Array, key: Array | None, rate: float) -> Array:
+def _stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float) -> Array:
     """m per-variable GRNs and their weighted sum.
 
     Args:
       p: stacked parameters, each with a leading variable axis of size m.
       x: inputs ``[m, N]`` (one real value per variable and row).
       w: selection weights ``[m, N]``.
-      key: dropout key, or ``None`` when deterministic.
+      keep: dropout keep-mask ``[m, N, d_v]`` on ``η_1``, drawn once for all
+        variables so that it does not depend on the chunking; ``None``: no dropout.
       rate: dropout rate on ``η_1``.
 
     Returns:
@@ -105,8 +107,7 @@ def _stacked_grn(p: dict, x: Array, w: Array, key: Array | None, rate: float) ->
     fk, fb = fold(p["fc2_k"])
     h = nn.elu(xv * fk + (fb + p["fc2_b"][:, None, :]))  # [m, N, d_v]
     h = _bmm(h, p["fc1_k"]) + p["fc1_b"][:, None, :]  # η_1 [m, N, d_v]
-    if key is not None and rate > 0:
-        keep = jax.random.bernoulli(key, 1.0 - rate, h.shape)
+    if keep is not None:
         h = jnp.where(keep, h / (1.0 - rate), 0.0)
     value, gate = jnp.split(_bmm(h, p["glu_k"]) + p["glu_b"][:, None, :], 2, axis=-1)
     y = skip + nn.sigmoid(gate) * value  # [m, N, d]
@@ -164,16 +165,18 @@ class VariableSelection(nn.Module):
         logits = weight_grn(min(d, m), m, self.dropout, name="weights")(flat, ctx, deterministic)
         w = nn.softmax(logits, axis=-1)  # [N, m]
 
-        key = None if deterministic or self.dropout == 0 else self.make_rng("dropout")
+        keep = None
+        if not deterministic and self.dropout > 0:
+            keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.dropout, (m, n, dv))
         xt, wt = xf.T, w.T  # variable-major [m, N]
         if self.chunk is None or self.chunk >= m:
-            out = _stacked_grn(p, xt, wt, key, self.dropout)
+            out = _stacked_grn(p, xt, wt, keep, self.dropout)
         else:
-            out = self._chunked(p, xt, wt, key)
+            out = self._chunked(p, xt, wt, keep)
         out = checkpoint_name(out, "vsn_out")
         return out.reshape(lead + (d,)), w.reshape(lead + (m,))
 
-    def _chunked(self, p: dict, xt: Array, wt: Array, key: Array | None) -> Array:
+    def _chunked(self, p: dict, xt: Array, wt: Array, keep: Array | None) -> Array:
         m, c = self.num_vars, self.chunk
         k = -(-m // c)
         c = -(-m // k)  # even chunks: at most k-1 padded variables
@@ -181,7 +184,7 @@ class VariableSelection(nn.Module):
         padv = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
         chunks = lambda a: padv(a).reshape((k, c) + a.shape[1:])  # noqa: E731
         ps = jax.tree.map(chunks, p)
-        keys = None if key is None else jax.random.split(key, k)
+        keep = None if keep is None else chunks(keep)
         rate = self.dropout
 
         def body(acc, inputs):
@@ -190,7 +193,7 @@ class VariableSelection(nn.Module):
 
         body = jax.checkpoint(body, policy=self.policy, prevent_cse=False)
         acc0 = jnp.zeros((xt.shape[1], self.hidden), xt.dtype)
-        out, _ = lax.scan(body, acc0, (ps, chunks(xt), chunks(wt), keys))
+        out, _ = lax.scan(body, acc0, (ps, chunks(xt), chunks(wt), keep))
         return out
 
 
@@ -216,7 +219,8 @@ class LSTM(nn.Module):
 
         def step(state, x_t):
             c, h = state
-            i, f, g, o = jnp.split(x_t + h @ w_h, 4, axis=-1)
+            gates = checkpoint_name(x_t + h @ w_h, "lstm_gates")
+            i, f, g, o = jnp.split(gates, 4, axis=-1)
             c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
             h = nn.sigmoid(o) * jnp.tanh(c)
             return (c, h), h
@@ -244,11 +248,12 @@ class InterpretableAttention(nn.Module):
         H = self.heads
         dh = self.features // H
         q = nn.Dense(H * dh, name="query")(q_in).reshape(q_in.shape[:-1] + (H, dh))  # [B, Tq, H, dh]
-        k = nn.Dense(H * dh, name="key")(kv).reshape(kv.shape[:-1] + (H, dh))  # [B, T, H, dh]
+        # No key bias: q·b_k is the same for every key, and softmax ignores it.
+        k = nn.Dense(H * dh, use_bias=False, name="key")(kv).reshape(kv.shape[:-1] + (H, dh))
         v = nn.Dense(dh, name="value")(kv)  # [B, T, dh], shared by all heads
         logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(dh).astype(q.dtype)
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
-        attn = nn.softmax(logits, axis=-1)  # [B, H, Tq, T]
+        attn = checkpoint_name(nn.softmax(logits, axis=-1), "attention_weights")  # [B, H, Tq, T]
         attn_d = nn.Dropout(self.dropout)(attn, deterministic=deterministic)
         mixed = jnp.einsum("bhqk,bkd->bqd", attn_d, v) / H  # mean over heads [B, Tq, dh]
         return nn.Dense(self.features, name="out")(mixed), attn.mean(axis=1)

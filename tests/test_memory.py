@@ -1,0 +1,100 @@
+"""Memory: compiled analysis, the batch planner, auto tier choice, no growth across steps."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from tftjax import memory
+from tftjax.config import preset
+from tftjax.data import epoch_batches, load_dataset, to_device
+from tftjax.train_lib import Trainer, TrainConfig, create_train_state
+
+CFG = preset("tiny")
+
+
+def test_parse_bytes():
+    assert memory.parse_bytes("24GB") == 24e9
+    assert memory.parse_bytes("16GiB") == 16 * 2**30
+    assert memory.parse_bytes("512 MiB") == 512 * 2**20
+    with pytest.raises(ValueError):
+        memory.parse_bytes("lots")
+
+
+def test_linear_fit_by_hand():
+    pts = [memory.Compiled("off", b, 100, 10, 10, 1000 + 50 * b, 0) for b in (1, 8, 64)]
+    a, b = memory.fit_linear(pts)
+    assert a == pytest.approx(1100) and b == pytest.approx(50)
+
+
+@pytest.fixture(scope="module")
+def analysed():
+    # Batch 32 of the tiny preset is also what test_train compiles: one shared compile.
+    return {b: memory.analyse(CFG, b) for b in (16, 32)}
+
+
+def test_compiled_bytes_grow_with_batch(analysed):
+    a16, a32 = analysed[16], analysed[32]
+    assert a32.temp_bytes > a16.temp_bytes > 0
+    assert a16.argument_bytes == a32.argument_bytes - 16 * 4  # only the index vector grows
+    assert memory.min_bytes(CFG, 32, 2264) == a32.argument_bytes
+
+
+def test_full_tier_holds_less_temp_memory_than_off(analysed):
+    full = memory.analyse(dataclasses.replace(CFG, remat="full", vsn_chunk=20), 32)
+    assert full.temp_bytes < analysed[32].temp_bytes
+
+
+def test_auto_grows_the_batch_when_off_fits(analysed):
+    budget = 1.5 * analysed[32].total_bytes
+    tier, batch = memory.plan_auto(CFG, budget, 32, rows=2264, log=lambda *a: None)
+    assert tier == "off" and batch > 32
+    assert memory.analyse(CFG, batch).total_bytes <= budget
+
+
+def test_auto_picks_the_first_tier_that_fits(monkeypatch):
+    # Synthetic compiled sizes: 1 GB fixed plus per-sample bytes that fall by tier.
+    per_sample = {"off": 100e6, "minimal": 90e6, "aggressive": 80e6, "full": 20e6}
+
+    def fake(cfg, b, rows=2264, compiled=None):
+        return memory.Compiled(cfg.remat, b, int(1e9), 0, 0, int(per_sample[cfg.remat] * b), 0)
+
+    monkeypatch.setattr(memory, "analyse", fake)
+    monkeypatch.setattr(memory, "min_bytes", lambda *a: int(1e9))
+    lines = []
+    tier, batch = memory.plan_auto(CFG, 5e9, 64, rows=2264, log=lines.append)
+    # At batch 64: off 7.4 GB, minimal 6.76, aggressive 6.12 do not fit; full 2.28 GB does,
+    # and full fits (5e9 - 1e9) / 20e6 = 200 samples.
+    assert (tier, batch) == ("full", 200)
+    assert any("chose remat=full" in x for x in lines)
+
+
+def test_auto_refuses_an_impossible_budget():
+    with pytest.raises(ValueError, match="no remat tier fits"):
+        memory.plan_auto(CFG, 1e6, 8, rows=2264, log=lambda *a: None)
+
+
+def live_bytes():
+    return sum(x.nbytes for x in jax.live_arrays())
+
+
+@pytest.mark.parametrize("tier", ["off", "aggressive"])
+def test_no_growth_of_live_device_memory_over_50_steps(tier):
+    cfg = dataclasses.replace(CFG, remat=tier)
+    tc = TrainConfig(batch_size=32)
+    ds = load_dataset(None, cfg.data)
+    trainer = Trainer(cfg, tc, to_device(ds.features))
+    state = create_train_state(cfg, tc, jax.random.key(0))
+    key = jax.random.key(1, impl="rbg")
+    idx, _ = epoch_batches(ds.splits.train, 32, seed=0, epoch=0)
+    state, m = trainer.train_step(state, idx[0], key)
+    jax.block_until_ready(state)
+    del m
+    after_one = live_bytes()
+    for i in range(1, 50):
+        state, m = trainer.train_step(state, idx[i % len(idx)], key)
+    jax.block_until_ready(state)
+    del m
+    assert live_bytes() == after_one
+    assert np.isfinite(jax.device_get(state.params["quantiles"]["kernel"])).all()

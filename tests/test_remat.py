@@ -1,0 +1,94 @@
+"""Remat tiers: same loss and same gradients as ``off`` for every leaf; no frozen layers."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tftjax import losses, remat
+from tftjax.config import preset
+from tftjax.models.tft import TFT
+
+TIERS = ["minimal", "aggressive", "full", "offload"]
+B = 4
+
+
+def config(tier):
+    # vsn_chunk=3 chunks every VSN with padding (5 → 2×3, 10 → 4×3, 220 → 74×3).
+    return preset("tiny", remat=tier, vsn_chunk=3)
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    cfg = config("off")
+    ks = jax.random.split(jax.random.key(0), 4)
+    t = cfg.encoder_steps + cfg.decoder_steps
+    return (jax.random.normal(ks[0], (B, cfg.num_static)),
+            jax.random.normal(ks[1], (B, cfg.encoder_steps, cfg.num_historical)),
+            jax.random.normal(ks[2], (B, t, cfg.num_known)),
+            jax.random.normal(ks[3], (B, cfg.decoder_steps)))
+
+
+def loss_and_grads(tier, params, inputs):
+    cfg = config(tier)
+    s, h, k, y = inputs
+
+    def loss(p):
+        pred, _ = TFT(cfg).apply({"params": p}, s, h, k, False,
+                                 rngs={"dropout": jax.random.key(7, impl="rbg")})
+        return losses.quantile_loss(y, pred, cfg.quantiles)
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+@pytest.fixture(scope="module")
+def reference(inputs):
+    cfg = config("off")
+    params = TFT(cfg).init(jax.random.key(1), *inputs[:3])["params"]
+    loss, grads = loss_and_grads("off", params, inputs)
+    return params, float(loss), grads
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_tier_gradients_equal_off_for_every_leaf(tier, inputs, reference):
+    params, ref_loss, ref_grads = reference
+    loss, grads = loss_and_grads(tier, params, inputs)
+    assert float(loss) == pytest.approx(ref_loss, rel=1e-6)
+    flat_ref = jax.tree_util.tree_flatten_with_path(ref_grads)[0]
+    flat = dict(jax.tree_util.tree_flatten_with_path(grads)[0])
+    assert len(flat) == len(flat_ref)
+    # Relative 1e-5 per leaf, with a floor at 1e-6 of the largest gradient anywhere
+    # (leaves whose gradient is tiny carry only rounding noise).
+    floor = 1e-6 * max(np.abs(np.asarray(g)).max() for _, g in flat_ref)
+    for path, g_ref in flat_ref:
+        g = np.asarray(flat[path])
+        g_ref = np.asarray(g_ref)
+        name = jax.tree_util.keystr(path)
+        assert np.any(g != 0), f"{tier}: gradient of {name} is all zero (frozen layer)"
+        scale = np.abs(g_ref).max()
+        assert np.abs(g - g_ref).max() <= max(1e-5 * scale, floor), f"{tier}: {name}"
+
+
+def test_off_gradients_reach_every_leaf(reference):
+    _, _, grads = reference
+    for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+        assert np.any(np.asarray(g) != 0), jax.tree_util.keystr(path)
+
+
+def test_unknown_tier_lists_the_tiers():
+    with pytest.raises(ValueError, match="choose one of: off, minimal, aggressive, full, offload, auto"):
+        remat.plan("sideways")
+
+
+def test_offload_on_cpu_says_it_is_aggressive():
+    p = remat.plan("offload", backend="cpu")
+    assert "behaves exactly like 'aggressive'" in p.note
+    a = remat.plan("aggressive")
+    assert (p.lstm, p.encoders, p.attention, p.vsn, p.policy) == (
+        a.lstm, a.encoders, a.attention, a.vsn, a.policy)
+    assert remat.plan("offload", backend="gpu").note == ""
+
+
+def test_tier_order_is_documented():
+    assert remat.ORDER == ("off", "minimal", "aggressive", "full")
+    assert [remat.plan(t).vsn for t in remat.ORDER] == [False, False, False, True]

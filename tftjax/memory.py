@@ -1,0 +1,325 @@
+"""Memory you can see: XLA's compiled memory analysis per remat tier and batch size.
+
+``python -m tftjax.memory --preset tft225 --tiers off,minimal,aggressive,full
+--batch-sizes 1,8,64,256 --out DIR`` compiles the real jitted train step for
+each tier and batch size and reports XLA's argument, output, temp and
+generated-code bytes, the measured step time and its ratio to ``off``, the
+largest batch that fits 4, 12, 24, 48, 80 and 141 GB (a linear fit of bytes
+against batch size, checked by compiling at the predicted batch), and writes
+a ``jax.profiler`` device memory profile (pprof ``.prof``) per tier. On a GPU
+it also records ``device.memory_stats()`` peaks next to the prediction.
+
+Compilation needs no arrays: the step is lowered against
+``jax.ShapeDtypeStruct``s, so batch sizes far beyond this machine's memory
+can be analysed (and planned for) without allocating them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tftjax import remat
+from tftjax.config import TFTConfig, preset
+from tftjax.data import DeviceData
+from tftjax.train_lib import TrainConfig, create_train_state, make_train_step
+
+GB = 10**9
+BUDGETS_GB = (4, 12, 24, 48, 80, 141)
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    tier: str
+    batch_size: int
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    generated_code_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Device bytes the step needs: arguments + temporaries + outputs not aliased
+        onto donated arguments."""
+        return self.argument_bytes + self.temp_bytes + self.output_bytes - self.alias_bytes
+
+
+def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig = TrainConfig()):
+    """Shape-only (state, data, batch_idx, key) of the train step."""
+    state = jax.eval_shape(lambda k: create_train_state(cfg, tc, k), jax.random.key(0))
+    f32 = jnp.float32
+    data = DeviceData(jax.ShapeDtypeStruct((rows, cfg.num_historical), f32),
+                      jax.ShapeDtypeStruct((rows, cfg.num_known), f32),
+                      jax.ShapeDtypeStruct((rows,), f32),
+                      jax.ShapeDtypeStruct((cfg.num_static,), f32))
+    idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
+    key = jax.eval_shape(lambda: jax.random.key(0, impl="rbg"))
+    return state, data, idx, key
+
+
+def compile_step(cfg: TFTConfig, batch_size: int, rows: int = 2264):
+    """The compiled train step of ``cfg`` at ``batch_size`` (no arrays allocated)."""
+    return make_train_step(cfg).lower(*abstract_inputs(cfg, batch_size, rows)).compile()
+
+
+def analyse(cfg: TFTConfig, batch_size: int, rows: int = 2264, compiled=None) -> Compiled:
+    c = compiled if compiled is not None else compile_step(cfg, batch_size, rows)
+    m = c.memory_analysis()
+    return Compiled(cfg.remat, batch_size, int(m.argument_size_in_bytes),
+                    int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
+                    int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes))
+
+
+def fit_linear(points: list[Compiled]) -> tuple[float, float]:
+    """``total_bytes ≈ a + b · batch`` by least squares over the measured batch sizes."""
+    x = np.array([p.batch_size for p in points], float)
+    y = np.array([p.total_bytes for p in points], float)
+    if len(points) == 1:
+        return 0.0, float(y[0] / x[0])
+    b, a = np.polyfit(x, y, 1)
+    return float(a), float(b)
+
+
+def largest_batch(cfg: TFTConfig, budget_bytes: float, fit: tuple[float, float], rows: int = 2264,
+                  verify: bool = True, max_batch: int = 1 << 16) -> tuple[int, Compiled | None]:
+    """Largest batch whose compiled step fits ``budget_bytes``: from the fit, then checked
+    by compiling at the predicted batch (stepping down 5% until it fits)."""
+    a, b = fit
+    guess = int(min(max((budget_bytes - a) // max(b, 1.0), 0), max_batch))
+    if guess < 1:
+        return 0, None
+    if not verify:
+        return guess, None
+    while guess >= 1:
+        c = analyse(cfg, guess, rows)
+        if c.total_bytes <= budget_bytes:
+            return guess, c
+        guess = int(guess * 0.95) if guess > 20 else guess - 1
+    return 0, None
+
+
+def plan_auto(cfg: TFTConfig, budget_bytes: float, batch_size: int, rows: int,
+              log=print) -> tuple[str, int]:
+    """The fastest tier (table order) whose step at ``batch_size`` fits the budget, and the
+    largest batch that fits with it; from compile-time analysis only.
+
+    Raises:
+      ValueError: when even ``full`` at batch 1 does not fit.
+    """
+    floor = min_bytes(cfg, batch_size, rows)
+    if budget_bytes < floor:
+        raise ValueError(f"no remat tier fits {budget_bytes / GB:.2f} GB: parameters, optimizer "
+                         f"state and data alone take {floor / GB:.2f} GB")
+    for tier in remat.ORDER:
+        c = dataclasses.replace(cfg, remat=tier)
+        at = analyse(c, batch_size, rows)
+        fits = at.total_bytes <= budget_bytes
+        log(f"auto: {tier:10s} batch {batch_size}: {at.total_bytes / GB:7.2f} GB "
+            f"{'fits' if fits else 'does not fit'} {budget_bytes / GB:.2f} GB")
+        if fits:
+            small = analyse(c, max(1, batch_size // 2), rows)
+            best, _ = largest_batch(c, budget_bytes, fit_linear([small, at]), rows,
+                                    max_batch=max(batch_size, rows))
+            best = max(best, batch_size)
+            log(f"auto: chose remat={tier} (the fastest tier that fits) and batch {best} "
+                f"(the largest that fits, checked by compiling it)")
+            return tier, best
+    raise ValueError(f"no remat tier fits {budget_bytes / GB:.2f} GB even at batch "
+                     f"{batch_size}; lower --batch-size or raise --memory-budget")
+
+
+def min_bytes(cfg: TFTConfig, batch_size: int, rows: int) -> int:
+    """Bytes of the step's arguments (state, data, indices): a floor no tier can go under."""
+    leaves = jax.tree.leaves(abstract_inputs(cfg, batch_size, rows)[:3])
+    return int(sum(x.size * x.dtype.itemsize for x in leaves))
+
+
+def parse_bytes(text: str) -> float:
+    """'24GB', '512MiB', '1.5e9' → bytes."""
+    t = text.strip().upper().replace(" ", "")
+    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+             "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
+    for u, mult in units.items():
+        if t.endswith(u):
+            return float(t[: -len(u)]) * mult
+    return float(t)
+
+
+def time_step(cfg: TFTConfig, batch_size: int, data, starts: np.ndarray, steps: int = 3):
+    """Median measured step time (real arrays) and the compiled executable."""
+    tc = TrainConfig(batch_size=batch_size)
+    state = create_train_state(cfg, tc, jax.random.key(0))
+    key = jax.random.key(1, impl="rbg")
+    rng = np.random.default_rng(0)
+    idx = [jnp.asarray(rng.choice(starts, batch_size)) for _ in range(steps + 1)]
+    compiled = make_train_step(cfg).lower(state, data, idx[0], key).compile()
+    state, m = compiled(state, data, idx[0], key)
+    jax.block_until_ready(m)
+    times = []
+    for b in idx[1:]:
+        t0 = time.perf_counter()
+        state, m = compiled(state, data, b, key)
+        jax.block_until_ready(m)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), compiled, state
+
+
+def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
+           budgets_gb=BUDGETS_GB, steps: int = 3, time_limit_bytes: float | None = None,
+           verify: bool = True, log=print) -> list[dict]:
+    """Measure, print and write ``memory.json``, ``memory.png`` and ``.prof`` files."""
+    from tftjax.data import load_dataset, to_device
+
+    out.mkdir(parents=True, exist_ok=True)
+    ds = load_dataset(None, cfg.data)
+    data = to_device(ds.features)
+    rows = len(ds.features)
+    dev = jax.devices()[0]
+    budget_for_timing = time_limit_bytes or _host_budget()
+    records, fits = [], {}
+    for tier in tiers:
+        c = dataclasses.replace(cfg, remat=tier)
+        note = remat.plan(tier).note
+        if note:
+            log(note)
+        points = []
+        for b in batch_sizes:
+            a = analyse(c, b, rows)
+            points.append(a)
+            rec = {"tier": tier, **{k: v for k, v in dataclasses.asdict(a).items() if k != "tier"},
+                   "total_bytes": a.total_bytes, "step_time_s": None, "device": dev.device_kind}
+            if a.total_bytes <= budget_for_timing:
+                t, compiled, state = time_step(c, b, data, ds.splits.train, steps)
+                rec["step_time_s"] = t
+                stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
+                if stats:
+                    rec["peak_bytes_in_use"] = int(stats.get("peak_bytes_in_use", 0))
+                # Live device buffers right after a step (pprof; `pprof -http` or XProf).
+                jax.profiler.save_device_memory_profile(str(out / f"memory_{tier}_b{b}.prof"))
+                del compiled, state
+            records.append(rec)
+        fits[tier] = fit_linear(points)
+    off_time = {r["batch_size"]: r["step_time_s"] for r in records if r["tier"] == tiers[0]}
+    for r in records:
+        base = off_time.get(r["batch_size"])
+        r["time_ratio_to_" + tiers[0]] = (r["step_time_s"] / base
+                                         if r["step_time_s"] and base else None)
+    plan_rows = []
+    for tier in tiers:
+        c = dataclasses.replace(cfg, remat=tier)
+        for g in budgets_gb:
+            bmax, checked = largest_batch(c, g * GB, fits[tier], rows, verify=verify)
+            plan_rows.append({"tier": tier, "budget_gb": g, "max_batch": bmax,
+                              "checked_total_bytes": checked.total_bytes if checked else None})
+    (out / "memory.json").write_text(json.dumps(records, indent=2))
+    (out / "batch_plan.json").write_text(json.dumps({"fits": fits, "plan": plan_rows}, indent=2))
+    log(format_table(records, tiers[0]))
+    log(format_plan(plan_rows, tiers, budgets_gb))
+    plot(records, fits, out / "memory.png", tiers)
+    return records
+
+
+def _host_budget() -> float:
+    try:
+        import os
+
+        return 0.6 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 * GB
+
+
+def format_table(records: list[dict], base: str) -> str:
+    lines = [f"| tier | batch | argument | output | temp | code | step time | vs {base} |",
+             "|---|---|---|---|---|---|---|---|"]
+    mib = lambda x: f"{x / 2**20:,.0f} MiB"  # noqa: E731
+    for r in records:
+        t = f"{r['step_time_s']:.2f} s" if r["step_time_s"] else "not run"
+        ratio = r.get(f"time_ratio_to_{base}")
+        lines.append(f"| {r['tier']} | {r['batch_size']} | {mib(r['argument_bytes'])} | "
+                     f"{mib(r['output_bytes'])} | {mib(r['temp_bytes'])} | "
+                     f"{r['generated_code_bytes'] / 2**10:,.0f} KiB | {t} | "
+                     f"{f'{ratio:.2f}×' if ratio else '–'} |")
+    return "\n".join(lines)
+
+
+def format_plan(rows: list[dict], tiers, budgets) -> str:
+    lines = ["| tier | " + " | ".join(f"{g} GB" for g in budgets) + " |",
+             "|---|" + "---|" * len(budgets)]
+    for tier in tiers:
+        cells = [str(r["max_batch"]) for r in rows if r["tier"] == tier]
+        lines.append(f"| {tier} | " + " | ".join(cells) + " |")
+    return "largest batch that fits (fit, checked by compiling at the predicted batch):\n" + \
+        "\n".join(lines)
+
+
+def plot(records: list[dict], fits: dict, path: Path, tiers: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for tier in tiers:
+        rs = [r for r in records if r["tier"] == tier]
+        bs = [r["batch_size"] for r in rs]
+        a1.plot(bs, [r["temp_bytes"] / 2**30 for r in rs], "o-", label=tier)
+        ts = [(r["batch_size"], r["step_time_s"]) for r in rs if r["step_time_s"]]
+        if ts:
+            a2.plot(*zip(*ts), "o-", label=tier)
+    for ax in (a1, a2):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.legend()
+    a1.set_yscale("log")
+    a1.set_ylabel("XLA temp memory (GiB)")
+    a1.set_title("compiled train step: temp bytes")
+    a2.set_ylabel("step time (s)")
+    a2.set_title("measured step time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tftjax.memory", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="tft225")
+    ap.add_argument("--tiers", default="off,minimal,aggressive,full")
+    ap.add_argument("--batch-sizes", default="1,8,64,256")
+    ap.add_argument("--out", type=Path, default=Path("runs/memory"))
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per point")
+    ap.add_argument("--budgets", default=",".join(str(g) for g in BUDGETS_GB),
+                    help="memory budgets in GB for the batch plan")
+    ap.add_argument("--no-verify", action="store_true",
+                    help="skip compiling at each predicted batch")
+    args = ap.parse_args(argv)
+    try:
+        cfg = preset(args.preset)
+        tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
+        for t in tiers:
+            remat.plan(t)
+        batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
+        budgets = [float(g) for g in args.budgets.split(",")]
+        if min(batch_sizes) < 1:
+            raise ValueError("--batch-sizes must be >= 1")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report(cfg, tiers, batch_sizes, args.out, budgets_gb=[g if not g.is_integer() else int(g)
+                                                         for g in budgets],
+           steps=args.steps, verify=not args.no_verify)
+    print(f"wrote {args.out}/memory.json, batch_plan.json, memory.png and memory_*.prof")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
