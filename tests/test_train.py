@@ -166,6 +166,9 @@ def test_cli_train_and_evaluate(tmp_path):
     (["--epochs", "0"], "--epochs must be >= 1"),
     (["--parquet-file", "/nonexistent/bars.parquet"], "bars.parquet: file not found"),
     (["--bogus-flag"], "bogus"),
+    (["--remat", "auto"], "--remat auto needs --memory-budget"),
+    (["--remat", "auto", "--memory-budget", "1MB"], "no remat tier fits"),
+    (["--remat", "auto", "--memory-budget", "lots"], "is not a size"),
 ])
 def test_cli_bad_input_exit_2(tmp_path, args, expect):
     p = run("-m", "tftjax.train", "--preset", "tiny", "--workdir", str(tmp_path / "w"), *args)
