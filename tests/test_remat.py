@@ -84,11 +84,13 @@ def test_offload_on_cpu_says_it_is_aggressive():
     p = remat.plan("offload", backend="cpu")
     assert "behaves exactly like 'aggressive'" in p.note
     a = remat.plan("aggressive")
-    assert (p.lstm, p.encoders, p.attention, p.vsn, p.policy) == (
-        a.lstm, a.encoders, a.attention, a.vsn, a.policy)
+    assert (p.lstm, p.encoders, p.attention, p.vsn, p.vsn_scan, p.policy) == (
+        a.lstm, a.encoders, a.attention, a.vsn, a.vsn_scan, a.policy)
     assert remat.plan("offload", backend="gpu").note == ""
 
 
 def test_tier_order_is_documented():
     assert remat.ORDER == ("off", "minimal", "aggressive", "full")
     assert [remat.plan(t).vsn for t in remat.ORDER] == [False, False, False, True]
+    # aggressive keeps every VSN residual (no recompute), only chunks the computation.
+    assert remat.plan("aggressive").vsn_scan and not remat.plan("aggressive").vsn

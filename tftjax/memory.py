@@ -259,6 +259,8 @@ def format_table(records: list[dict], base: str) -> str:
 
 
 def format_plan(rows: list[dict], tiers, budgets) -> str:
+    if not rows:
+        return "largest batch per budget: needs two or more --batch-sizes to fit bytes against batch"
     lines = ["| tier | " + " | ".join(f"{g} GB" for g in budgets) + " |",
              "|---|" + "---|" * len(budgets)]
     for tier in tiers:

@@ -18,7 +18,12 @@ that only carries the ``[N, d]`` weighted sum).
 ``minimal``    LSTM encoder/decoder, per step inside the scan
 ``aggressive`` the seed's plan: static encoders, gated skip, static
                enrichment and position-wise GRNs ("encoder GRNs"), LSTMs,
-               temporal attention; VSNs and quantile head kept
+               temporal attention; VSNs and quantile head kept (nothing in
+               them is recomputed, but their per-variable GRNs run as a scan
+               over chunks so that the backward pass frees its transients
+               chunk by chunk: measured, the peak of the step sits inside
+               the VSN backward, after every other residual is freed, so
+               rematerialising the other blocks alone lowers nothing)
 ``full``       ``aggressive`` plus the VSNs (per-variable GRNs in checkpointed
                scan chunks, selection-weight GRNs rematerialised)
 ``offload``    ``aggressive``, but the tagged intermediates inside the
@@ -52,12 +57,14 @@ class RematPlan:
     lstm: bool = False  # per-step checkpoint inside the LSTM scans
     encoders: bool = False  # static encoders, gated skip, enrichment, position-wise GRNs
     attention: bool = False
-    vsn: bool = False  # per-variable GRNs in checkpointed scan chunks
+    vsn: bool = False  # per-variable GRNs in checkpointed scan chunks (recomputed)
+    vsn_scan: bool = False  # per-variable GRNs as a scan over chunks, residuals all kept
     policy: object = None
     note: str = ""
 
 
-_AGGRESSIVE = dict(lstm=True, encoders=True, attention=True, policy=cp.nothing_saveable)
+_AGGRESSIVE = dict(lstm=True, encoders=True, attention=True, vsn_scan=True,
+                   policy=cp.nothing_saveable)
 
 TIERS: dict[str, RematPlan] = {
     "off": RematPlan("off", "nothing rematerialised (most memory)"),
@@ -69,7 +76,7 @@ TIERS: dict[str, RematPlan] = {
                       vsn=True, **_AGGRESSIVE),
     "offload": RematPlan(
         "offload", "aggressive, with tagged intermediates offloaded to pinned host memory",
-        lstm=True, encoders=True, attention=True,
+        lstm=True, encoders=True, attention=True, vsn_scan=True,
         policy=cp.save_and_offload_only_these_names(
             names_which_can_be_saved=[], names_which_can_be_offloaded=list(OFFLOAD_NAMES),
             offload_src="device", offload_dst="pinned_host")),

@@ -65,8 +65,12 @@ class TFT(nn.Module):
             return nn.remat(cls, static_argnums=(n_args,), policy=plan.policy, prevent_cse=True)
 
         def vsn(m, name):
-            return VariableSelection(m, cfg.d_v, d, p, chunk=cfg.vsn_chunk if plan.vsn else None,
-                                     policy=plan.policy, remat_weights=plan.vsn, name=name)
+            # vsn: chunks recomputed in the backward pass; vsn_scan: chunks with every
+            # residual saved (no recompute, smaller backward transients).
+            chunked = plan.vsn or plan.vsn_scan
+            policy = plan.policy if plan.vsn else jax.checkpoint_policies.everything_saveable
+            return VariableSelection(m, cfg.d_v, d, p, chunk=cfg.vsn_chunk if chunked else None,
+                                     policy=policy, remat_weights=plan.vsn, name=name)
 
         # 1-2. Static covariates and their four contexts.
         zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]
