@@ -17,6 +17,7 @@ feature statistics, metrics, loop counters).
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,18 @@ class EpochCheckpointer:
         best = cm.BestN(get_metric_fn=lambda m: m[best_metric], reverse=(mode == "min"), n=1)
         options = ocp.CheckpointManagerOptions(
             step_prefix=step_prefix,
+            # best_fn only makes Orbax write each step's metrics and read them back when a
+            # run resumes; without it a resumed manager cannot rank (so never deletes) the
+            # checkpoints of the earlier session. The preservation policy decides retention.
+            best_fn=lambda m: m[best_metric], best_mode=mode,
             preservation_policy=cm.AnyPreservationPolicy([cm.LatestN(n=keep_latest), best]),
             enable_async_checkpointing=True,
-            cleanup_tmp_directories=True,
+            # Leftovers of an interrupted save are removed here, synchronously: Orbax's own
+            # cleanup runs in a thread that races with an early exit (bad input).
+            cleanup_tmp_directories=False,
         )
+        for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):
+            shutil.rmtree(tmp, ignore_errors=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def __call__(self, epoch: int, state: Any, metrics: dict, is_final: bool,

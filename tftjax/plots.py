@@ -99,3 +99,34 @@ def training_plots(workdir: Path, history, trainer, params, ds, cfg) -> None:
                         interp.static_weights.mean(0), interp.historical_weights.mean((0, 1)),
                         interp.future_weights.mean((0, 1)), STATIC_NAMES, hist_names,
                         KNOWN_NAMES)
+
+
+def dqn_plots(workdir: Path, history: list[dict], evaluator, params) -> None:
+    """``learning_curves.png`` and, for trading, ``equity_curve.png`` (val and test)."""
+    plt = _plt()
+    workdir = Path(workdir)
+    ep = [h["epoch"] for h in history]
+    score = evaluator.score_name
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    axes[0].plot(ep, [h["loss"] for h in history], "o-", ms=3)
+    axes[0].set(title="Huber loss (train)", xlabel="epoch")
+    axes[1].plot(ep, [h["episode_return"] for h in history], "o-", ms=3)
+    axes[1].set(title="mean episode return (ε-greedy, train)", xlabel="epoch")
+    axes[2].plot(ep, [h[score] for h in history], "o-", ms=3, color="C2")
+    axes[2].set(title=f"{score} (greedy)", xlabel="epoch")
+    fig.tight_layout()
+    fig.savefig(workdir / "learning_curves.png", dpi=110)
+    plt.close(fig)
+    if not evaluator.trading:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, split in zip(axes, ("val", "test")):
+        r = evaluator.rollout(params, split)
+        ax.plot(np.cumsum(r["net"]), label="DQN (net of costs)")
+        ax.plot(np.cumsum(r["next_ret"]), label="buy and hold")
+        ax.axhline(0.0, color="grey", lw=0.8, label="flat")
+        ax.set(title=f"equity, {split} split", xlabel="bar", ylabel="cumulative log return")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(workdir / "equity_curve.png", dpi=110)
+    plt.close(fig)
