@@ -340,3 +340,15 @@ def test_cli_bad_input_exit_2(tmp_path, args, expect):
     p = cli("--workdir", str(tmp_path / "w"), "--no-progress", *args)
     assert p.returncode == 2, p.stderr
     assert expect in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cli_cartpole_through_the_same_loop(tmp_path):
+    wd = tmp_path / "cp"
+    p = cli("--env", "cartpole", "--epochs", "2", "--steps-per-epoch", "2000", "--workdir", str(wd),
+            "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "CartPole-v1" in p.stdout and "greedy return over 10 episodes" in p.stdout
+    assert "dqn_final_epoch2" in list_checkpoints(wd / "checkpoints")
+    assert (wd / "learning_curves.png").exists() and not (wd / "equity_curve.png").exists()
+    rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    assert [r["env_steps"] for r in rows] == [2000, 4000]

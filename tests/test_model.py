@@ -1,7 +1,6 @@
 """TFT model: shapes, exact parameter count, selection weights, decoder causality."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -1,7 +1,6 @@
 """Remat tiers: same loss and same gradients as ``off`` for every leaf; no frozen layers."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

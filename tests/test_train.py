@@ -7,7 +7,6 @@ import sys
 
 import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import random_bars

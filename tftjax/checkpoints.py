@@ -16,6 +16,7 @@ feature statistics, metrics, loop counters).
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -127,6 +128,21 @@ def list_checkpoints(directory: str | Path) -> list[str]:
     names = [p.name for p in d.iterdir() if p.is_dir() and "orbax-checkpoint-tmp" not in p.name]
     key = lambda n: (int(re.findall(r"\d+", n)[-1]) if re.findall(r"\d+", n) else -1, n)  # noqa: E731
     return sorted(names, key=key)
+
+
+def last_checkpoint(directory: str | Path) -> str:
+    """Path of the newest complete checkpoint in ``directory`` (for messages), or ``"none"``."""
+    names = list_checkpoints(directory)
+    return str(Path(directory) / names[-1]) if names else "none"
+
+
+def read_history(path: str | Path, upto: int) -> list[dict]:
+    """The ``metrics.jsonl`` lines of epochs ``<= upto`` (what a resumed run keeps)."""
+    path = Path(path)
+    if not path.exists() or upto == 0:
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("epoch", 0) <= upto]
 
 
 def _floats(metrics: dict) -> dict:

@@ -110,7 +110,9 @@ def dqn_plots(workdir: Path, history: list[dict], evaluator, params) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     axes[0].plot(ep, [h["loss"] for h in history], "o-", ms=3)
     axes[0].set(title="Huber loss (train)", xlabel="epoch")
-    axes[1].plot(ep, [h["episode_return"] for h in history], "o-", ms=3)
+    ep_ret = [np.nan if h.get("episode_return") is None else h["episode_return"] for h in history]
+    axes[1].plot(np.asarray(ep)[np.isfinite(ep_ret)], np.asarray(ep_ret)[np.isfinite(ep_ret)],
+                 "o-", ms=3)
     axes[1].set(title="mean episode return (ε-greedy, train)", xlabel="epoch")
     axes[2].plot(ep, [h[score] for h in history], "o-", ms=3, color="C2")
     axes[2].set(title=f"{score} (greedy)", xlabel="epoch")

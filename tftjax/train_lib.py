@@ -25,7 +25,7 @@ import optax
 from flax.training import train_state
 
 from tftjax import losses
-from tftjax.checkpoints import EpochCheckpointer, list_checkpoints
+from tftjax.checkpoints import EpochCheckpointer, last_checkpoint, list_checkpoints, read_history
 from tftjax.config import TFTConfig
 from tftjax.data import Dataset, DeviceData, FeatureStats, epoch_batches, gather, load_dataset, to_device
 from tftjax.models.tft import TFT, init_params
@@ -262,7 +262,7 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
     meta_fn = lambda: _meta(cfg, tc, ds, best, bad_epochs)  # noqa: E731
 
     metrics_path = workdir / "metrics.jsonl"
-    history = _read_history(metrics_path, upto=start_epoch)
+    history = read_history(metrics_path, upto=start_epoch)
     metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
 
     note = remat_plan(cfg.remat).note
@@ -281,11 +281,11 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
         if not _is_finite(train_m["train_loss"]):
             raise TrainingDiverged(
                 f"training loss became {train_m['train_loss']} in epoch {epoch}; stopped without "
-                f"saving it (last good checkpoint: {_last(ckpt_dir)})")
+                f"saving it (last good checkpoint: {last_checkpoint(ckpt_dir)})")
         val = trainer.evaluate(state.params, ds.splits.val)
         if not _is_finite(val["loss"]):
             raise TrainingDiverged(f"validation loss became {val['loss']} in epoch {epoch}; "
-                                   f"stopped (last good checkpoint: {_last(ckpt_dir)})")
+                                   f"stopped (last good checkpoint: {last_checkpoint(ckpt_dir)})")
         if val["loss"] < best:
             best, bad_epochs = val["loss"], 0
         else:
@@ -319,18 +319,6 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
     except Exception as e:  # plots must never lose a finished run
         log(f"warning: plots not written ({type(e).__name__}: {e})")
     return summary
-
-
-def _last(ckpt_dir: Path) -> str:
-    names = list_checkpoints(ckpt_dir)
-    return str(ckpt_dir / names[-1]) if names else "none"
-
-
-def _read_history(path: Path, upto: int) -> list[dict]:
-    if not path.exists() or upto == 0:
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("epoch", 0) <= upto]
 
 
 def _run_epoch(trainer: Trainer, state, ds: Dataset, tc: TrainConfig, epoch: int, key):

@@ -32,7 +32,8 @@ class Args:
     patience: int = 10
     """Early stop after this many epochs without a better validation Sharpe (CartPole:
     greedy return); 0: off."""
-    seed: int = 0
+    seed: int | None = None
+    """Init, exploration and episode sampling (default 0; on --resume: the checkpoint's)."""
     workdir: Path = Path("runs/dqn")
     """Checkpoints, metrics.jsonl, summary.json and plots go here."""
     resume: bool = False
@@ -61,8 +62,8 @@ def fail(msg: str) -> int:
     return 2
 
 
-_OVERRIDES = ("cost_bps", "num_envs", "window", "episode_len", "steps_per_epoch", "learning_rate",
-              "batch_size", "gamma", "hidden")
+_OVERRIDES = ("seed", "cost_bps", "num_envs", "window", "episode_len", "steps_per_epoch",
+              "learning_rate", "batch_size", "gamma", "hidden")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,12 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     given = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
     try:
         base = DQN_PRESETS[args.env]
-        cfg = dataclasses.replace(base, epochs=args.epochs, seed=args.seed, **given)
+        cfg = dataclasses.replace(base, epochs=args.epochs, **given)
     except ValueError as e:
         return fail(str(e))
     try:
         run(cfg, args.workdir, parquet_file=args.parquet_file, resume=args.resume,
-            patience=args.patience, progress=not args.no_progress, explicit=set(given) | {"env", "seed"})
+            patience=args.patience, progress=not args.no_progress,
+            explicit=set(given) | {"env"})
     except (DataError, ConfigError) as e:
         return fail(str(e))
     except TrainingDiverged as e:

@@ -74,5 +74,10 @@ def epsilon_greedy(key: jax.Array, q: jax.Array, epsilon: jax.Array) -> jax.Arra
     return jnp.where(explore, random, greedy).astype(jnp.int32)
 
 
-def make_optimizer(learning_rate: float, max_grad_norm: float) -> optax.GradientTransformation:
-    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate))
+def make_optimizer(learning_rate: float, max_grad_norm: float, *, end_fraction: float = 1.0,
+                   decay_steps: int = 1) -> optax.GradientTransformation:
+    """Global-norm clipping and Adam; the rate falls linearly to ``end_fraction`` of itself
+    over ``decay_steps`` gradient steps (constant for ``end_fraction = 1``)."""
+    lr = learning_rate if end_fraction == 1.0 else optax.linear_schedule(
+        learning_rate, learning_rate * end_fraction, max(decay_steps, 1))
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(lr))

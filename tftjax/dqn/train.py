@@ -38,10 +38,11 @@ import numpy as np
 import optax
 from flax import struct
 
-from tftjax.checkpoints import EpochCheckpointer, list_checkpoints, read_meta
+from tftjax.checkpoints import (EpochCheckpointer, last_checkpoint, list_checkpoints, read_history,
+                                read_meta)
 from tftjax.config import DQNConfig
 from tftjax.dqn import agent, buffer
-from tftjax.dqn.env import (GymnaxEnv, TradingEnv, baseline_metrics, greedy_episodes,
+from tftjax.dqn.env import (TradingEnv, baseline_metrics, greedy_episodes,
                             greedy_rollout, make_cartpole, make_trading_env, trading_metrics)
 
 CARTPOLE_STEPS_PER_EPOCH = 10_000
@@ -100,9 +101,11 @@ def make_train(cfg: DQNConfig, env) -> DQN:
     """Pure init/epoch/train functions for ``cfg`` (resolved against ``env``)."""
     cfg = resolve(cfg, env)
     network = agent.QNetwork(env.num_actions, tuple(cfg.hidden))
-    tx = agent.make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
     E = cfg.num_envs
     iters = iterations_per_epoch(cfg)
+    tx = agent.make_optimizer(cfg.learning_rate, cfg.max_grad_norm,
+                              end_fraction=cfg.lr_end_fraction,
+                              decay_steps=cfg.epochs * iters // cfg.train_every)
 
     def apply(params, obs):
         return network.apply({"params": params}, obs)
@@ -322,7 +325,7 @@ def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool 
                 "source": str(ds.bars.path) if ds is not None else "gymnax CartPole-v1"}
 
     metrics_path = workdir / "metrics.jsonl"
-    history = _read_history(metrics_path, upto=start_epoch)
+    history = read_history(metrics_path, upto=start_epoch)
     metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
 
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
@@ -352,10 +355,12 @@ def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool 
             t = time.perf_counter()
             state, train_m = epoch_fn(state, env)
             train_m = {k: float(v) for k, v in jax.device_get(train_m).items()}
+            if train_m["episodes"] == 0:
+                train_m["episode_return"] = None  # no episode ended in this epoch
             seconds = time.perf_counter() - t
             if train_m["updates"] > 0 and not math.isfinite(train_m["loss"]):
                 raise TrainingDiverged(f"DQN loss became {train_m['loss']} in epoch {epoch}; stopped "
-                                       f"without saving it (last good checkpoint: {_last(ckpt_dir)})")
+                                       f"without saving it (last good checkpoint: {last_checkpoint(ckpt_dir)})")
             val = evaluator(state.params, "val")
             score = val[score_name]
             if score > best:
@@ -438,13 +443,3 @@ def format_summary(summary: dict, trading: bool) -> str:
     return "\n".join(lines)
 
 
-def _last(ckpt_dir: Path) -> str:
-    names = list_checkpoints(ckpt_dir)
-    return str(ckpt_dir / names[-1]) if names else "none"
-
-
-def _read_history(path: Path, upto: int) -> list[dict]:
-    if not path.exists() or upto == 0:
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("epoch", 0) <= upto]
