@@ -15,13 +15,12 @@ from tftjax.checkpoints import list_checkpoints, restore_state
 from tftjax.config import preset
 from tftjax.data import Dataset, load_dataset, make_splits, to_device
 from tftjax.data.features import FeatureSet, FeatureStats
-from tftjax.train_lib import (Trainer, TrainConfig, TrainingDiverged, create_train_state,
-                              train_and_evaluate)
+from tftjax.config import ConfigError, TrainConfig
+from tftjax.train_lib import Trainer, TrainingDiverged, create_train_state, train_and_evaluate
 
 CFG = preset("tiny")
-TC = TrainConfig(epochs=1, batch_size=32, learning_rate=3e-3, max_steps_per_epoch=4,
-                 progress=False, patience=0)
-quiet = dict(log=lambda *a: None)
+TC = TrainConfig(epochs=1, batch_size=32, learning_rate=3e-3, max_steps_per_epoch=4, patience=0)
+quiet = dict(log=lambda *a: None, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +95,9 @@ def test_checkpoint_names_early_stop(tmp_path, es):
     tc = dataclasses.replace(TC, epochs=10, learning_rate=0.0, patience=2)
     s = train_and_evaluate(CFG, tc, tmp_path, dataset=es, **quiet)
     assert s["stopped_early"] and s["epochs_run"] == 3
-    got = set(names(tmp_path))
-    assert {"tft_epoch_2", "tft_epoch_3", "tft_final_epoch3"} <= got  # latest 2 + final
-    assert got <= {"tft_epoch_1", "tft_epoch_2", "tft_epoch_3", "tft_final_epoch3"}
+    # latest 2 + the best (epoch 1: later epochs only tie it) + final
+    assert set(names(tmp_path)) == {"tft_epoch_1", "tft_epoch_2", "tft_epoch_3", "tft_final_epoch3"}
+    assert s["best_epoch"] == 1
 
 
 def test_resume_equals_uninterrupted(tmp_path, es):
@@ -109,10 +108,10 @@ def test_resume_equals_uninterrupted(tmp_path, es):
     train_and_evaluate(CFG, dataclasses.replace(TC, epochs=2), part, dataset=es, **quiet)
     # An interrupted save of epoch 3 leaves a temporary folder: it must be ignored.
     (part / "checkpoints" / "tft_epoch_3.orbax-checkpoint-tmp-1").mkdir()
-    train_and_evaluate(CFG, dataclasses.replace(tc4, resume=True), part, dataset=es, **quiet)
+    train_and_evaluate(CFG, tc4, part, dataset=es, resume=True, **quiet)
     like = create_train_state(CFG, TC, jax.random.key(0))
-    a = restore_state(full / "checkpoints" / "tft_final_epoch4", like)
-    b = restore_state(part / "checkpoints" / "tft_final_epoch4", like)
+    a = restore_state(full / "checkpoints" / "tft_epoch_4", like)
+    b = restore_state(part / "checkpoints" / "tft_epoch_4", like)
     assert int(a.step) == int(b.step) == 16
     chex.assert_trees_all_equal(a.params, b.params)
     chex.assert_trees_all_equal(a.opt_state, b.opt_state)
@@ -122,7 +121,7 @@ def test_resume_equals_uninterrupted(tmp_path, es):
 
 def test_refuses_to_overwrite_an_earlier_run(tmp_path, es):
     train_and_evaluate(CFG, TC, tmp_path, dataset=es, **quiet)
-    with pytest.raises(ValueError, match="already holds checkpoints"):
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
         train_and_evaluate(CFG, TC, tmp_path, dataset=es, **quiet)
 
 
@@ -132,9 +131,9 @@ def test_nan_guard_keeps_last_good_checkpoint(tmp_path, es):
     target = es.features.target.copy()
     target[es.splits.train] = np.nan  # every training window now sees a NaN target
     bad = dataclasses.replace(es, features=dataclasses.replace(es.features, target=target))
-    with pytest.raises(TrainingDiverged, match="epoch 2"):
-        train_and_evaluate(CFG, dataclasses.replace(TC, epochs=3, resume=True), tmp_path,
-                           dataset=bad, **quiet)
+    with pytest.raises(TrainingDiverged, match="at step 1 of epoch 2"):
+        train_and_evaluate(CFG, dataclasses.replace(TC, epochs=3), tmp_path, dataset=bad,
+                           resume=True, **quiet)
     assert names(tmp_path) == before == ["tft_epoch_1", "tft_final_epoch1"]
     like = create_train_state(CFG, TC, jax.random.key(0))
     good = restore_state(tmp_path / "checkpoints" / "tft_epoch_1", like)
@@ -162,7 +161,11 @@ def test_cli_train_and_evaluate(tmp_path):
 
 @pytest.mark.parametrize("args,expect", [
     (["--remat", "sideways"], "choose one of: off"),
-    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--epochs", "0"], "epochs must be >= 1, got 0"),
+    (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),
+    (["--hidden-size", "0"], "hidden size must be >= 1, got 0"),
+    (["--dropout", "1.5"], "dropout must be in [0, 1), got 1.5"),
+    (["--d-v", "0"], "d_v must be >= 1, got 0"),
     (["--parquet-file", "/nonexistent/bars.parquet"], "bars.parquet: file not found"),
     (["--bogus-flag"], "bogus"),
     (["--remat", "auto"], "--remat auto needs --memory-budget"),

@@ -2,16 +2,15 @@
 
 Names come from one function, :func:`checkpoint_name`: every epoch writes
 ``{prefix}_epoch_{N}``; the last epoch (normal end or early stop) also writes
-``{prefix}_final_epoch{N}``. The training loops call
-``callback(epoch, state, metrics, is_final)``; :class:`EpochCheckpointer` is
-that callback.
+``{prefix}_final_epoch{N}`` holding the *best* epoch's state (the run loop,
+:mod:`tftjax.runloop`, decides which; the meta says ``weights_epoch``).
 
 Retention (Orbax preservation policies): the latest 2 epoch checkpoints and
-the best one by a validation metric; final checkpoints are never deleted.
-Saves are atomic (written as ``NAME.orbax-checkpoint-tmp-*``, renamed on
-commit), so an interrupted save is ignored by :meth:`restore_latest`.
-Each checkpoint holds the state pytree and a JSON ``meta`` item (config,
-feature statistics, metrics, loop counters).
+the best one; final checkpoints are never deleted. Saves are atomic (written
+as ``NAME.orbax-checkpoint-tmp-*``, renamed on commit), so an interrupted save
+is never mistaken for a checkpoint. Each checkpoint holds the state pytree and
+a JSON ``meta`` item (identity of data and configs, feature statistics,
+metrics, loop counters).
 """
 
 from __future__ import annotations
@@ -40,30 +39,33 @@ def abstract(tree: Any) -> Any:
 class EpochCheckpointer:
     """Epoch and final checkpoints under ``directory``.
 
+    Retention: the latest ``keep_latest`` epoch checkpoints and the best one.
+    *Best* is the run loop's decision, passed as ``improved`` to :meth:`save`
+    (so ties and an empty validation split cannot make Orbax keep another
+    epoch than the one the loop reports): each save records the metric
+    ``best_marker`` = its epoch if it improved on every earlier epoch, else -1,
+    and Orbax keeps the highest marker, i.e. the latest improvement.
+
     Args:
       directory: folder of the checkpoints (created if missing).
       prefix: ``"tft"`` or ``"dqn"``.
-      best_metric: key of the metrics dict ranking checkpoints.
-      mode: ``"min"`` or ``"max"``: which end of ``best_metric`` is best.
       keep_latest: epoch checkpoints kept besides the best.
     """
 
-    def __init__(self, directory: str | Path, prefix: str, *, best_metric: str, mode: str = "min",
-                 keep_latest: int = 2):
-        if mode not in ("min", "max"):
-            raise ValueError("mode must be 'min' or 'max'")
+    def __init__(self, directory: str | Path, prefix: str, *, keep_latest: int = 2):
         self.directory = Path(directory).absolute()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.prefix = prefix
         step_prefix = checkpoint_name(prefix, 0, False)[: -len("_0")]
+        marker = lambda m: m.get(BEST_MARKER, -1)  # noqa: E731
         # BestN sorts ascending (reverse=False) and keeps the last n: the highest.
-        best = cm.BestN(get_metric_fn=lambda m: m[best_metric], reverse=(mode == "min"), n=1)
+        best = cm.BestN(get_metric_fn=marker, reverse=False, n=1)
         options = ocp.CheckpointManagerOptions(
             step_prefix=step_prefix,
             # best_fn only makes Orbax write each step's metrics and read them back when a
             # run resumes; without it a resumed manager cannot rank (so never deletes) the
             # checkpoints of the earlier session. The preservation policy decides retention.
-            best_fn=lambda m: m[best_metric], best_mode=mode,
+            best_fn=marker, best_mode="max",
             preservation_policy=cm.AnyPreservationPolicy([cm.LatestN(n=keep_latest), best]),
             enable_async_checkpointing=True,
             # Leftovers of an interrupted save are removed here, synchronously: Orbax's own
@@ -74,36 +76,39 @@ class EpochCheckpointer:
             shutil.rmtree(tmp, ignore_errors=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
-    def __call__(self, epoch: int, state: Any, metrics: dict, is_final: bool,
-                 meta: dict | None = None) -> None:
-        meta = dict(meta or {}, epoch=epoch, metrics=metrics, is_final=is_final)
+    def save(self, epoch: int, state: Any, metrics: dict, meta: dict, *, improved: bool) -> None:
+        """``{prefix}_epoch_{epoch}`` (asynchronous; atomic on commit)."""
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
-        self.manager.save(epoch, args=args, metrics=_floats(metrics), force=True)
-        if is_final:
-            self.manager.wait_until_finished()
-            final = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
-            path = self.directory / checkpoint_name(self.prefix, epoch, True)
-            final.save(path, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                     meta=ocp.args.JsonSave(meta)), force=True)
+        floats = dict(_floats(metrics), **{BEST_MARKER: float(epoch if improved else -1)})
+        self.manager.save(epoch, args=args, metrics=floats, force=True)
 
-    def latest_epoch(self) -> int | None:
-        return self.manager.latest_step()
-
-    def restore_latest(self, state_like: Any) -> tuple[int, Any, dict] | None:
-        """``(epoch, state, meta)`` of the latest complete epoch checkpoint, or ``None``."""
-        epoch = self.manager.latest_step()
-        if epoch is None:
-            return None
-        out = self.manager.restore(epoch, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract(state_like)), meta=ocp.args.JsonRestore()))
-        return epoch, out.state, dict(out.meta)
-
-    def wait(self) -> None:
+    def save_final(self, epoch: int, state: Any, meta: dict) -> Path:
+        """``{prefix}_final_epoch{epoch}``, written synchronously after pending saves."""
         self.manager.wait_until_finished()
+        path = self.directory / checkpoint_name(self.prefix, epoch, True)
+        final = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+        final.save(path, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                 meta=ocp.args.JsonSave(meta)), force=True)
+        return path
+
+    def restore(self, epoch: int, state_like: Any) -> Any:
+        """The state of epoch checkpoint ``epoch`` (pending saves finish first)."""
+        self.manager.wait_until_finished()
+        return self.manager.restore(epoch, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract(state_like)))).state
 
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+BEST_MARKER = "best_marker"
+
+
+def epoch_checkpoints(directory: str | Path, prefix: str) -> list[int]:
+    """Epochs of the complete ``{prefix}_epoch_{N}`` checkpoints in ``directory``, sorted."""
+    pat = re.compile(re.escape(prefix) + r"_epoch_(\d+)$")
+    return sorted(int(m.group(1)) for n in list_checkpoints(directory) if (m := pat.match(n)))
 
 
 def read_meta(path: str | Path) -> dict:

@@ -7,6 +7,10 @@ minimize obnoxious kwarg plumbing", flax wmt); presets shrink runs for tests.
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Annotated, Literal
+
+import tyro
 
 # TFT-225 layout (see ../shared/design/tft_spec.md).
 NUM_STATIC = 5
@@ -14,6 +18,26 @@ NUM_HISTORICAL = 210
 NUM_KNOWN = 10
 ENCODER_STEPS = 50
 DECODER_STEPS = 10
+
+
+class ConfigError(Exception):
+    """Settings that cannot work: a bad value, or a resume that would mix runs.
+
+    The message names the field and the value; every CLI prints it as one line
+    and exits with code 2 (:mod:`tftjax.cli`). Not a ``ValueError`` on purpose:
+    tyro would otherwise wrap it in its own multi-line box.
+    """
+
+
+def check(checks: dict[str, bool], where: str) -> None:
+    """Raise one :class:`ConfigError` listing every message whose check is ``False``."""
+    bad = [msg for msg, ok in checks.items() if not ok]
+    if bad:
+        raise ConfigError(f"{where}: " + "; ".join(bad))
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,14 +64,16 @@ class DataConfig:
         return self.window if self.embargo is None else self.embargo
 
     def __post_init__(self) -> None:
-        if self.encoder_steps < 1 or self.decoder_steps < 1:
-            raise ValueError("encoder_steps and decoder_steps must be >= 1")
-        if not (0 < self.train_fraction < 1 and 0 <= self.val_fraction < 1):
-            raise ValueError("train_fraction must be in (0, 1), val_fraction in [0, 1)")
-        if self.train_fraction + self.val_fraction >= 1:
-            raise ValueError("train_fraction + val_fraction must be < 1 (test needs rows)")
-        if self.embargo is not None and self.embargo < 0:
-            raise ValueError("embargo must be >= 0")
+        check({
+            f"encoder_steps and decoder_steps must be >= 1, got {self.encoder_steps}, "
+            f"{self.decoder_steps}": self.encoder_steps >= 1 and self.decoder_steps >= 1,
+            f"train_fraction must be in (0, 1), got {self.train_fraction}":
+                0 < self.train_fraction < 1,
+            f"val_fraction must be in [0, 1), got {self.val_fraction}": 0 <= self.val_fraction < 1,
+            "train_fraction + val_fraction must be < 1 (test needs rows)":
+                self.train_fraction + self.val_fraction < 1,
+            f"embargo must be >= 0, got {self.embargo}": self.embargo is None or self.embargo >= 0,
+        }, "DataConfig")  # fmt: skip
 
 
 DEFAULT_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
@@ -57,30 +83,58 @@ DEFAULT_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
 class TFTConfig:
     """The Temporal Fusion Transformer's sizes (see tft_spec.md)."""
 
-    num_static: int = NUM_STATIC
-    num_historical: int = NUM_HISTORICAL
-    num_known: int = NUM_KNOWN
+    # The input widths are fixed by the feature pipeline: not command-line flags.
+    num_static: tyro.conf.Suppress[int] = NUM_STATIC
+    num_historical: tyro.conf.Suppress[int] = NUM_HISTORICAL
+    num_known: tyro.conf.Suppress[int] = NUM_KNOWN
     encoder_steps: int = ENCODER_STEPS
+    """Past steps the encoder sees."""
     decoder_steps: int = DECODER_STEPS
-    hidden: int = 128
+    """Forecast horizon in bars."""
+    hidden: Annotated[int, tyro.conf.arg(name="hidden-size", aliases=("--hidden",))] = 128
     """d: width of every hidden layer."""
     d_v: int = 8
     """Per-variable embedding size (pytorch-forecasting's hidden_continuous_size)."""
     heads: int = 4
+    """Attention heads (hidden must be divisible by heads)."""
     dropout: float = 0.1
     quantiles: tuple[float, ...] = DEFAULT_QUANTILES
+    """Forecast quantiles, increasing in (0, 1); must include 0.5 and 0.9 (q-risk)."""
     vsn_chunk: int = 20
-    """Variables per checkpointed scan step in the VSNs (tiers that remat the VSNs)."""
-    remat: str = "off"
+    """Variables per scan step in the variable selection networks (tiers that chunk the VSNs)."""
+    # The CLIs take --remat themselves (it also accepts `auto`).
+    remat: tyro.conf.Suppress[str] = "off"
     """Rematerialisation tier (tftjax.remat.TIERS)."""
 
+    # Execution settings: they change memory and speed, not the parameters or (beyond
+    # float round-off) the results, so a resumed run may change them.
+    EXECUTION_FIELDS = ("remat", "vsn_chunk")
+
     def __post_init__(self) -> None:
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        if not all(0 < q < 1 for q in self.quantiles) or list(self.quantiles) != sorted(self.quantiles):
-            raise ValueError(f"quantiles must be increasing in (0, 1), got {self.quantiles}")
-        if self.vsn_chunk < 1:
-            raise ValueError("vsn_chunk must be >= 1")
+        from tftjax.remat import TIERS
+
+        qs = tuple(self.quantiles)
+        check({
+            f"num_static, num_historical and num_known must be >= 1, got {self.num_static}, "
+            f"{self.num_historical}, {self.num_known}":
+                min(self.num_static, self.num_historical, self.num_known) >= 1,
+            f"encoder_steps and decoder_steps must be >= 1, got {self.encoder_steps}, "
+            f"{self.decoder_steps}": self.encoder_steps >= 1 and self.decoder_steps >= 1,
+            f"hidden size must be >= 1, got {self.hidden}": self.hidden >= 1,
+            f"d_v must be >= 1, got {self.d_v}": self.d_v >= 1,
+            f"heads must be >= 1, got {self.heads}": self.heads >= 1,
+            f"hidden size ({self.hidden}) must be divisible by heads ({self.heads})":
+                self.heads < 1 or self.hidden % self.heads == 0,
+            f"dropout must be in [0, 1), got {self.dropout}":
+                _finite(self.dropout) and 0 <= self.dropout < 1,
+            f"quantiles must be increasing in (0, 1), got {qs}":
+                len(qs) > 0 and all(0 < q < 1 for q in qs)
+                and all(a < b for a, b in zip(qs, qs[1:])),
+            f"quantiles must include 0.5 and 0.9 (for q-risk), got {qs}":
+                any(math.isclose(q, 0.5) for q in qs) and any(math.isclose(q, 0.9) for q in qs),
+            f"vsn_chunk must be >= 1, got {self.vsn_chunk}": self.vsn_chunk >= 1,
+            f"remat tier {self.remat!r} is not one of {', '.join(TIERS)}": self.remat in TIERS,
+        }, "model config")  # fmt: skip
 
     @property
     def data(self) -> DataConfig:
@@ -105,16 +159,67 @@ PRESETS = {
 
 def preset(name: str, **overrides) -> TFTConfig:
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return dataclasses.replace(PRESETS[name], **overrides)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How the TFT is optimised: everything here is checked on ``--resume`` (only ``epochs``
+    may grow)."""
+
+    epochs: int = 10
+    """Maximum epochs."""
+    batch_size: int = 64
+    """Windows per step."""
+    learning_rate: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 1e-4
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    seed: int = 0
+    """Initialisation, shuffling and dropout."""
+    patience: int = 5
+    """Early stop after this many epochs without a better validation loss (0: off); the
+    final checkpoint, summary and plots then hold the best epoch's weights."""
+    max_steps_per_epoch: int | None = None
+    """Cap the steps of an epoch (default: every training window once)."""
+    eval_batch_size: int = 256
+    """Windows per evaluation batch."""
+
+    def __post_init__(self) -> None:
+        check({
+            f"epochs must be >= 1, got {self.epochs}": self.epochs >= 1,
+            f"batch_size must be >= 1, got {self.batch_size}": self.batch_size >= 1,
+            f"learning_rate must be a finite number >= 0, got {self.learning_rate}":
+                _finite(self.learning_rate) and self.learning_rate >= 0,
+            f"weight_decay must be a finite number >= 0, got {self.weight_decay}":
+                _finite(self.weight_decay) and self.weight_decay >= 0,
+            f"grad_clip must be > 0, got {self.grad_clip}":
+                _finite(self.grad_clip) and self.grad_clip > 0,
+            f"seed must be in [0, 2**32), got {self.seed}": 0 <= self.seed < 2**32,
+            f"patience must be >= 0, got {self.patience}": self.patience >= 0,
+            f"max_steps_per_epoch must be >= 1, got {self.max_steps_per_epoch}":
+                self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1,
+            f"eval_batch_size must be >= 1, got {self.eval_batch_size}": self.eval_batch_size >= 1,
+        }, "training config")  # fmt: skip
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TrainConfig":
+        return cls(**d)
 
 
 @dataclasses.dataclass(frozen=True)
 class DQNConfig:
     """The DQN trader (or CartPole agent) and its training loop."""
 
-    env: str = "trading"
-    """``trading`` (bars from a parquet file) or ``cartpole`` (gymnax CartPole-v1)."""
+    env: Literal["trading", "cartpole"] = "trading"
+    """trading: bars from a parquet file; cartpole: gymnax CartPole-v1 through the same agent
+    and loop (its own preset)."""
     # trading environment
     window: int = 16
     """Bars of features in one observation."""
@@ -128,11 +233,17 @@ class DQNConfig:
     """Learning reward = env reward × this (trading: 1e4, log returns in basis points)."""
     # loop
     epochs: int = 100
+    """Epochs; one epoch = as many env steps as the training split has bars (trading)."""
     steps_per_epoch: int | None = None
     """Env steps per epoch; ``None``: the training split's length (trading), 10,000 (cartpole)."""
     num_envs: int = 8
+    """Parallel episodes."""
+    patience: int = 10
+    """Early stop after this many epochs without a better validation score (trading: Sharpe,
+    CartPole: greedy return); 0: off. The final checkpoint holds the best epoch's agent."""
     # agent
     hidden: tuple[int, ...] = (128, 128)
+    """Q-network hidden sizes, e.g. --hidden 128 128."""
     learning_rate: float = 3e-4
     lr_end_fraction: float = 1.0
     """The learning rate falls linearly to this fraction of itself over the run (1: constant)."""
@@ -155,10 +266,11 @@ class DQNConfig:
     eps_decay_steps: int | None = None
     """Env steps over which ε falls linearly; ``None``: 30% of the run's env steps."""
     seed: int = 0
+    """Initialisation, exploration and episode sampling."""
 
     def __post_init__(self) -> None:
-        checks = {
-            "env must be 'trading' or 'cartpole'": self.env in ("trading", "cartpole"),
+        check({
+            f"env must be 'trading' or 'cartpole', got {self.env!r}": self.env in ("trading", "cartpole"),
             "window must be >= 1": self.window >= 1,
             "features must not be empty": len(self.features) > 0,
             "episode_len must be >= 1": self.episode_len >= 1,
@@ -176,15 +288,17 @@ class DQNConfig:
             "batch_size must be >= 1": self.batch_size >= 1,
             "buffer_size must be >= num_envs": self.buffer_size >= self.num_envs,
             "learning_starts must be >= batch_size": self.learning_starts >= self.batch_size,
+            f"learning_starts ({self.learning_starts}) must be <= buffer_size ({self.buffer_size}): "
+            "the buffer never holds more, so the agent would never train":
+                self.learning_starts <= self.buffer_size,
+            f"patience must be >= 0, got {self.patience}": self.patience >= 0,
+            f"seed must be in [0, 2**32), got {self.seed}": 0 <= self.seed < 2**32,
             "train_every must be >= 1": self.train_every >= 1,
             "target_update_every must be >= 1": self.target_update_every >= 1,
             "tau must be in (0, 1]": 0 < self.tau <= 1,
             "eps_start and eps_end must be in [0, 1]": 0 <= self.eps_end <= 1 and 0 <= self.eps_start <= 1,
             "eps_decay_steps must be >= 1": self.eps_decay_steps is None or self.eps_decay_steps >= 1,
-        }  # fmt: skip
-        bad = [msg for msg, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError("; ".join(bad))
+        }, "DQN config")  # fmt: skip
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -101,12 +101,12 @@ def training_plots(workdir: Path, history, trainer, params, ds, cfg) -> None:
                         KNOWN_NAMES)
 
 
-def dqn_plots(workdir: Path, history: list[dict], evaluator, params) -> None:
-    """``learning_curves.png`` and, for trading, ``equity_curve.png`` (val and test)."""
+def dqn_plots(workdir: Path, history: list[dict], score: str, rollouts: dict) -> None:
+    """``learning_curves.png`` and, where the environment has an equity curve (trading),
+    ``equity_curve.png`` of the greedy rollouts ``{split: rollout}``."""
     plt = _plt()
     workdir = Path(workdir)
     ep = [h["epoch"] for h in history]
-    score = evaluator.score_name
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     axes[0].plot(ep, [h["loss"] for h in history], "o-", ms=3)
     axes[0].set(title="Huber loss (train)", xlabel="epoch")
@@ -119,11 +119,11 @@ def dqn_plots(workdir: Path, history: list[dict], evaluator, params) -> None:
     fig.tight_layout()
     fig.savefig(workdir / "learning_curves.png", dpi=110)
     plt.close(fig)
-    if not evaluator.trading:
+    rollouts = {s: r for s, r in rollouts.items() if r is not None}
+    if not rollouts:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, split in zip(axes, ("val", "test")):
-        r = evaluator.rollout(params, split)
+    fig, axes = plt.subplots(1, len(rollouts), figsize=(6 * len(rollouts), 4), squeeze=False)
+    for ax, (split, r) in zip(axes[0], rollouts.items()):
         ax.plot(np.cumsum(r["net"]), label="DQN (net of costs)")
         ax.plot(np.cumsum(r["next_ret"]), label="buy and hold")
         ax.axhline(0.0, color="grey", lw=0.8, label="flat")

@@ -3,7 +3,14 @@
 Examples:
   python -m tftjax.train --epochs 3
   python -m tftjax.train --preset tiny --epochs 1 --workdir runs/tiny
-  python -m tftjax.train --resume --workdir runs/tft
+  python -m tftjax.train --remat=aggressive
+  python -m tftjax.train --resume --workdir runs/tft --epochs 20
+
+The flags are the fields of :class:`~tftjax.config.TFTConfig` and
+:class:`~tftjax.config.TrainConfig` (with the preset's values as defaults)
+plus the run options below. With ``--resume`` the defaults are the
+checkpoint's own settings and data file: a flag that contradicts them is
+refused (only ``--epochs`` may grow).
 """
 
 from __future__ import annotations
@@ -13,32 +20,26 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-import tyro
-
-from tftjax.config import PRESETS, preset
-from tftjax.remat import AUTO, CHOICES
+from tftjax.cli import main as cli_main
+from tftjax.cli import parse, peek
+from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset
 
 
 @dataclasses.dataclass
 class Args:
     """Train a Temporal Fusion Transformer on OHLCV bars (default: the bundled ES 1-minute bars)."""
 
+    model: TFTConfig
+    train: TrainConfig
     parquet_file: Path | None = None
-    """OHLCV bars (columns ts/timestamp/date, open, high, low, close, volume)."""
-    epochs: int = 10
-    batch_size: int = 64
-    learning_rate: float = 1e-3
+    """OHLCV bars (time column ts/timestamp/date, open, high, low, close, volume); default: the
+    bundled ES bars, or with --resume the file the run was trained on."""
     preset: Literal["tft225", "tiny"] = "tft225"
-    hidden_size: int | None = None
-    """Override the preset's hidden size d."""
-    seed: int = 0
+    """Model sizes: tft225 (the default) or tiny; the flags below override single fields."""
     workdir: Path = Path("runs/tft")
     """Checkpoints, metrics.jsonl, summary.json and plots go here."""
-    patience: int = 5
-    """Early stop after this many epochs without a better validation loss (0: off)."""
     resume: bool = False
-    """Continue from the latest complete checkpoint in --workdir."""
-    max_steps_per_epoch: int | None = None
+    """Continue the latest complete checkpoint in --workdir with its own settings and data."""
     remat: str = "off"
     """Rematerialisation tier: off, minimal, aggressive, full, offload, or auto (with
     --memory-budget) -- see tftjax.remat."""
@@ -50,68 +51,71 @@ class Args:
     """Hide the per-epoch progress bar."""
 
 
-def fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    return 2
+def defaults(argv: list[str] | None) -> Args:
+    """The preset's settings, or on ``--resume`` the checkpoint's (a ``--preset`` given
+    explicitly still sets the model, so that a different one is refused)."""
+    from tftjax.runloop import latest_meta
+
+    pre = peek(argv, preset=None, resume=False, workdir="runs/tft")
+    name = pre.preset if pre.preset in ("tft225", "tiny") else "tft225"
+    model, train = preset(name), TrainConfig()
+    if pre.resume:
+        saved = latest_meta(Path(pre.workdir) / "checkpoints", ("tft",))
+        train = TrainConfig.from_json(saved["identity"]["train"])
+        if pre.preset is None:
+            model = TFTConfig.from_json(saved["identity"]["model"])
+    return Args(model=model, train=train, preset=name, remat=model.remat)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = tyro.cli(Args, args=argv, prog="python -m tftjax.train")
-    from tftjax.data import DataError
+def run(argv: list[str] | None = None) -> int:
+    from tftjax.remat import AUTO, CHOICES
 
+    args = parse(Args, argv, defaults(argv), "python -m tftjax.train", __doc__.split("\n\n")[0])
     if args.remat not in CHOICES:
-        return fail(f"--remat {args.remat!r} is not a tier; choose one of: {', '.join(CHOICES)}")
-    if args.remat == AUTO and not args.memory_budget:
-        return fail("--remat auto needs --memory-budget (e.g. --memory-budget 24GB)")
-    for name in ("epochs", "batch_size"):
-        if getattr(args, name) < 1:
-            return fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.learning_rate <= 0:
-        return fail(f"--learning-rate must be > 0, got {args.learning_rate}")
-    if args.max_steps_per_epoch is not None and args.max_steps_per_epoch < 1:
-        return fail("--max-steps-per-epoch must be >= 1")
-    if args.preset not in PRESETS:
-        return fail(f"--preset must be one of {', '.join(PRESETS)}")
-    overrides = {"remat": "off" if args.remat == AUTO else args.remat}
-    if args.hidden_size is not None:
-        overrides["hidden"] = args.hidden_size
-    try:
-        cfg = preset(args.preset, **overrides)
-    except ValueError as e:
-        return fail(str(e))
-
-    from tftjax.train_lib import ConfigError, TrainConfig, TrainingDiverged, train_and_evaluate
-
+        raise ConfigError(f"--remat {args.remat!r} is not a tier; choose one of: "
+                          f"{', '.join(CHOICES)}")
+    cfg, tc = args.model, args.train
     if args.remat == AUTO:
-        from tftjax.data import default_parquet, read_bars
-        from tftjax.memory import parse_bytes, plan_auto
+        cfg, tc = plan_auto_tier(cfg, tc, args)
+    else:
+        cfg = dataclasses.replace(cfg, remat=args.remat)
 
-        try:
-            budget = parse_bytes(args.memory_budget)
-        except ValueError:
-            return fail(f"--memory-budget {args.memory_budget!r} is not a size like 24GB")
-        try:
-            rows = len(read_bars(args.parquet_file or default_parquet()))
-            tier, batch = plan_auto(cfg, budget, args.batch_size, rows)
-        except (DataError, ValueError) as e:
-            return fail(str(e))
-        cfg = dataclasses.replace(cfg, remat=tier)
-        args.batch_size = batch
-    tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size,
-                     learning_rate=args.learning_rate, seed=args.seed, patience=args.patience,
-                     max_steps_per_epoch=args.max_steps_per_epoch, resume=args.resume,
-                     profile_dir=str(args.profile) if args.profile else None,
-                     progress=not args.no_progress)
-    try:
-        train_and_evaluate(cfg, tc, args.workdir, parquet_file=args.parquet_file)
-    except (DataError, ConfigError) as e:
-        return fail(str(e))
-    except TrainingDiverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    from tftjax.train_lib import train_and_evaluate
+
+    train_and_evaluate(cfg, tc, args.workdir, parquet_file=args.parquet_file, resume=args.resume,
+                       progress=not args.no_progress,
+                       profile_dir=str(args.profile) if args.profile else None)
     if args.profile:
         print(f"profile trace written under {args.profile} (open with TensorBoard/XProf)")
     return 0
+
+
+def plan_auto_tier(cfg: TFTConfig, tc: TrainConfig, args: Args):
+    """``--remat auto``: the fastest tier that fits the budget, and (on a new run) the largest
+    batch that fits with it; a resumed run keeps its batch size."""
+    from tftjax.data import default_parquet, find_data_file, read_bars
+    from tftjax.memory import parse_bytes, plan_auto
+
+    if not args.memory_budget:
+        raise ConfigError("--remat auto needs --memory-budget (e.g. --memory-budget 24GB)")
+    try:
+        budget = parse_bytes(args.memory_budget)
+    except ValueError:
+        raise ConfigError(f"--memory-budget {args.memory_budget!r} is not a size like 24GB") from None
+    path = args.parquet_file
+    if path is None and args.resume:
+        from tftjax.runloop import latest_meta
+
+        saved = latest_meta(args.workdir / "checkpoints", ("tft",))
+        path = find_data_file(saved["identity"]["data"], args.workdir)
+    rows = len(read_bars(path or default_parquet()))
+    tier, batch = plan_auto(dataclasses.replace(cfg, remat="off"), budget, tc.batch_size, rows,
+                            grow_batch=not args.resume)
+    return dataclasses.replace(cfg, remat=tier), dataclasses.replace(tc, batch_size=batch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,18 @@
-"""TFT training: state, jitted steps, the epoch loop, evaluation.
+"""TFT training: state, jitted steps, evaluation, and the TFT's part of the run loop.
 
-``train_and_evaluate(model_cfg, train_cfg, workdir)`` is the whole job; the
-CLI (``python -m tftjax.train``) only parses flags. Steps are pure functions
-``(state, batch_idx, key) -> (state, metrics)`` jitted with the old state
-donated; a batch is a vector of window *start indices* (``-1`` pads the last
-batch) and the windows are gathered on the device inside the step.
+``train_and_evaluate(model_cfg, train_cfg, workdir)`` is the whole job: it
+hands :class:`TFTTask` (one epoch of steps, validation, summary) to the shared
+host loop :func:`tftjax.runloop.run`, which owns checkpoints, resume, early
+stopping and the NaN stop. The CLI (``python -m tftjax.train``) only parses
+flags. Steps are pure functions ``(state, batch_idx, key) -> (state, metrics)``
+jitted with the old state donated; a batch is a vector of window *start
+indices* (``-1`` pads the last batch) and the windows are gathered on the
+device inside the step.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -24,47 +24,24 @@ import numpy as np
 import optax
 from flax.training import train_state
 
-from tftjax import losses
-from tftjax.checkpoints import EpochCheckpointer, last_checkpoint, list_checkpoints, read_history
-from tftjax.config import TFTConfig
-from tftjax.data import Dataset, DeviceData, FeatureStats, epoch_batches, gather, load_dataset, to_device
+from tftjax import losses, runloop
+from tftjax.checkpoints import read_meta, restore_state
+from tftjax.config import ConfigError, TFTConfig, TrainConfig
+from tftjax.data import (DataError, Dataset, DeviceData, FeatureStats, epoch_batches,
+                         find_data_file, gather, load_dataset, to_device)
 from tftjax.models.tft import TFT, init_params
 from tftjax.remat import plan as remat_plan
+from tftjax.runloop import TrainingDiverged
+
+__all__ = ["ConfigError", "TFTTask", "TrainConfig", "TrainState", "Trainer", "TrainingDiverged",
+           "create_train_state", "evaluate_checkpoint", "make_eval_step", "make_train_step",
+           "train_and_evaluate"]
 
 Array = jax.Array
 
 
 class TrainState(train_state.TrainState):
     """``step``, ``params``, ``opt_state`` (pytree) plus static ``apply_fn``/``tx``."""
-
-
-class ConfigError(ValueError):
-    """Settings that cannot work (e.g. a workdir holding another run's checkpoints)."""
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation and loop settings."""
-
-    epochs: int = 10
-    batch_size: int = 64
-    learning_rate: float = 1e-3
-    weight_decay: float = 1e-4
-    grad_clip: float = 1.0
-    """Global gradient-norm clip."""
-    seed: int = 0
-    patience: int = 5
-    """Stop after this many epochs without a better validation loss (0: never)."""
-    max_steps_per_epoch: int | None = None
-    eval_batch_size: int = 256
-    resume: bool = False
-    profile_dir: str | None = None
-    """Write a jax.profiler trace of a few training steps here."""
-    progress: bool = True
 
 
 def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
@@ -186,189 +163,244 @@ def baselines(ds: Dataset, quantiles, split: str) -> dict[str, dict]:
                                   quantiles)
 
 
-# ------------------------------------------------------------------ the loop
-def _meta(cfg: TFTConfig, tc: TrainConfig, ds: Dataset, best: float, bad_epochs: int) -> dict:
-    return {
-        "kind": "tft",
-        "model_config": cfg.to_json(),
-        "train_config": dataclasses.asdict(tc),
-        "feature_stats": ds.features.stats.to_json(),
-        "parquet_file": str(ds.bars.path),
-        "early_stopping": {"best_val_loss": best, "bad_epochs": bad_epochs},
-    }
+# ------------------------------------------------------------------ the TFT's part of the loop
+class TFTTask:
+    """The TFT for :func:`tftjax.runloop.run`: an epoch of jitted steps, validation, summary."""
 
+    kind, score, mode, epoch_bar = "tft", "val_loss", "min", False
+    may_change = ("train.epochs",) + tuple(f"model.{f}" for f in TFTConfig.EXECUTION_FIELDS)
 
-def _is_finite(x: float) -> bool:
-    return math.isfinite(x)
+    def __init__(self, cfg: TFTConfig, tc: TrainConfig, ds: Dataset, workdir: Path, *,
+                 progress: bool = True, profile_dir: str | None = None, log: Callable = print):
+        self.cfg, self.tc, self.ds, self.log = cfg, tc, ds, log
+        self.epochs, self.patience = tc.epochs, tc.patience
+        self.progress, self.profile_dir = progress, profile_dir
+        self.trainer = Trainer(cfg, tc, to_device(ds.features))
+        self._identity = {"data": ds.identity(workdir), "model": cfg.to_json(),
+                          "train": tc.to_json()}
+        # Dropout masks from the RBG generator: same quality for dropout, and
+        # XLA:CPU compiles it much faster than threefry (17 s → 11 s, tiny preset).
+        self.dropout_key = jax.random.key(tc.seed, impl="rbg")
+        self.compiled = False
+
+    def identity(self) -> dict:
+        return self._identity
+
+    def extra_meta(self) -> dict:
+        return {"feature_stats": self.ds.features.stats.to_json()}
+
+    def init_state(self) -> TrainState:
+        return create_train_state(self.cfg, self.tc, jax.random.key(self.tc.seed))
+
+    def abstract_state(self):
+        return jax.eval_shape(lambda k: create_train_state(self.cfg, self.tc, k),
+                              jax.random.key(self.tc.seed))
+
+    def describe(self, state) -> str:
+        ds, note = self.ds, remat_plan(self.cfg.remat).note
+        n = sum(x.size for x in jax.tree.leaves(state.params))
+        return ((note + "\n" if note else "")
+                + f"TFT {n:,} parameters; {len(ds.bars):,} bars from {ds.bars.path}; windows "
+                f"train {ds.splits.train.size:,} / val {ds.splits.val.size:,} / test "
+                f"{ds.splits.test.size:,}; remat={self.cfg.remat}, batch {self.tc.batch_size}")
+
+    def train_epoch(self, state: TrainState, epoch: int):
+        """One pass over the training windows.
+
+        The host reads the running loss of step ``i-1`` right after dispatching
+        step ``i``: the device is never idle waiting for the host, every step's
+        loss is checked for NaN/inf (a diverged run stops within its epoch), and
+        the samples/s shown are of *completed* steps. The first step of the
+        process includes the compile, timed apart.
+        """
+        tc = self.tc
+        idx, mask = epoch_batches(self.ds.splits.train, tc.batch_size, seed=tc.seed, epoch=epoch)
+        idx = np.where(mask, idx, -1).astype(np.int32)[: tc.max_steps_per_epoch]
+        valid = (idx >= 0).sum(axis=1)
+        bar = self._bar(len(idx), epoch)
+        profiling = False
+        loss_sum, pending = jnp.zeros(()), None
+        t0, compile_s, done = time.perf_counter(), None, 0
+
+        def settle(i, running_loss):  # waits for step i; checks and shows it
+            nonlocal done
+            loss = float(running_loss)
+            done += int(valid[i])
+            if not np.isfinite(loss):
+                raise TrainingDiverged(f"training loss became {loss} at step {i + 1} of epoch "
+                                       f"{epoch}")
+            if bar is not None:
+                rate = done / max(time.perf_counter() - t0, 1e-9)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss / max(valid[: i + 1].sum(), 1):.4f}",
+                                samples_s=f"{rate:.1f}")
+            return loss
+
+        try:
+            for i, b in enumerate(idx):
+                if self.profile_dir and epoch == 1 and i == 1:
+                    jax.profiler.start_trace(self.profile_dir)
+                    profiling = True
+                state, m = self.trainer.train_step(state, b, self.dropout_key)
+                if not self.compiled:  # the call returns once compiled and dispatched
+                    compile_s, self.compiled = time.perf_counter() - t0, True
+                    t0 = time.perf_counter()
+                loss_sum = loss_sum + m["loss"] * m["count"]
+                if pending is not None:
+                    settle(*pending)
+                pending = (i, loss_sum)
+                if profiling and i == min(5, len(idx) - 1):
+                    jax.block_until_ready(state)
+                    jax.profiler.stop_trace()
+                    profiling = False
+            total = settle(*pending)
+        finally:
+            if profiling:
+                jax.profiler.stop_trace()
+            if bar is not None:
+                bar.close()
+        elapsed = time.perf_counter() - t0
+        out = {"train_loss": total / max(int(valid.sum()), 1),
+               "samples_per_s": int(valid.sum()) / elapsed, "epoch_time_s": elapsed,
+               "steps": int(len(idx))}
+        if compile_s is not None:
+            out["compile_s"] = compile_s
+        return state, out
+
+    def _bar(self, total: int, epoch: int):
+        if not self.progress:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=f"epoch {epoch}", unit="step", leave=False,
+                    file=sys.stderr, dynamic_ncols=True)
+
+    def validate(self, state: TrainState) -> dict:
+        if self.ds.splits.val.size == 0:
+            return {"val_loss": None}
+        val = self.trainer.evaluate(state.params, self.ds.splits.val)
+        return {"val_loss": val["loss"], "val_q_risk_50": val["q_risk_50"],
+                "val_q_risk_90": val["q_risk_90"]}
+
+    @staticmethod
+    def epoch_line(m: dict) -> str:
+        val = ("no validation windows" if m["val_loss"] is None else
+               f"val loss {m['val_loss']:.4f}  q-risk P50 {m['val_q_risk_50']:.4f} "
+               f"P90 {m['val_q_risk_90']:.4f}")
+        return (f"train loss {m['train_loss']:.4f}  {val}  {m['samples_per_s']:.1f} samples/s "
+                f"({m['epoch_time_s']:.1f} s"
+                + (f"; train step compiled in {m['compile_s']:.1f} s)" if "compile_s" in m else ")"))
+
+    def summarize(self, state: TrainState, workdir: Path, history: list[dict]):
+        summary = summarize(self.trainer, state.params, self.ds, self.cfg)
+        summary["parameters"] = sum(x.size for x in jax.tree.leaves(state.params))
+        try:
+            from tftjax import plots
+
+            plots.training_plots(workdir, history, self.trainer, state.params, self.ds, self.cfg)
+        except Exception as e:  # plots must never lose a finished run
+            self.log(f"warning: plots not written ({type(e).__name__}: {e})")
+        return summary, format_summary(summary)
 
 
 def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
                        parquet_file: str | Path | None = None, dataset: Dataset | None = None,
-                       callback: Callable | None = None, log: Callable = print) -> dict:
-    """Train, validate every epoch, checkpoint, and evaluate on the test split.
+                       resume: bool = False, progress: bool = True,
+                       profile_dir: str | None = None, callback: Callable | None = None,
+                       log: Callable = print) -> dict:
+    """Train, validate every epoch, checkpoint, and evaluate the best epoch on the test split.
 
     Args:
       cfg: model config; tc: training config.
-      workdir: run folder (checkpoints/, metrics.jsonl, plots).
-      parquet_file: OHLCV bars (default: the bundled ES bars).
+      workdir: run folder (checkpoints/, metrics.jsonl, summary.json, plots).
+      parquet_file: OHLCV bars (default: the bundled ES bars; on resume, the
+        file the run was trained on, found again by its content hash).
       dataset: a prepared dataset (overrides ``parquet_file``; for tests).
-      callback: ``(epoch, state, metrics, is_final)`` after each epoch; the
-        default saves Orbax checkpoints under ``workdir/checkpoints``.
+      resume: continue the latest checkpoint in ``workdir`` (data, model and
+        training config must match it; only ``tc.epochs`` may grow).
+      progress: a per-epoch progress bar; profile_dir: a ``jax.profiler``
+        trace of steps 2-6 of epoch 1.
+      callback: ``(epoch, state, metrics, is_final)`` after each epoch.
 
     Returns:
       The summary dict (also written to ``workdir/summary.json``).
 
     Raises:
-      DataError: bad input data; ValueError: bad settings;
-      TrainingDiverged: NaN/inf loss (the last good checkpoint is kept).
+      DataError: bad input data; ConfigError: bad settings or a resume that
+      does not match; TrainingDiverged: NaN/inf loss (the last good
+      checkpoint is kept).
     """
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckpt_dir = workdir / "checkpoints"
-    existing = list_checkpoints(ckpt_dir)
-    if existing and not tc.resume:
-        raise ConfigError(f"{ckpt_dir} already holds checkpoints ({', '.join(existing[-3:])}); "
-                         "pass --resume to continue that run or choose another --workdir")
-    checkpointer = EpochCheckpointer(ckpt_dir, "tft", best_metric="val_loss", mode="min")
-    callback = callback or (lambda e, s, m, f: checkpointer(e, s, m, f, meta=meta_fn()))
 
-    init_key = jax.random.key(tc.seed)
-    # Dropout masks from the RBG generator: same quality for dropout, and
-    # XLA:CPU compiles it much faster than threefry (17 s → 11 s, tiny preset).
-    dropout_key = jax.random.key(tc.seed, impl="rbg")
-    stats = None
-    start_epoch, best, bad_epochs = 0, math.inf, 0
-    state = None
-    resumed = None
-    if tc.resume:
-        probe = jax.eval_shape(lambda k: create_train_state(cfg, tc, k), init_key)
-        resumed = checkpointer.restore_latest(probe)
-        if resumed is not None:
-            start_epoch, state, meta = resumed
-            stats = FeatureStats.from_json(meta["feature_stats"])
-            best = meta["early_stopping"]["best_val_loss"]
-            bad_epochs = meta["early_stopping"]["bad_epochs"]
-            saved = TFTConfig.from_json(meta["model_config"])
-            # The remat tier and VSN chunking change memory, not parameters.
-            if dataclasses.replace(saved, remat=cfg.remat, vsn_chunk=cfg.vsn_chunk) != cfg:
-                raise ConfigError(f"--resume: the checkpoint in {ckpt_dir} was trained with a "
-                                 f"different model config {meta['model_config']}")
-            log(f"resuming from {ckpt_dir}/tft_epoch_{start_epoch}")
-    if dataset is None:
-        dataset = load_dataset(parquet_file, cfg.data, stats=stats)
-    ds = dataset
-    if state is None:
-        state = create_train_state(cfg, tc, init_key)
-    meta_fn = lambda: _meta(cfg, tc, ds, best, bad_epochs)  # noqa: E731
+    def make_task(saved: dict | None) -> TFTTask:
+        ds = dataset
+        if ds is None:
+            stats, path = None, parquet_file
+            if saved is not None:
+                stats = FeatureStats.from_json(saved["feature_stats"])
+                if path is None:
+                    path = find_data_file(saved["identity"]["data"], workdir)
+            ds = load_dataset(path, cfg.data, stats=stats)
+        return TFTTask(cfg, tc, ds, workdir, progress=progress, profile_dir=profile_dir, log=log)
 
-    metrics_path = workdir / "metrics.jsonl"
-    history = read_history(metrics_path, upto=start_epoch)
-    metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
+    return runloop.run(make_task, workdir, resume=resume, progress=progress, callback=callback,
+                       log=log)
 
-    note = remat_plan(cfg.remat).note
-    if note:
-        log(note)
-    trainer = Trainer(cfg, tc, to_device(ds.features))
-    n_params = sum(x.size for x in jax.tree.leaves(state.params))
-    log(f"TFT {n_params:,} parameters; {len(ds.bars):,} bars from {ds.bars.path}; windows "
-        f"train {ds.splits.train.size:,} / val {ds.splits.val.size:,} / test {ds.splits.test.size:,}; "
-        f"remat={cfg.remat}")
 
-    stopped_early = False
-    epoch = start_epoch
-    for epoch in range(start_epoch + 1, tc.epochs + 1):
-        state, train_m = _run_epoch(trainer, state, ds, tc, epoch, dropout_key)
-        if not _is_finite(train_m["train_loss"]):
-            raise TrainingDiverged(
-                f"training loss became {train_m['train_loss']} in epoch {epoch}; stopped without "
-                f"saving it (last good checkpoint: {last_checkpoint(ckpt_dir)})")
-        val = trainer.evaluate(state.params, ds.splits.val)
-        if not _is_finite(val["loss"]):
-            raise TrainingDiverged(f"validation loss became {val['loss']} in epoch {epoch}; "
-                                   f"stopped (last good checkpoint: {last_checkpoint(ckpt_dir)})")
-        if val["loss"] < best:
-            best, bad_epochs = val["loss"], 0
-        else:
-            bad_epochs += 1
-        stop = tc.patience > 0 and bad_epochs >= tc.patience
-        is_final = stop or epoch == tc.epochs
-        metrics = {"epoch": epoch, **train_m, "val_loss": val["loss"],
-                   "val_q_risk_50": val["q_risk_50"], "val_q_risk_90": val["q_risk_90"]}
-        history.append(metrics)
-        with metrics_path.open("a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        log(f"epoch {epoch}: train loss {train_m['train_loss']:.4f}  val loss {val['loss']:.4f}  "
-            f"q-risk P50 {val['q_risk_50']:.4f} P90 {val['q_risk_90']:.4f}  "
-            f"{train_m['samples_per_s']:.0f} samples/s")
-        callback(epoch, state, metrics, is_final)
-        if stop:
-            stopped_early = True
-            log(f"early stop at epoch {epoch}: no better validation loss for {tc.patience} epochs")
-            break
-    checkpointer.close()
+def evaluate_checkpoint(checkpoint: str | Path, parquet_file: str | Path | None = None,
+                        split: str = "test", log: Callable = print) -> dict:
+    """Metrics of a saved TFT on one split, beside the naive baselines.
 
-    summary = summarize(trainer, state.params, ds, cfg)
-    summary.update(epochs_run=epoch, stopped_early=stopped_early, parameters=n_params,
-                   history=history)
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-    log(format_summary(summary))
+    The weights, model and training config and the feature statistics come
+    from the checkpoint. The data is the file the run was trained on (found
+    relative to the run folder or at its recorded path, and refused when its
+    content hash changed), or ``parquet_file`` on purpose, featurised with the
+    *training* statistics.
+
+    Raises:
+      DataError: no checkpoint, not a TFT checkpoint, or the data is missing or changed.
+    """
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise DataError(f"{checkpoint}: no such checkpoint directory")
     try:
-        from tftjax import plots
-
-        plots.training_plots(workdir, history, trainer, state.params, ds, cfg)
-    except Exception as e:  # plots must never lose a finished run
-        log(f"warning: plots not written ({type(e).__name__}: {e})")
+        meta = read_meta(checkpoint)
+        cfg = TFTConfig.from_json(meta["identity"]["model"])
+        tc = TrainConfig.from_json(meta["identity"]["train"])
+        recorded = meta["identity"]["data"]
+    except Exception as e:  # orbax raises several types for a folder that is not a checkpoint
+        raise DataError(f"{checkpoint}: not a readable tftjax checkpoint ({type(e).__name__})") from None
+    if meta.get("kind") != "tft":
+        raise DataError(f"{checkpoint}: not a TFT checkpoint (kind {meta.get('kind')!r})")
+    stats = FeatureStats.from_json(meta["feature_stats"])
+    path = parquet_file or find_data_file(recorded, checkpoint.parent.parent)
+    ds = load_dataset(path, cfg.data, stats=stats)
+    if ds.identity()["sha256"] == recorded["sha256"]:
+        source = f"{ds.bars.path} (the training data)"
+    else:
+        source = (f"{ds.bars.path} (another file than the training data, {recorded['file']}; "
+                  "featurised with the training run's statistics)")
+    state = restore_state(checkpoint, jax.eval_shape(
+        lambda k: create_train_state(cfg, tc, k), jax.random.key(0)))
+    trainer = Trainer(cfg, tc, to_device(ds.features))
+    starts = getattr(ds.splits, split)
+    summary = {"model": {split: trainer.evaluate(state.params, starts)}, "baselines": {},
+               "checkpoint": str(checkpoint), "weights_epoch": meta.get("weights_epoch"),
+               "data": ds.identity()}
+    if split != "train":
+        for name, m in baselines(ds, cfg.quantiles, split).items():
+            summary["baselines"][name] = {split: m}
+    log(f"{checkpoint} (weights of epoch {meta.get('weights_epoch')}) on {source}, {split} "
+        f"split, {starts.size:,} windows")
+    log(format_summary(summary))
     return summary
-
-
-def _run_epoch(trainer: Trainer, state, ds: Dataset, tc: TrainConfig, epoch: int, key):
-    idx, mask = epoch_batches(ds.splits.train, tc.batch_size, seed=tc.seed, epoch=epoch)
-    idx = np.where(mask, idx, -1).astype(np.int32)
-    if tc.max_steps_per_epoch:
-        idx = idx[: tc.max_steps_per_epoch]
-    bar = None
-    if tc.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(idx), desc=f"epoch {epoch}", unit="step", leave=False,
-                   file=sys.stderr, dynamic_ncols=True)
-    loss_sum = jnp.zeros(())
-    count = 0
-    t0 = time.perf_counter()
-    profiling = False
-    for i, b in enumerate(idx):
-        if tc.profile_dir and epoch in (1,) and i == 1:
-            jax.profiler.start_trace(tc.profile_dir)
-            profiling = True
-        state, m = trainer.train_step(state, b, key)
-        loss_sum = loss_sum + m["loss"] * m["count"]
-        n = int((b >= 0).sum())
-        count += n
-        if profiling and i == min(5, len(idx) - 1):
-            jax.block_until_ready(state)
-            jax.profiler.stop_trace()
-            profiling = False
-        if bar is not None:
-            bar.update(1)
-            if i % 5 == 0 or i == len(idx) - 1:
-                el = time.perf_counter() - t0
-                bar.set_postfix(loss=f"{float(m['loss']):.4f}", samples_s=f"{count / el:.0f}")
-    if profiling:
-        jax.block_until_ready(state)
-        jax.profiler.stop_trace()
-    train_loss = float(loss_sum) / max(count, 1)
-    elapsed = time.perf_counter() - t0
-    if bar is not None:
-        bar.close()
-    return state, {"train_loss": train_loss, "samples_per_s": count / elapsed,
-                   "epoch_time_s": elapsed, "steps": int(len(idx))}
-
 
 def summarize(trainer: Trainer, params, ds: Dataset, cfg: TFTConfig) -> dict:
     out: dict[str, Any] = {"model": {}, "baselines": {}}
-    for split in ("train", "val", "test"):
+    splits = [s for s in ("train", "val", "test") if getattr(ds.splits, s).size]
+    for split in splits:
         out["model"][split] = trainer.evaluate(params, getattr(ds.splits, split))
-    for split in ("val", "test"):
+    for split in (s for s in splits if s != "train"):
         for name, m in baselines(ds, cfg.quantiles, split).items():
             out["baselines"].setdefault(name, {})[split] = m
     return out

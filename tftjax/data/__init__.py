@@ -11,14 +11,16 @@ import dataclasses
 import os
 
 from tftjax.config import DataConfig
-from tftjax.data.bars import Bars, DataError, default_parquet, read_bars, write_bars
+from tftjax.data.bars import (Bars, DataError, content_hash, default_parquet, file_sha256,
+                              read_bars, write_bars)
 from tftjax.data.features import WARMUP, FeatureSet, FeatureStats, build_features
 from tftjax.data.windows import (Batch, DeviceData, Splits, epoch_batches, gather, make_splits,
                                  to_device)
 
 __all__ = [
     "Bars", "Batch", "DataError", "Dataset", "DeviceData", "FeatureSet", "FeatureStats", "Splits",
-    "WARMUP", "build_features", "default_parquet", "epoch_batches", "gather", "load_dataset",
+    "WARMUP", "build_features", "content_hash", "data_identity", "default_parquet", "file_sha256",
+    "find_data_file", "epoch_batches", "gather", "load_dataset",
     "make_splits", "read_bars", "to_device", "write_bars",
 ]  # fmt: skip
 
@@ -30,7 +32,62 @@ class Dataset:
     splits: Splits
     cfg: DataConfig
 
+    def identity(self, run_dir: str | os.PathLike | None = None) -> dict:
+        """What a run records of its data and checks on resume and evaluate."""
+        return data_identity(self.bars, run_dir)
 
+
+BUNDLED = "<bundled>/"
+
+
+def data_identity(bars: Bars, run_dir: str | os.PathLike | None = None) -> dict:
+    """``{"file", "file_from_run", "sha256", "rows"}`` of a bar table.
+
+    The content hash and row count identify the data (a moved file is the same
+    data, an edited one is not); ``file`` (absolute, or ``<bundled>/NAME`` for
+    the bundled bars) and ``file_from_run`` (relative to ``run_dir``) say where
+    to find it again (:func:`find_data_file`)."""
+    from pathlib import Path
+
+    out = {"file": str(bars.path), "file_from_run": None, "sha256": content_hash(bars),
+           "rows": len(bars)}
+    if bars.sha256:  # read from a file
+        p = Path(bars.path).resolve()
+        out["file"] = BUNDLED + p.name if p == default_parquet().resolve() else str(p)
+        if run_dir is not None and not out["file"].startswith(BUNDLED):
+            out["file_from_run"] = os.path.relpath(p, Path(run_dir).resolve())
+    return out
+
+
+def find_data_file(identity: dict, run_dir: str | os.PathLike) -> str:
+    """The recorded data file, checked against its hash.
+
+    Looks for it relative to ``run_dir`` first (a run folder moved together
+    with its data), then at its absolute path; the bundled bars are found in
+    this installation.
+
+    Raises:
+      DataError: when no candidate exists or the file's content changed.
+    """
+    from pathlib import Path
+
+    f = identity["file"]
+    if f.startswith(BUNDLED):
+        candidates = [default_parquet()]
+    else:
+        candidates = [Path(run_dir) / identity["file_from_run"]] if identity.get("file_from_run") else []
+        candidates.append(Path(f))
+    found = [c for c in candidates if c.is_file()]
+    if not found:
+        raise DataError(f"{f}: the data file this run was trained on is not found (looked at "
+                        f"{', '.join(str(c) for c in candidates)}); pass --parquet-file to use "
+                        "another file on purpose")
+    for c in found:
+        if file_sha256(c) == identity["sha256"]:
+            return str(c)
+    raise DataError(f"{found[0]}: content changed since training (sha256 "
+                    f"{file_sha256(found[0])[:12]}…, recorded {identity['sha256'][:12]}…); pass "
+                    "--parquet-file to use another file on purpose")
 def load_dataset(path: str | os.PathLike | None = None, cfg: DataConfig = DataConfig(), *,
                  stats: FeatureStats | None = None) -> Dataset:
     """Read ``path`` (default: the bundled ES bars) into features and splits.

@@ -14,6 +14,7 @@ from ``open``, ``high``, ``low``, ``close``, ``volume``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 
@@ -41,17 +42,19 @@ class Bars:
     low: np.ndarray  # [n] float64
     close: np.ndarray  # [n] float64
     volume: np.ndarray  # [n] float64
+    sha256: str = ""
+    """Hash of the parquet file's bytes ("" for bars built in memory: see :func:`content_hash`)."""
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
 
     def slice(self, start: int, stop: int) -> "Bars":
         return dataclasses.replace(
-            self, **{f: getattr(self, f)[start:stop] for f in ("ts",) + VALUE_COLUMNS}
+            self, **{f: getattr(self, f)[start:stop] for f in ("ts",) + VALUE_COLUMNS}, sha256=""
         )
 
     def replace(self, **columns: np.ndarray) -> "Bars":
-        return dataclasses.replace(self, **columns)
+        return dataclasses.replace(self, **columns, sha256="")
 
 
 def default_min_rows() -> int:
@@ -184,7 +187,8 @@ def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
     if p.is_dir():
         raise DataError(f"{path_s}: is a directory, expected a parquet file")
     try:
-        table = pq.read_table(p)
+        raw = p.read_bytes()
+        table = pq.read_table(pa.BufferReader(raw))
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DataError(f"{path_s}: not a readable parquet file ({type(e).__name__}: {e})") from None
 
@@ -203,9 +207,29 @@ def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
             )
         cols[name] = _numeric(table.column(actual), path_s, actual)
     ts = _time_to_ns(table.column(time_name), path_s, time_name)
-    bars = Bars(path=path_s, ts=np.ascontiguousarray(ts, dtype=np.int64), **cols)
+    bars = Bars(path=path_s, ts=np.ascontiguousarray(ts, dtype=np.int64), **cols,
+                sha256=hashlib.sha256(raw).hexdigest())
     validate(bars, default_min_rows() if min_rows is None else min_rows)
     return bars
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes (the identity of a data file recorded with every run)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def content_hash(bars: Bars) -> str:
+    """The file's SHA-256, or for bars built in memory a hash of the columns' bytes."""
+    if bars.sha256:
+        return bars.sha256
+    h = hashlib.sha256()
+    for name in ("ts",) + VALUE_COLUMNS:
+        h.update(np.ascontiguousarray(getattr(bars, name)).tobytes())
+    return "arrays:" + h.hexdigest()
 
 
 def write_bars(bars: Bars, path: str | os.PathLike) -> None:

@@ -18,8 +18,11 @@ flat; they end by time limit (never terminal: the target bootstraps
 through), and the environment resets itself.
 
 Both environments implement ``reset(key) -> (obs, state)`` and
-``step(key, state, action) -> Step`` for one episode; the training loop
-vmaps them over parallel episodes.
+``step(key, state, action) -> Step`` for one episode (the training loop vmaps
+them over parallel episodes), and what the host loop asks of them:
+``default_steps_per_epoch``, ``score_name``, ``evaluate(apply_fn, params, key)``
+(greedy metrics), ``baselines()`` and ``rollout(apply_fn, params)`` (for the
+equity plot; ``None`` where there is no equity).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from tftjax.config import ConfigError
 from tftjax.data.features import CLIP, HISTORICAL_NAMES, KNOWN_NAMES
 
 NUM_POSITIONS = 3  # short, flat, long
@@ -68,7 +72,7 @@ def select_features(features, names: tuple[str, ...], source: str = "features") 
         elif name in KNOWN_NAMES:
             cols.append(features.known[:, KNOWN_NAMES.index(name)])
         else:
-            raise ValueError(f"{source}: unknown feature {name!r} (known: {R1}, the 210 historical "
+            raise ConfigError(f"{source}: unknown feature {name!r} (known: {R1}, the 210 historical "
                              f"names such as ret_5 or rvol_60, and {', '.join(KNOWN_NAMES)})")
     return np.stack(cols, axis=1).astype(np.float32)
 
@@ -100,6 +104,13 @@ class TradingEnv:
     annualisation: float = struct.field(pytree_node=False)  # bars per year
 
     num_actions = NUM_POSITIONS
+    score_name = "sharpe"
+    eval_note = "one greedy pass over each split from flat, net of costs"
+
+    @property
+    def default_steps_per_epoch(self) -> int:
+        """One epoch = as many env steps as the split has rows."""
+        return self.hi - self.lo
 
     @property
     def obs_dim(self) -> int:
@@ -122,7 +133,8 @@ class TradingEnv:
         """The same market on other rows (e.g. the validation split)."""
         env = self.replace(lo=int(rows[0]), hi=int(rows[1]))
         if env.decisions < 1:
-            raise ValueError(f"rows {rows} hold no decision with a {self.window}-bar window")
+            raise ConfigError(f"rows {rows} hold no decision with a {self.window}-bar window: "
+                              "too few bars for this split (lower --window or add data)")
         return env
 
     def observe(self, t: jax.Array, pos: jax.Array) -> jax.Array:
@@ -148,6 +160,20 @@ class TradingEnv:
         obs = jnp.where(done, obs_re, next_obs)
         return Step(obs, next_obs, state_out, raw * self.reward_scale, raw,
                     jnp.zeros((), jnp.float32), done)
+
+
+    def rollout(self, apply_fn, params) -> dict:
+        """Positions, net returns and bar returns of a greedy pass over the rows (host numpy)."""
+        pos, net, nxt = jax.device_get(_greedy_rollout(apply_fn, params, self))
+        return {"positions": pos, "net": net, "next_ret": nxt}
+
+    def evaluate(self, apply_fn, params, key=None) -> dict:
+        r = self.rollout(apply_fn, params)
+        return trading_metrics(r["net"], r["positions"], self.annualisation)
+
+    def baselines(self) -> dict[str, dict]:
+        nxt = np.asarray(self.ret[self.first_decision + 1 : self.hi])
+        return baseline_metrics(nxt, self.cost, self.annualisation)
 
 
 def trade_reward(pos: jax.Array, new_pos: jax.Array, next_ret: jax.Array, cost: float) -> jax.Array:
@@ -205,6 +231,12 @@ def baseline_metrics(next_ret: np.ndarray, cost: float, annualisation: float) ->
             "flat": trading_metrics(np.zeros_like(next_ret), np.zeros_like(next_ret), annualisation)}
 
 
+_greedy_rollout = jax.jit(lambda apply_fn, params, env: greedy_rollout(apply_fn, params, env),
+                          static_argnums=0)
+
+EVAL_EPISODES = 10
+
+
 # ----------------------------------------------------------------- cartpole
 @struct.dataclass
 class GymnaxEnv:
@@ -215,6 +247,20 @@ class GymnaxEnv:
     env: Any = struct.field(pytree_node=False)
     max_steps: int = struct.field(pytree_node=False, default=500)
     reward_scale: float = struct.field(pytree_node=False, default=1.0)
+
+    score_name = "return"
+    eval_note = f"greedy return over {EVAL_EPISODES} episodes"
+    default_steps_per_epoch = 10_000
+
+    def evaluate(self, apply_fn, params, key) -> dict:
+        returns = np.asarray(_greedy_episodes(apply_fn, params, self, key, EVAL_EPISODES))
+        return {"return": float(returns.mean()), "return_min": float(returns.min())}
+
+    def baselines(self) -> dict:
+        return {}
+
+    def rollout(self, apply_fn, params) -> None:
+        return None
 
     @property
     def num_actions(self) -> int:
@@ -246,7 +292,7 @@ def make_cartpole(reward_scale: float = 1.0) -> GymnaxEnv:
     try:
         import gymnax
     except ImportError as e:  # pragma: no cover - gymnax is a dependency
-        raise ValueError(f"--env cartpole needs gymnax ({e}); pip install gymnax six") from e
+        raise ConfigError(f"--env cartpole needs gymnax ({e}); pip install gymnax six") from e
     env, params = gymnax.make("CartPole-v1")
     return GymnaxEnv(params, env, int(params.max_steps_in_episode), float(reward_scale))
 
@@ -265,3 +311,6 @@ def greedy_episodes(apply_fn, params, env: GymnaxEnv, key: jax.Array, n: int) ->
     init = (obs, state, jnp.zeros(n), jnp.ones(n))
     (_, _, ret, _), _ = jax.lax.scan(body, init, jax.random.split(key, env.max_steps))
     return ret
+
+
+_greedy_episodes = jax.jit(greedy_episodes, static_argnums=(0, 4))

@@ -1,5 +1,8 @@
 """Memory you can see: XLA's compiled memory analysis per remat tier and batch size.
 
+The library behind ``python -m tftjax.memory`` (:mod:`tftjax.memory.__main__`)
+and ``--remat auto``.
+
 ``python -m tftjax.memory --preset tft225 --tiers off,minimal,aggressive,full
 --batch-sizes 1,8,64,256 --out DIR`` compiles the real jitted train step for
 each tier and batch size and reports XLA's argument, output, temp and
@@ -19,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -28,9 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from tftjax import remat
-from tftjax.config import TFTConfig, preset
+from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import DeviceData
-from tftjax.train_lib import TrainConfig, create_train_state, make_train_step
+from tftjax.train_lib import create_train_state, make_train_step
 
 GB = 10**9
 BUDGETS_GB = (4, 12, 24, 48, 80, 141)
@@ -123,16 +125,16 @@ def largest_batch(cfg: TFTConfig, budget_bytes: float, fit: tuple[float, float],
 
 
 def plan_auto(cfg: TFTConfig, budget_bytes: float, batch_size: int, rows: int,
-              log=print) -> tuple[str, int]:
-    """The fastest tier (table order) whose step at ``batch_size`` fits the budget, and the
-    largest batch that fits with it; from compile-time analysis only.
+              log=print, grow_batch: bool = True) -> tuple[str, int]:
+    """The fastest tier (table order) whose step at ``batch_size`` fits the budget, and (with
+    ``grow_batch``) the largest batch that fits with it; from compile-time analysis only.
 
     Raises:
-      ValueError: when even ``full`` at batch 1 does not fit.
+      ConfigError: when no tier fits at ``batch_size``.
     """
     floor = min_bytes(cfg, batch_size, rows)
     if budget_bytes < floor:
-        raise ValueError(f"no remat tier fits {budget_bytes / GB:.2f} GB: parameters, optimizer "
+        raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB: parameters, optimizer "
                          f"state and data alone take {floor / GB:.2f} GB")
     for tier in remat.ORDER:
         c = dataclasses.replace(cfg, remat=tier)
@@ -140,6 +142,9 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float, batch_size: int, rows: int,
         fits = at.total_bytes <= budget_bytes
         log(f"auto: {tier:10s} batch {batch_size}: {at.total_bytes / GB:7.2f} GB "
             f"{'fits' if fits else 'does not fit'} {budget_bytes / GB:.2f} GB")
+        if fits and not grow_batch:
+            log(f"auto: chose remat={tier} (the fastest tier that fits) at batch {batch_size}")
+            return tier, batch_size
         if fits:
             small = analyse(c, max(1, batch_size // 2), rows)
             best, _ = largest_batch(c, budget_bytes, fit_linear([small, at]), rows,
@@ -148,7 +153,7 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float, batch_size: int, rows: int,
             log(f"auto: chose remat={tier} (the fastest tier that fits) and batch {best} "
                 f"(the largest that fits, checked by compiling it)")
             return tier, best
-    raise ValueError(f"no remat tier fits {budget_bytes / GB:.2f} GB even at batch "
+    raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB even at batch "
                      f"{batch_size}; lower --batch-size or raise --memory-budget")
 
 
@@ -313,40 +318,3 @@ def plot(records: list[dict], fits: dict, path: Path, tiers: list[str]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m tftjax.memory", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="tft225")
-    ap.add_argument("--tiers", default="off,minimal,aggressive,full")
-    ap.add_argument("--batch-sizes", default="1,8,64,256")
-    ap.add_argument("--out", type=Path, default=Path("runs/memory"))
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per point")
-    ap.add_argument("--budgets", default=",".join(str(g) for g in BUDGETS_GB),
-                    help="memory budgets in GB for the batch plan")
-    ap.add_argument("--no-verify", action="store_true",
-                    help="skip compiling at each predicted batch")
-    args = ap.parse_args(argv)
-    try:
-        cfg = preset(args.preset)
-        tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
-        for t in tiers:
-            remat.plan(t)
-        batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
-        budgets = [float(g) for g in args.budgets.split(",")]
-        if min(batch_sizes) < 1:
-            raise ValueError("--batch-sizes must be >= 1")
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    report(cfg, tiers, batch_sizes, args.out, budgets_gb=[g if not g.is_integer() else int(g)
-                                                         for g in budgets],
-           steps=args.steps, verify=not args.no_verify)
-    print(f"wrote {args.out}/memory.json, batch_plan.json, memory.png and memory_*.prof")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,61 @@
+"""What every entry point shares: errors at the edge, and flags from the config dataclasses.
+
+Library code raises typed errors naming the file, field and value
+(:class:`~tftjax.data.DataError`, :class:`~tftjax.config.ConfigError`);
+:func:`main` turns them into one line on stderr and exit code 2, a diverged
+run into exit code 1 and Ctrl-C into 130, so that no user meets a traceback
+for a mistake of theirs. :func:`parse` builds the command line with tyro from
+the dataclasses themselves (a nested config's fields become top-level flags:
+``--batch-size``, not ``--train.batch-size``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def main(run: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
+    """Run an entry point's body with the project's errors mapped to exit codes."""
+    from tftjax.config import ConfigError
+    from tftjax.data import DataError
+    from tftjax.runloop import TrainingDiverged
+
+    try:
+        return int(run(argv) or 0)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except TrainingDiverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: saves already started were completed; resume with --resume",
+              file=sys.stderr)
+        return 130
+
+
+def parse(cls: type[T], argv: list[str] | None, default: T, prog: str, description: str) -> T:
+    """``tyro.cli`` over ``cls`` with ``default`` (e.g. a preset, or a checkpoint's settings
+    on resume) and un-prefixed flags."""
+    import tyro
+
+    return tyro.cli(cls, args=argv, default=default, prog=prog, description=description,
+                    config=(tyro.conf.OmitArgPrefixes,))
+
+
+def peek(argv: list[str] | None, **flags) -> argparse.Namespace:
+    """Flags needed before the full parse (a preset, ``--resume``, ``--workdir``); the full
+    parse validates them and everything else. ``flags``: name → default (bool: a switch)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name, default in flags.items():
+        opt = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            p.add_argument(opt, action="store_true", default=default)
+        else:
+            p.add_argument(opt, default=default)
+    ns, _ = p.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return ns

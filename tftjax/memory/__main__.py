@@ -1,0 +1,52 @@
+"""``python -m tftjax.memory``: compiled memory and step time per remat tier and batch size,
+the largest batch per memory budget, and ``jax.profiler`` device memory profiles."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tftjax import remat
+from tftjax.cli import main as cli_main
+from tftjax.config import ConfigError, preset
+from tftjax.memory import BUDGETS_GB, report
+
+
+def run(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tftjax.memory", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="tft225")
+    ap.add_argument("--tiers", default="off,minimal,aggressive,full")
+    ap.add_argument("--batch-sizes", default="1,8,64,256")
+    ap.add_argument("--out", type=Path, default=Path("runs/memory"))
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per point")
+    ap.add_argument("--budgets", default=",".join(str(g) for g in BUDGETS_GB),
+                    help="memory budgets in GB for the batch plan")
+    ap.add_argument("--no-verify", action="store_true",
+                    help="skip compiling at each predicted batch")
+    args = ap.parse_args(argv)
+    try:
+        cfg = preset(args.preset)
+        tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
+        for t in tiers:
+            remat.plan(t)
+        batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
+        budgets = [float(g) for g in args.budgets.split(",")]
+        if min(batch_sizes) < 1:
+            raise ValueError("--batch-sizes must be >= 1")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    report(cfg, tiers, batch_sizes, args.out, budgets_gb=[g if not g.is_integer() else int(g)
+                                                         for g in budgets],
+           steps=args.steps, verify=not args.no_verify)
+    print(f"wrote {args.out}/memory.json, batch_plan.json, memory.png and memory_*.prof")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

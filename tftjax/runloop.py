@@ -1,0 +1,262 @@
+"""The one host loop every trainer uses (TFT and DQN): run folder, identity-checked
+resume, metrics log, early stopping that restores the best weights, NaN stop,
+epoch and final checkpoints, summary.
+
+A trainer hands the loop a :class:`Task`: its state, one epoch of training,
+validation, and the summary of the weights it is given. Everything else is
+here, once:
+
+* **Run folder.** ``workdir/checkpoints`` (Orbax), ``metrics.jsonl`` (one line
+  per epoch), ``summary.json``. A folder holding another run's checkpoints is
+  never written to unless ``resume`` is asked for.
+* **Resume.** The latest complete epoch checkpoint's metadata is read *first*:
+  its data identity (content hash and rows of the file), model and training
+  configs must equal this run's, field by field (only what the task declares in
+  ``may_change``, e.g. ``epochs``, may differ); a difference, a missing
+  checkpoint or ``epochs`` below the epochs already trained raise
+  :class:`~tftjax.config.ConfigError` before anything in the folder changes.
+* **Early stopping** on the task's validation ``score`` with ``patience``;
+  the final checkpoint ``{kind}_final_epoch{N}`` (N: the last epoch run), the
+  summary, the plots and the test metrics all come from the *best* epoch's
+  state, said in the summary and the checkpoint (``weights_epoch``). An empty
+  validation split turns early stopping off (the last epoch is then "best").
+* **NaN stop.** Tasks raise :class:`TrainingDiverged` within the epoch it
+  happens in; nothing of that epoch is saved; the manager is closed in a
+  ``finally`` so that an interrupted async save still commits or is ignored.
+* **Final checkpoint on resume** when the last run ended between its last
+  epoch checkpoint and its final one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from tftjax.checkpoints import (EpochCheckpointer, checkpoint_name, epoch_checkpoints,
+                                list_checkpoints, read_history, read_meta)
+from tftjax.config import ConfigError
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class Task(Protocol):
+    """What a trainer gives the loop."""
+
+    kind: str  # checkpoint prefix and meta "kind": "tft" or "dqn"
+    score: str  # key of validate()'s dict that ranks epochs, e.g. "val_loss"
+    mode: str  # "min" or "max": which end of the score is better
+    epochs: int
+    patience: int
+    may_change: tuple[str, ...]  # identity paths a resume may change, e.g. "train.epochs"
+    epoch_bar: bool  # True: the loop shows a bar over epochs (the task has no bar of its own)
+
+    def identity(self) -> dict: ...  # data, model and training config: compared on resume
+    def extra_meta(self) -> dict: ...  # saved beside (e.g. feature statistics), not compared
+    def init_state(self) -> Any: ...
+    def abstract_state(self) -> Any: ...  # shapes to restore into
+    def describe(self, state) -> str: ...  # one line: parameters, data, sizes
+    def train_epoch(self, state, epoch: int) -> tuple[Any, dict]: ...  # may raise TrainingDiverged
+    def validate(self, state) -> dict: ...  # {score: None} when there is nothing to validate on
+    def epoch_line(self, metrics: dict) -> str: ...
+    def summarize(self, state, workdir: Path, history: list[dict]) -> tuple[dict, str]: ...
+
+
+def identity_diff(saved: dict, now: dict, may_change=(), prefix: str = "") -> list[str]:
+    """Differences between two nested identity dicts, ``path: checkpoint X, now Y``."""
+    out = []
+    for key in sorted(set(saved) | set(now)):
+        path = f"{prefix}{key}"
+        if path in may_change:
+            continue
+        a, b = saved.get(key, "<missing>"), now.get(key, "<missing>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += identity_diff(a, b, may_change, path + ".")
+        elif _norm(a) != _norm(b):
+            out.append(f"{path}: {a!r} in the checkpoint, {b!r} now")
+    return out
+
+
+def _norm(x):
+    return tuple(_norm(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def check_resume(saved: dict, task: Task, ckpt_dir: Path) -> None:
+    """Refuse a resume that would mix data, models or settings (one ConfigError)."""
+    if saved.get("kind") != task.kind:
+        raise ConfigError(f"--resume: {ckpt_dir} holds {saved.get('kind')!r} checkpoints, not "
+                          f"{task.kind!r}")
+    s_data, n_data = saved["identity"].get("data", {}), task.identity().get("data", {})
+    if (s_data.get("sha256"), s_data.get("rows")) != (n_data.get("sha256"), n_data.get("rows")):
+        raise ConfigError(
+            f"--resume: {ckpt_dir} was trained on {s_data.get('file')} ({s_data.get('rows')} rows, "
+            f"sha256 {str(s_data.get('sha256'))[:12]}…); this run reads {n_data.get('file')} "
+            f"({n_data.get('rows')} rows, sha256 {str(n_data.get('sha256'))[:12]}…). Resume "
+            "with the same data, or train another --workdir")
+    diff = identity_diff(saved["identity"], task.identity(),
+                         tuple(task.may_change) + ("data.file", "data.file_from_run"))
+    if diff:
+        raise ConfigError(f"--resume: {ckpt_dir} was trained with other settings: "
+                          + "; ".join(diff) + " (only --epochs may change on resume)")
+    done = saved["loop"]["epoch"]
+    if task.epochs < done:
+        raise ConfigError(f"--resume: --epochs {task.epochs} is below the {done} epochs already "
+                          f"trained in {ckpt_dir}; --epochs may only grow")
+
+
+def _is_better(score: float, best: float | None, mode: str) -> bool:
+    return best is None or (score < best if mode == "min" else score > best)
+
+
+def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, resume: bool = False,
+        progress: bool = True, callback: Callable | None = None, log: Callable = print) -> dict:
+    """Train a task epoch by epoch, with checkpoints, early stopping and a summary.
+
+    Args:
+      make_task: ``saved_meta -> Task``; ``saved_meta`` is the latest checkpoint's
+        metadata on resume (the task reuses e.g. its feature statistics), else ``None``.
+      workdir: the run folder.
+      resume: continue the latest complete epoch checkpoint in ``workdir``.
+      progress: show a progress bar.
+      callback: ``(epoch, state, metrics, is_final)`` after each epoch's
+        checkpoint (``state``: that epoch's; the final *checkpoint* holds the best).
+      log: where lines go.
+
+    Returns:
+      The summary (also ``workdir/summary.json``).
+
+    Raises:
+      ConfigError: another run in ``workdir``, or a resume that does not match.
+      TrainingDiverged: a NaN/inf loss (the last good checkpoint is kept).
+    """
+    workdir = Path(workdir)
+    ckpt_dir = workdir / "checkpoints"
+    saved = None
+    if resume:
+        saved = latest_meta(ckpt_dir)
+    elif list_checkpoints(ckpt_dir):
+        raise ConfigError(f"{ckpt_dir} already holds checkpoints "
+                          f"({', '.join(list_checkpoints(ckpt_dir)[-3:])}); pass --resume to "
+                          "continue that run or choose another --workdir")
+    task = make_task(saved)
+    if saved is not None:
+        check_resume(saved, task, ckpt_dir)
+
+    # Nothing in the folder changes before this line.
+    workdir.mkdir(parents=True, exist_ok=True)
+    loop = {"epoch": 0, "best_epoch": 0, "best_score": None, "bad_epochs": 0,
+            "stopped_early": False}
+    if saved is not None:
+        loop = dict(saved["loop"])
+    start = loop["epoch"]
+    metrics_path = workdir / "metrics.jsonl"
+    history = read_history(metrics_path, upto=start)
+    metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
+    identity = task.identity()
+
+    def meta(metrics: dict, is_final: bool, weights_epoch: int) -> dict:
+        return {"kind": task.kind, "identity": identity, **task.extra_meta(), "loop": dict(loop),
+                "metrics": metrics, "is_final": is_final, "weights_epoch": weights_epoch}
+
+    checkpointer = EpochCheckpointer(ckpt_dir, task.kind)
+    try:
+        if saved is not None:
+            state = checkpointer.restore(start, task.abstract_state())
+            log(f"resuming from {ckpt_dir / checkpoint_name(task.kind, start, False)}")
+        else:
+            state = task.init_state()
+        log(task.describe(state))
+        bar = _epoch_bar(task, start) if progress and task.epoch_bar else None
+        say = bar.write if bar is not None else log
+        for epoch in range(start + 1, task.epochs + 1):
+            if loop["stopped_early"]:
+                break
+            try:
+                state, train_m = task.train_epoch(state, epoch)
+            except TrainingDiverged as e:
+                raise TrainingDiverged(f"{e}; stopped without saving epoch {epoch} (last good "
+                                       f"checkpoint: {_last(ckpt_dir, task.kind)})") from None
+            val = task.validate(state)
+            score = val.get(task.score)
+            if score is not None and not math.isfinite(score):
+                raise TrainingDiverged(f"{task.score} became {score} in epoch {epoch}; stopped "
+                                       f"(last good checkpoint: {_last(ckpt_dir, task.kind)})")
+            improved = score is None or _is_better(score, loop["best_score"], task.mode)
+            if improved:
+                loop.update(best_epoch=epoch, best_score=score, bad_epochs=0)
+            else:
+                loop["bad_epochs"] += 1
+            stop = task.patience > 0 and score is not None and loop["bad_epochs"] >= task.patience
+            loop.update(epoch=epoch, stopped_early=stop)
+            metrics = {"epoch": epoch, **train_m, **val}
+            history.append(metrics)
+            with metrics_path.open("a") as f:
+                f.write(json.dumps(metrics) + "\n")
+            say(f"epoch {epoch}/{task.epochs}: {task.epoch_line(metrics)}"
+                + ("  *best" if improved and score is not None else ""))
+            if score is None and epoch == start + 1:
+                say("no validation windows: early stopping is off and the last epoch counts "
+                    "as the best")
+            checkpointer.save(epoch, state, metrics, meta(metrics, False, epoch), improved=improved)
+            if callback is not None:
+                callback(epoch, state, metrics, stop or epoch == task.epochs)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        last, best_epoch = loop["epoch"], loop["best_epoch"]
+        if loop["stopped_early"]:
+            log(f"early stop at epoch {last}: no better {task.score} for {task.patience} epochs; "
+                f"restoring the best epoch, {best_epoch}")
+        best_state = state if best_epoch == last else checkpointer.restore(
+            best_epoch, task.abstract_state())
+        final = ckpt_dir / checkpoint_name(task.kind, last, True)
+        if not final.exists():
+            checkpointer.save_final(last, best_state,
+                                    meta(history[-1] if history else {}, True, best_epoch))
+        elif start == last:
+            log(f"{ckpt_dir} already holds the final checkpoint of epoch {last}: nothing to train")
+    finally:  # an interrupted run still completes (or cleanly abandons) the saves started
+        checkpointer.close()
+
+    summary, text = task.summarize(best_state, workdir, history)
+    summary.update(epochs_run=last, stopped_early=loop["stopped_early"], best_epoch=best_epoch,
+                   weights_epoch=best_epoch, best_score=loop["best_score"], score=task.score,
+                   final_checkpoint=str(final), history=history)
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    log(f"weights of epoch {best_epoch} (best {task.score}) from {final}")
+    log(text)
+    return summary
+
+
+def latest_meta(ckpt_dir: str | Path, kinds: tuple[str, ...] = ("tft", "dqn")) -> dict:
+    """The metadata of the latest complete epoch checkpoint in ``ckpt_dir``.
+
+    Raises:
+      ConfigError: there is none (``--resume`` into an empty or mistyped folder).
+    """
+    ckpt_dir = Path(ckpt_dir)
+    epochs = {k: epoch_checkpoints(ckpt_dir, k) for k in kinds}
+    kind, found = max(epochs.items(), key=lambda kv: kv[1][-1] if kv[1] else -1)
+    if not found:
+        raise ConfigError(f"--resume: no checkpoint to resume in {ckpt_dir}"
+                          + (" (no such folder)" if not ckpt_dir.exists() else "")
+                          + "; drop --resume to start a new run")
+    return read_meta(ckpt_dir / checkpoint_name(kind, found[-1], False))
+
+
+def _last(ckpt_dir: Path, kind: str) -> str:
+    epochs = epoch_checkpoints(ckpt_dir, kind)
+    return str(ckpt_dir / checkpoint_name(kind, epochs[-1], False)) if epochs else "none"
+
+
+def _epoch_bar(task: Task, start: int):
+    import sys
+
+    from tqdm.auto import tqdm
+
+    return tqdm(total=task.epochs, initial=start, desc=task.kind, unit="epoch", leave=False,
+                file=sys.stderr, dynamic_ncols=True)
