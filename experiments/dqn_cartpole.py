@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -29,8 +28,9 @@ import jax
 import numpy as np
 
 from tftjax.config import DQN_PRESETS
-from tftjax.dqn.env import greedy_episodes, make_cartpole
-from tftjax.dqn.train import EVAL_EPISODES, iterations_per_epoch, make_train
+from tftjax.dqn.env import EVAL_EPISODES, greedy_episodes, make_cartpole
+from tftjax.dqn.train import iterations_per_epoch, make_train
+from tftjax.provenance import write_result
 
 TARGET = 475.0
 
@@ -121,7 +121,7 @@ def main() -> None:
     result = {"config": cfg.to_json(), "compile_s": compile_s, "seeds": rows,
               "vmap": {"seeds": args.seeds, "compile_s": v_compile, "run_s": v_run,
                        "steps_per_s": v_steps / v_run, "final_greedy_returns": v_returns}}
-    (args.out / "dqn_cartpole.json").write_text(json.dumps(result, indent=2))
+    write_result(args.out / "dqn_cartpole.json", result, args)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -11,7 +11,6 @@ as a multiple of the float32 feature matrix ``[n, 225]`` it produces.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from tftjax.config import NUM_HISTORICAL, NUM_KNOWN
 from tftjax.data import build_features, make_splits, read_bars, write_bars
 from tftjax.data.synthetic import generate
+from tftjax.provenance import write_result
 
 
 def main() -> None:
@@ -66,7 +66,7 @@ def main() -> None:
           f"{max(times):.2f}) | {peak / 2**20:,.0f} MiB | {matrix / 2**20:,.0f} MiB "
           f"| {peak / matrix:.2f}× |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rec, indent=2))
+    write_result(args.out, rec, args)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import jax
@@ -23,6 +22,7 @@ from jax._src.ad_checkpoint import saved_residuals
 from tftjax import losses, memory
 from tftjax.config import preset
 from tftjax.models.tft import TFT, dummy_inputs, init_params
+from tftjax.provenance import write_result
 
 
 def residual_share(cfg, batch: int) -> dict:
@@ -70,7 +70,7 @@ def main() -> None:
         ratio = f"{t / t0:.2f}×" if t and t0 else "–"
         print(f"| {r['tier']} | {r['temp_bytes'] / 2**20:,.0f} MiB | "
               f"{r['temp_bytes'] / off['temp_bytes']:.2f} | {time_s} | {ratio} |")
-    (args.out / "residual_share.json").write_text(json.dumps(share, indent=2))
+    write_result(args.out / "residual_share.json", share, args)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ between rows are side by side; absolute numbers move with machine load.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 from tftjax.config import preset
 from tftjax.data import epoch_batches, load_dataset, to_device
 from tftjax.train_lib import TrainConfig, create_train_state, make_train_step
+from tftjax.provenance import write_result
 
 
 def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data) -> dict:
@@ -77,7 +77,7 @@ def main() -> None:
                   f"({r['step_s_min']:.2f}–{r['step_s_max']:.2f}) | {r['samples_per_s']:.0f} "
                   f"| {r['temp_bytes'] / 2**20:,.0f} MiB |", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2))
+    write_result(args.out, rows, args)
 
 
 if __name__ == "__main__":

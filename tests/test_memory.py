@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tftjax import memory
-from tftjax.config import preset
+from tftjax.config import ConfigError, preset
 from tftjax.data import epoch_batches, load_dataset, to_device
 from tftjax.train_lib import Trainer, TrainConfig, create_train_state
 
@@ -69,10 +69,13 @@ def test_auto_picks_the_first_tier_that_fits(monkeypatch):
     # and full fits (5e9 - 1e9) / 20e6 = 200 samples.
     assert (tier, batch) == ("full", 200)
     assert any("chose remat=full" in x for x in lines)
+    # A resumed run keeps its batch: only the tier is chosen.
+    assert memory.plan_auto(CFG, 5e9, 64, rows=2264, log=lines.append,
+                            grow_batch=False) == ("full", 64)
 
 
 def test_auto_refuses_an_impossible_budget():
-    with pytest.raises(ValueError, match="no remat tier fits"):
+    with pytest.raises(ConfigError, match="no remat tier fits"):
         memory.plan_auto(CFG, 1e6, 8, rows=2264, log=lambda *a: None)
 
 

@@ -37,6 +37,7 @@ from typing import Any, Callable, Protocol
 from tftjax.checkpoints import (EpochCheckpointer, checkpoint_name, epoch_checkpoints,
                                 list_checkpoints, read_history, read_meta)
 from tftjax.config import ConfigError
+from tftjax.provenance import provenance
 
 
 class TrainingDiverged(RuntimeError):
@@ -90,21 +91,26 @@ def check_resume(saved: dict, task: Task, ckpt_dir: Path) -> None:
         raise ConfigError(f"--resume: {ckpt_dir} holds {saved.get('kind')!r} checkpoints, not "
                           f"{task.kind!r}")
     s_data, n_data = saved["identity"].get("data", {}), task.identity().get("data", {})
+    diff = []
     if (s_data.get("sha256"), s_data.get("rows")) != (n_data.get("sha256"), n_data.get("rows")):
-        raise ConfigError(
-            f"--resume: {ckpt_dir} was trained on {s_data.get('file')} ({s_data.get('rows')} rows, "
-            f"sha256 {str(s_data.get('sha256'))[:12]}…); this run reads {n_data.get('file')} "
-            f"({n_data.get('rows')} rows, sha256 {str(n_data.get('sha256'))[:12]}…). Resume "
-            "with the same data, or train another --workdir")
-    diff = identity_diff(saved["identity"], task.identity(),
-                         tuple(task.may_change) + ("data.file", "data.file_from_run"))
+        diff.append(f"data: trained on {_data(s_data)}, this run reads {_data(n_data)}")
+    diff += identity_diff({k: v for k, v in saved["identity"].items() if k != "data"},
+                          {k: v for k, v in task.identity().items() if k != "data"},
+                          task.may_change)
     if diff:
-        raise ConfigError(f"--resume: {ckpt_dir} was trained with other settings: "
-                          + "; ".join(diff) + " (only --epochs may change on resume)")
+        raise ConfigError(f"--resume: {ckpt_dir} was trained with other data or settings: "
+                          + "; ".join(diff) + ". Only --epochs may change on resume; train "
+                          "another --workdir for a new run")
     done = saved["loop"]["epoch"]
     if task.epochs < done:
         raise ConfigError(f"--resume: --epochs {task.epochs} is below the {done} epochs already "
                           f"trained in {ckpt_dir}; --epochs may only grow")
+
+
+def _data(d: dict) -> str:
+    if "sha256" not in d:
+        return str(d.get("env", d))
+    return f"{d.get('file')} ({d.get('rows')} rows, sha256 {str(d.get('sha256'))[:12]}…)"
 
 
 def _is_better(score: float, best: float | None, mode: str) -> bool:
@@ -214,18 +220,22 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, resume
         best_state = state if best_epoch == last else checkpointer.restore(
             best_epoch, task.abstract_state())
         final = ckpt_dir / checkpoint_name(task.kind, last, True)
+        if start == last:
+            log(f"{ckpt_dir} already holds epoch {last}"
+                + (" (stopped early)" if loop["stopped_early"] else f" of {task.epochs}")
+                + ": nothing to train" + ("" if final.exists() else
+                                          "; writing its missing final checkpoint"))
         if not final.exists():
             checkpointer.save_final(last, best_state,
                                     meta(history[-1] if history else {}, True, best_epoch))
-        elif start == last:
-            log(f"{ckpt_dir} already holds the final checkpoint of epoch {last}: nothing to train")
     finally:  # an interrupted run still completes (or cleanly abandons) the saves started
         checkpointer.close()
 
     summary, text = task.summarize(best_state, workdir, history)
     summary.update(epochs_run=last, stopped_early=loop["stopped_early"], best_epoch=best_epoch,
                    weights_epoch=best_epoch, best_score=loop["best_score"], score=task.score,
-                   final_checkpoint=str(final), history=history)
+                   final_checkpoint=str(final), identity=identity, provenance=provenance(),
+                   history=history)
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     log(f"weights of epoch {best_epoch} (best {task.score}) from {final}")
     log(text)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tftjax.data.bars import Bars, DataError, default_parquet, read_bars, write_bars
+from tftjax.data.bars import Bars, default_parquet, read_bars, write_bars
 
 TICK = 0.25
 SESSION_MINUTES = 1380  # 17:00 → 16:00 next day
@@ -128,7 +128,7 @@ def generate(days: int, seed: int = 0, calibration: Calibration | None = None) -
                 close=close, volume=volume)
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -145,16 +145,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--out {args.out} is a directory")
     if not args.out.parent.exists():
         parser.error(f"--out: folder {args.out.parent} does not exist")
-    try:
-        bars = generate(args.days, args.seed)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    bars = generate(args.days, args.seed)
     tmp = args.out.with_name(args.out.name + ".tmp")
     write_bars(bars, tmp)
     tmp.replace(args.out)  # never leave a half-written file under the real name
     print(f"wrote {len(bars):,} bars ({args.days} sessions) to {args.out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tftjax.cli import main as cli_main
+
+    return cli_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Data flow (tft_spec.md):
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -109,10 +110,15 @@ class TFT(nn.Module):
 
 def init_params(cfg: TFTConfig, key: Array, batch_size: int = 2) -> dict:
     """Parameters of a TFT for ``cfg`` (shapes from a dummy batch)."""
+    return _init_fn(cfg, batch_size)(key)["params"]
+
+
+@functools.lru_cache(maxsize=None)
+def _init_fn(cfg: TFTConfig, batch_size: int):
     # Jitted: an eager Flax init compiles every small op on its own (hundreds
-    # of XLA:CPU compiles, ~25 s even for the tiny preset).
-    init = jax.jit(lambda k: TFT(cfg).init({"params": k}, *dummy_inputs(cfg, batch_size), True))
-    return init(key)["params"]
+    # of XLA:CPU compiles, ~25 s even for the tiny preset). Cached: one compile
+    # per config in a process (the init traces the whole forward pass).
+    return jax.jit(lambda k: TFT(cfg).init({"params": k}, *dummy_inputs(cfg, batch_size), True))
 
 
 def dummy_inputs(cfg: TFTConfig, batch_size: int) -> tuple[Array, Array, Array]:

@@ -1,0 +1,274 @@
+"""The shared run loop, through the CLIs where a user meets it: identity-checked resume,
+early stopping that restores the best weights, the final checkpoint after a crash,
+the NaN stop, and evaluate's data checks. CLIs run in-process (``main(argv)``) so
+that they share this worker's compiled steps."""
+
+import dataclasses
+import json
+import shutil
+
+import chex
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from conftest import bars_columns, random_bars, write_table
+
+from tftjax import dqn as dqn_lib
+from tftjax import evaluate as evaluate_cli
+from tftjax import train as train_cli
+from tftjax.checkpoints import list_checkpoints
+from tftjax.config import ConfigError, DataConfig, DQNConfig, TFTConfig, TrainConfig, preset
+from tftjax.data import default_parquet, epoch_batches, load_dataset
+from tftjax.dqn import __main__ as dqn_cli
+from tftjax.train_lib import TrainingDiverged, evaluate_checkpoint, train_and_evaluate
+
+TINY_TFT = ["--preset", "tiny", "--batch-size", "32", "--max-steps-per-epoch", "3",
+            "--patience", "0", "--no-progress"]
+TINY_DQN = ["--window", "4", "--features", "r1", "ret_5", "rvol_10", "--episode-len", "64",
+            "--num-envs", "4", "--steps-per-epoch", "200", "--hidden", "16", "--batch-size", "32",
+            "--buffer-size", "2000", "--learning-starts", "64", "--target-update-every", "20",
+            "--eps-decay-steps", "400", "--patience", "0", "--no-progress"]
+quiet = dict(log=lambda *a: None, progress=False)
+
+
+def call(main, *args):
+    """``(exit code, stdout, stderr)`` of an entry point run in-process."""
+    try:
+        return main([str(a) for a in args])
+    except SystemExit as e:  # tyro's own usage errors
+        return e.code
+
+
+def snapshot(d):
+    return {str(p.relative_to(d)): (p.stat().st_size, p.stat().st_mtime_ns) for p in d.rglob("*")}
+
+
+def raw_state(path):
+    """A checkpoint's state as plain arrays (no target structure needed)."""
+    ckpt = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+    return ckpt.restore(path.absolute(), args=ocp.args.Composite(
+        state=ocp.args.StandardRestore())).state
+
+
+def other_file(tmp_path):
+    return write_table(tmp_path / "other.parquet", bars_columns(random_bars(1500, seed=7)))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A 2-epoch tiny TFT run on a copy of the bundled bars: ``(root, workdir)``."""
+    root = tmp_path_factory.mktemp("base")
+    (root / "data").mkdir()
+    shutil.copy(default_parquet(), root / "data" / "bars.parquet")
+    rc = call(train_cli.main, *TINY_TFT, "--epochs", "2", "--workdir", root / "run",
+              "--parquet-file", root / "data" / "bars.parquet")
+    assert rc == 0
+    return root, root / "run"
+
+
+def test_resume_refuses_what_would_mix_runs(base, tmp_path, capsys):
+    _, wd = base
+    before = snapshot(wd)
+    cases = [
+        (["--parquet-file", other_file(tmp_path)], "other.parquet (1500 rows"),
+        (["--learning-rate", "0.003"], "train.learning_rate: 0.001 in the checkpoint, 0.003 now"),
+        (["--batch-size", "16"], "train.batch_size: 32 in the checkpoint, 16 now"),
+        (["--seed", "1"], "train.seed: 0 in the checkpoint, 1 now"),
+        (["--weight-decay", "0"], "train.weight_decay: 0.0001 in the checkpoint, 0.0 now"),
+        (["--hidden-size", "32"], "model.hidden: 16 in the checkpoint, 32 now"),
+        (["--preset", "tft225"], "model.hidden: 16 in the checkpoint, 128 now"),
+        (["--epochs", "1"], "--epochs 1 is below the 2 epochs already trained"),
+    ]
+    for args, expect in cases:
+        capsys.readouterr()
+        rc = call(train_cli.main, "--resume", "--workdir", wd, "--no-progress", *args)
+        err = capsys.readouterr().err
+        assert rc == 2, (args, err)
+        assert expect in err and "Traceback" not in err and err.count("\n") == 1, (args, err)
+    assert snapshot(wd) == before  # nothing in the run folder changed
+
+
+def test_resume_without_a_checkpoint_is_an_error(tmp_path, capsys):
+    for wd in (tmp_path / "missing", tmp_path):
+        rc = call(train_cli.main, "--resume", "--workdir", wd, "--preset", "tiny")
+        err = capsys.readouterr().err
+        assert rc == 2 and "no checkpoint to resume in" in err and "Traceback" not in err
+    rc = call(dqn_cli.main, "--resume", "--workdir", tmp_path)
+    assert rc == 2 and "no checkpoint to resume" in capsys.readouterr().err
+    assert not (tmp_path / "missing").exists() and not list(tmp_path.iterdir())
+
+
+def test_resume_through_the_cli_equals_the_uninterrupted_run(base, tmp_path):
+    root, _ = base
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)  # a run folder moved together with its data
+    # An interrupted save of epoch 3 leaves a temporary folder: it must be ignored.
+    (copy / "run" / "checkpoints" / "tft_epoch_3.orbax-checkpoint-tmp-1").mkdir()
+    assert call(train_cli.main, "--resume", "--workdir", copy / "run", "--epochs", "3",
+                "--no-progress") == 0
+    data = copy / "data" / "bars.parquet"
+    assert call(train_cli.main, *TINY_TFT, "--epochs", "3", "--workdir", tmp_path / "straight",
+                "--parquet-file", data) == 0
+    a = raw_state(copy / "run" / "checkpoints" / "tft_epoch_3")
+    b = raw_state(tmp_path / "straight" / "checkpoints" / "tft_epoch_3")
+    chex.assert_trees_all_equal(a, b)
+    rows = [json.loads(x)["epoch"] for x in (copy / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [1, 2, 3]
+    assert int(a["step"]) == 9
+
+
+@pytest.fixture(scope="module")
+def early(tmp_path_factory):
+    """An early-stopped run whose best epoch is not its last, with every epoch's parameters
+    recorded by the callback (an independent record of the weights)."""
+    root = tmp_path_factory.mktemp("early")
+    (root / "data").mkdir()
+    data = root / "data" / "bars.parquet"
+    shutil.copy(default_parquet(), data)
+    seen = {}
+    tc = TrainConfig(epochs=8, batch_size=32, learning_rate=0.03, max_steps_per_epoch=3,
+                     patience=1)
+    summary = train_and_evaluate(
+        preset("tiny"), tc, root / "run", parquet_file=data,
+        callback=lambda e, s, m, f: seen.__setitem__(e, jax.device_get(s.params)), **quiet)
+    return root, summary, seen
+
+
+def test_early_stop_restores_the_best_weights(early, capsys):
+    root, summary, seen = early
+    hist = [json.loads(x) for x in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    best = min(hist, key=lambda h: h["val_loss"])["epoch"]
+    last = hist[-1]["epoch"]
+    assert summary["stopped_early"] and best < last == summary["epochs_run"]
+    assert summary["best_epoch"] == summary["weights_epoch"] == best
+    final = root / "run" / "checkpoints" / f"tft_final_epoch{last}"
+    chex.assert_trees_all_equal(raw_state(final)["params"], seen[best])
+    assert summary["model"]["val"]["loss"] == pytest.approx(hist[best - 1]["val_loss"], rel=1e-6)
+    # evaluate on the final checkpoint reproduces the summary's test metrics exactly
+    ev = evaluate_checkpoint(final, log=lambda *a: None)
+    assert ev["model"]["test"] == summary["model"]["test"] and ev["weights_epoch"] == best
+    assert call(evaluate_cli.main, "--checkpoint", final) == 0
+    out = capsys.readouterr().out
+    assert f"weights of epoch {best}" in out and "(the training data)" in out
+
+
+def test_evaluate_checks_the_recorded_data(early, tmp_path, capsys):
+    root, _, _ = early
+    final = next((root / "run" / "checkpoints").glob("tft_final_epoch*"))
+    data = root / "data" / "bars.parquet"
+    moved = root / "data" / "elsewhere.parquet"
+    data.rename(moved)
+    try:
+        rc = call(evaluate_cli.main, "--checkpoint", final)
+        err = capsys.readouterr().err
+        assert rc == 2 and "is not found" in err and "Traceback" not in err
+        write_table(data, bars_columns(random_bars(1500, seed=3)))  # same name, other content
+        rc = call(evaluate_cli.main, "--checkpoint", final)
+        err = capsys.readouterr().err
+        assert rc == 2 and "content changed since training" in err
+        # on purpose: another file, with the training statistics, said in the output
+        assert call(evaluate_cli.main, "--checkpoint", final, "--parquet-file", data) == 0
+        assert "another file than the training data" in capsys.readouterr().out
+    finally:
+        moved.replace(data)
+
+
+def test_nan_mid_epoch_stops_within_the_epoch(tmp_path):
+    cfg = preset("tiny")
+    es = load_dataset(None, cfg.data)
+    tc = TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=4, patience=0)
+    train_and_evaluate(cfg, tc, tmp_path, dataset=es, **quiet)
+    before = snapshot(tmp_path / "checkpoints")
+    # One NaN target row, hit first by the third batch of epoch 2 (batch order by numpy).
+    idx, _ = epoch_batches(es.splits.train, 32, seed=0, epoch=2)
+    E, D = cfg.encoder_steps, cfg.decoder_steps
+    hits = lambda rows, r: (rows[:, None] + E + np.arange(D) == r).any(axis=1)  # noqa: E731
+    row = next(s + E for s in idx[2] if not any(hits(idx[k], s + E).any() for k in (0, 1)))
+    target = es.features.target.copy()
+    target[row] = np.nan
+    bad = dataclasses.replace(es, features=dataclasses.replace(es.features, target=target))
+    with pytest.raises(TrainingDiverged, match="at step 3 of epoch 2.*tft_epoch_1"):
+        train_and_evaluate(cfg, dataclasses.replace(tc, epochs=3), tmp_path, dataset=bad,
+                           resume=True, **quiet)
+    assert snapshot(tmp_path / "checkpoints") == before
+    assert [json.loads(x)["epoch"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+def test_no_validation_windows_turns_early_stopping_off(tmp_path):
+    cfg = preset("tiny")
+    ds = load_dataset(None, DataConfig(encoder_steps=cfg.encoder_steps,
+                                       decoder_steps=cfg.decoder_steps, val_fraction=0.0))
+    assert ds.splits.val.size == 0
+    lines = []
+    tc = TrainConfig(epochs=3, batch_size=32, max_steps_per_epoch=2, patience=1)
+    s = train_and_evaluate(cfg, tc, tmp_path, dataset=ds, log=lines.append, progress=False)
+    assert not s["stopped_early"] and s["epochs_run"] == 3 and s["weights_epoch"] == 3
+    assert "val" not in s["model"] and any("no validation windows" in x for x in lines)
+
+
+# ----------------------------------------------------------------- DQN
+def test_dqn_crash_before_the_final_save_resumes_to_a_final(tmp_path, capsys):
+    cfg = DQNConfig(window=4, features=("r1", "ret_5", "rvol_10"), episode_len=64, num_envs=4,
+                    steps_per_epoch=200, hidden=(16,), batch_size=32, buffer_size=2_000,
+                    learning_starts=64, target_update_every=20, eps_decay_steps=400, epochs=3,
+                    patience=0)
+    seen = {}
+
+    def crash_at_the_end(epoch, state, metrics, is_final):
+        seen[epoch] = jax.device_get(state)
+        if is_final:  # after dqn_epoch_3, before dqn_final_epoch3
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dqn_lib.run(cfg, tmp_path, callback=crash_at_the_end, **quiet)
+    ckpts = tmp_path / "checkpoints"
+    assert "dqn_epoch_3" in list_checkpoints(ckpts)
+    assert "dqn_final_epoch3" not in list_checkpoints(ckpts)
+    assert call(dqn_cli.main, "--resume", "--workdir", tmp_path, "--no-progress") == 0
+    assert "nothing to train" in capsys.readouterr().out
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    best = max(rows, key=lambda r: r["val_sharpe"])["epoch"]  # first of a tie
+    final = raw_state(ckpts / "dqn_final_epoch3")
+    chex.assert_trees_all_equal(final["params"], seen[best].params)
+    assert json.loads((tmp_path / "summary.json").read_text())["weights_epoch"] == best
+
+
+def test_dqn_resume_through_the_cli(tmp_path, capsys):
+    wd, straight = tmp_path / "run", tmp_path / "straight"
+    assert call(dqn_cli.main, *TINY_DQN, "--epochs", "2", "--workdir", wd) == 0
+    before = snapshot(wd)
+    for args, expect in [
+        (["--cost-bps", "0.5"], "config.cost_bps: 1.0 in the checkpoint, 0.5 now"),
+        (["--parquet-file", other_file(tmp_path)], "other.parquet (1500 rows"),
+        (["--env", "cartpole"], "config.env: 'trading' in the checkpoint, 'cartpole' now"),
+    ]:
+        capsys.readouterr()
+        rc = call(dqn_cli.main, "--resume", "--workdir", wd, "--epochs", "3", *args)
+        err = capsys.readouterr().err
+        assert rc == 2 and expect in err and "Traceback" not in err, (args, err)
+    assert snapshot(wd) == before
+    assert call(dqn_cli.main, "--resume", "--workdir", wd, "--epochs", "3", "--no-progress") == 0
+    assert call(dqn_cli.main, *TINY_DQN, "--epochs", "3", "--workdir", straight) == 0
+    chex.assert_trees_all_equal(raw_state(wd / "checkpoints" / "dqn_epoch_3"),
+                                raw_state(straight / "checkpoints" / "dqn_epoch_3"))
+
+
+# ----------------------------------------------------------------- configs
+@pytest.mark.parametrize("make,expect", [
+    (lambda: TFTConfig(hidden=0), "hidden size must be >= 1, got 0"),
+    (lambda: TFTConfig(d_v=0), "d_v must be >= 1, got 0"),
+    (lambda: TFTConfig(dropout=1.0), "dropout must be in [0, 1), got 1.0"),
+    (lambda: TFTConfig(dropout=-0.1), "dropout must be in [0, 1)"),
+    (lambda: TFTConfig(remat="sideways"), "remat tier 'sideways'"),
+    (lambda: TFTConfig(quantiles=(0.1, 0.9)), "must include 0.5 and 0.9"),
+    (lambda: TrainConfig(seed=-1), "seed must be in [0, 2**32), got -1"),
+    (lambda: TrainConfig(learning_rate=float("nan")), "learning_rate must be a finite number"),
+    (lambda: TrainConfig(patience=-1), "patience must be >= 0"),
+    (lambda: DQNConfig(learning_starts=60_000), "learning_starts (60000) must be <= buffer_size"),
+    (lambda: DQNConfig(seed=-1), "seed must be in [0, 2**32)"),
+])
+def test_configs_validate_themselves(make, expect):
+    with pytest.raises(ConfigError, match=None) as e:
+        make()
+    assert expect in str(e.value)
