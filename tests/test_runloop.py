@@ -18,7 +18,8 @@ from tftjax import dqn as dqn_lib
 from tftjax import evaluate as evaluate_cli
 from tftjax import train as train_cli
 from tftjax.checkpoints import list_checkpoints
-from tftjax.config import ConfigError, DataConfig, DQNConfig, TFTConfig, TrainConfig, preset
+from tftjax.config import (DQN_PRESETS, ConfigError, DataConfig, DQNConfig, TFTConfig,
+                           TrainConfig, preset)
 from tftjax.data import default_parquet, epoch_batches, load_dataset
 from tftjax.dqn import __main__ as dqn_cli
 from tftjax.train_lib import TrainingDiverged, evaluate_checkpoint, train_and_evaluate
@@ -57,11 +58,11 @@ def other_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """A 2-epoch tiny TFT run on a copy of the bundled bars: ``(root, workdir)``."""
+    """A 3-epoch tiny TFT run on a copy of the bundled bars: ``(root, workdir)``."""
     root = tmp_path_factory.mktemp("base")
     (root / "data").mkdir()
     shutil.copy(default_parquet(), root / "data" / "bars.parquet")
-    rc = call(train_cli.main, *TINY_TFT, "--epochs", "2", "--workdir", root / "run",
+    rc = call(train_cli.main, *TINY_TFT, "--epochs", "3", "--workdir", root / "run",
               "--parquet-file", root / "data" / "bars.parquet")
     assert rc == 0
     return root, root / "run"
@@ -78,7 +79,7 @@ def test_resume_refuses_what_would_mix_runs(base, tmp_path, capsys):
         (["--weight-decay", "0"], "train.weight_decay: 0.0001 in the checkpoint, 0.0 now"),
         (["--hidden-size", "32"], "model.hidden: 16 in the checkpoint, 32 now"),
         (["--preset", "tft225"], "model.hidden: 16 in the checkpoint, 128 now"),
-        (["--epochs", "1"], "--epochs 1 is below the 2 epochs already trained"),
+        (["--epochs", "2"], "--epochs 2 is below the 3 epochs already trained"),
     ]
     for args, expect in cases:
         capsys.readouterr()
@@ -100,22 +101,22 @@ def test_resume_without_a_checkpoint_is_an_error(tmp_path, capsys):
 
 
 def test_resume_through_the_cli_equals_the_uninterrupted_run(base, tmp_path):
-    root, _ = base
+    root, straight = base
     copy = tmp_path / "copy"
     shutil.copytree(root, copy)  # a run folder moved together with its data
-    # An interrupted save of epoch 3 leaves a temporary folder: it must be ignored.
-    (copy / "run" / "checkpoints" / "tft_epoch_3.orbax-checkpoint-tmp-1").mkdir()
+    ckpts = copy / "run" / "checkpoints"
+    # The copy becomes a run killed during epoch 3: its epoch-3 saves never committed,
+    # one of them left a temporary folder behind (it must be ignored).
+    for name in ("tft_epoch_3", "tft_final_epoch3"):
+        shutil.rmtree(ckpts / name)
+    (ckpts / "tft_epoch_3.orbax-checkpoint-tmp-1").mkdir()
     assert call(train_cli.main, "--resume", "--workdir", copy / "run", "--epochs", "3",
                 "--no-progress") == 0
-    data = copy / "data" / "bars.parquet"
-    assert call(train_cli.main, *TINY_TFT, "--epochs", "3", "--workdir", tmp_path / "straight",
-                "--parquet-file", data) == 0
-    a = raw_state(copy / "run" / "checkpoints" / "tft_epoch_3")
-    b = raw_state(tmp_path / "straight" / "checkpoints" / "tft_epoch_3")
-    chex.assert_trees_all_equal(a, b)
+    a = raw_state(ckpts / "tft_epoch_3")
+    chex.assert_trees_all_equal(a, raw_state(straight / "checkpoints" / "tft_epoch_3"))
+    assert int(a["step"]) == 9
     rows = [json.loads(x)["epoch"] for x in (copy / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2, 3]
-    assert int(a["step"]) == 9
 
 
 @pytest.fixture(scope="module")
@@ -272,3 +273,19 @@ def test_configs_validate_themselves(make, expect):
     with pytest.raises(ConfigError, match=None) as e:
         make()
     assert expect in str(e.value)
+
+
+def test_flags_come_from_the_config_dataclasses():
+    from tftjax.cli import parse
+
+    def args(*argv):
+        argv = list(argv)
+        return parse(train_cli.Args, argv, train_cli.defaults(argv), "train", "")
+
+    for form in (["--remat=aggressive"], ["--remat", "aggressive"]):
+        a = args("--preset", "tiny", *form, "--batch-size", "8", "--hidden-size", "32")
+        assert a.remat == "aggressive" and a.train.batch_size == 8
+        assert a.model == dataclasses.replace(preset("tiny"), hidden=32)
+    d = parse(dqn_cli.Args, ["--env", "cartpole", "--epochs", "3"],
+              dqn_cli.defaults(["--env", "cartpole"]), "dqn", "")
+    assert d.config == dataclasses.replace(DQN_PRESETS["cartpole"], epochs=3)
