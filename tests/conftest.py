@@ -4,7 +4,8 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiles dominate the suite's time: share them between this process and the
 # CLI subprocesses through a persistent compilation cache (fresh per session).
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="tftjax-jax-cache-"))
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # xdist workers inherit the controller's
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="tftjax-jax-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 import numpy as np  # noqa: E402

@@ -206,6 +206,10 @@ def test_no_validation_windows_turns_early_stopping_off(tmp_path):
     s = train_and_evaluate(cfg, tc, tmp_path, dataset=ds, log=lines.append, progress=False)
     assert not s["stopped_early"] and s["epochs_run"] == 3 and s["weights_epoch"] == 3
     assert "val" not in s["model"] and any("no validation windows" in x for x in lines)
+    # the compile is timed apart: only the first epoch of a run carries it
+    h = s["history"]
+    assert h[0]["compile_s"] > 0 and not any("compile_s" in x for x in h[1:])
+    assert all(x["samples_per_s"] == pytest.approx(64 / x["epoch_time_s"]) for x in h)
 
 
 # ----------------------------------------------------------------- DQN

@@ -66,7 +66,8 @@ def test_padded_rows_do_not_count(es):
 
 @pytest.mark.slow
 def test_loss_falls_well_below_naive_baseline(tmp_path):
-    tc = dataclasses.replace(TC, epochs=6, max_steps_per_epoch=None, batch_size=64)
+    # Batch 32: the shape the other tests compile already.
+    tc = dataclasses.replace(TC, epochs=4, max_steps_per_epoch=None)
     s = train_and_evaluate(CFG, tc, tmp_path, dataset=signal_dataset(), **quiet)
     model, naive = s["model"]["val"]["loss"], s["baselines"]["train_quantiles"]["val"]["loss"]
     assert model < 0.5 * naive, (model, naive)
