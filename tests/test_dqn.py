@@ -210,7 +210,7 @@ def _run(tmp_path, name, cfg=TINY, **kw):
 
 
 def _best_epochs(workdir):
-    """Epochs tied for the best validation Sharpe (any one of them may be the kept best)."""
+    """Epochs tied for the best validation Sharpe (the loop keeps the first of them)."""
     rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     top = max(r["val_sharpe"] for r in rows)
     return {r["epoch"] for r in rows if r["val_sharpe"] == top}, rows
@@ -247,7 +247,7 @@ def test_checkpoint_names_after_early_stop(tmp_path):
     summary, calls = _run(tmp_path, "es", dataclasses.replace(cfg, patience=2))
     assert summary["stopped_early"] and summary["epochs_run"] == 3
     best, rows = _best_epochs(tmp_path / "es")
-    assert best == {1, 2, 3}  # a three-way tie: Orbax may keep any one as the best
+    assert best == {1, 2, 3}  # a three-way tie: the first, epoch 1, is the best kept
     assert_kept(tmp_path / "es" / "checkpoints", (2, 3), "dqn_final_epoch3", best)
     assert "dqn_final_epoch10" not in list_checkpoints(tmp_path / "es" / "checkpoints")
     assert [(e, f) for e, f, _ in calls] == [(1, False), (2, False), (3, True)]

@@ -34,7 +34,7 @@ quiet = dict(log=lambda *a: None, progress=False)
 
 
 def call(main, *args):
-    """``(exit code, stdout, stderr)`` of an entry point run in-process."""
+    """The exit code of an entry point run in-process (output: capsys)."""
     try:
         return main([str(a) for a in args])
     except SystemExit as e:  # tyro's own usage errors
@@ -154,7 +154,7 @@ def test_early_stop_restores_the_best_weights(early, capsys):
     assert f"weights of epoch {best}" in out and "(the training data)" in out
 
 
-def test_evaluate_checks_the_recorded_data(early, tmp_path, capsys):
+def test_evaluate_checks_the_recorded_data(early, tmp_path, capsys, monkeypatch):
     root, _, _ = early
     final = next((root / "run" / "checkpoints").glob("tft_final_epoch*"))
     data = root / "data" / "bars.parquet"
@@ -164,6 +164,14 @@ def test_evaluate_checks_the_recorded_data(early, tmp_path, capsys):
         rc = call(evaluate_cli.main, "--checkpoint", final)
         err = capsys.readouterr().err
         assert rc == 2 and "is not found" in err and "Traceback" not in err
+        # the run folder moved together with its data: found relative to the run, also
+        # when --checkpoint is a relative path from inside the checkpoints folder
+        shutil.copytree(root / "run", tmp_path / "moved" / "run")
+        (tmp_path / "moved" / "data").mkdir()
+        shutil.copy(moved, tmp_path / "moved" / "data" / "bars.parquet")
+        monkeypatch.chdir(tmp_path / "moved" / "run" / "checkpoints")
+        assert call(evaluate_cli.main, "--checkpoint", final.name) == 0
+        assert "moved/data/bars.parquet (the training data)" in capsys.readouterr().out
         write_table(data, bars_columns(random_bars(1500, seed=3)))  # same name, other content
         rc = call(evaluate_cli.main, "--checkpoint", final)
         err = capsys.readouterr().err
@@ -252,6 +260,8 @@ def test_dqn_resume_through_the_cli(tmp_path, capsys):
         rc = call(dqn_cli.main, "--resume", "--workdir", wd, "--epochs", "3", *args)
         err = capsys.readouterr().err
         assert rc == 2 and expect in err and "Traceback" not in err, (args, err)
+    assert call(train_cli.main, "--resume", "--workdir", wd) == 2  # a TFT resume of a DQN run
+    assert "holds dqn checkpoints, not tft" in capsys.readouterr().err
     assert snapshot(wd) == before
     assert call(dqn_cli.main, "--resume", "--workdir", wd, "--epochs", "3", "--no-progress") == 0
     assert call(dqn_cli.main, *TINY_DQN, "--epochs", "3", "--workdir", straight) == 0

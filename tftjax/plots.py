@@ -108,7 +108,7 @@ def dqn_plots(workdir: Path, history: list[dict], score: str, rollouts: dict) ->
     workdir = Path(workdir)
     ep = [h["epoch"] for h in history]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    axes[0].plot(ep, [h["loss"] for h in history], "o-", ms=3)
+    axes[0].plot(ep, [np.nan if h["loss"] is None else h["loss"] for h in history], "o-", ms=3)
     axes[0].set(title="Huber loss (train)", xlabel="epoch")
     ep_ret = [np.nan if h.get("episode_return") is None else h["episode_return"] for h in history]
     axes[1].plot(np.asarray(ep)[np.isfinite(ep_ret)], np.asarray(ep_ret)[np.isfinite(ep_ret)],

@@ -117,14 +117,16 @@ def _is_better(score: float, best: float | None, mode: str) -> bool:
     return best is None or (score < best if mode == "min" else score > best)
 
 
-def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, resume: bool = False,
-        progress: bool = True, callback: Callable | None = None, log: Callable = print) -> dict:
+def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: str,
+        resume: bool = False, progress: bool = True, callback: Callable | None = None,
+        log: Callable = print) -> dict:
     """Train a task epoch by epoch, with checkpoints, early stopping and a summary.
 
     Args:
       make_task: ``saved_meta -> Task``; ``saved_meta`` is the latest checkpoint's
         metadata on resume (the task reuses e.g. its feature statistics), else ``None``.
       workdir: the run folder.
+      kind: the task's kind (``"tft"``, ``"dqn"``): a resume of another kind is refused.
       resume: continue the latest complete epoch checkpoint in ``workdir``.
       progress: show a progress bar.
       callback: ``(epoch, state, metrics, is_final)`` after each epoch's
@@ -140,9 +142,11 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, resume
     """
     workdir = Path(workdir)
     ckpt_dir = workdir / "checkpoints"
+    if workdir.exists() and not workdir.is_dir():
+        raise ConfigError(f"--workdir {workdir} is a file, not a folder")
     saved = None
     if resume:
-        saved = latest_meta(ckpt_dir)
+        saved = latest_meta(ckpt_dir, kind)
     elif list_checkpoints(ckpt_dir):
         raise ConfigError(f"{ckpt_dir} already holds checkpoints "
                           f"({', '.join(list_checkpoints(ckpt_dir)[-3:])}); pass --resume to "
@@ -167,7 +171,7 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, resume
         return {"kind": task.kind, "identity": identity, **task.extra_meta(), "loop": dict(loop),
                 "metrics": metrics, "is_final": is_final, "weights_epoch": weights_epoch}
 
-    checkpointer = EpochCheckpointer(ckpt_dir, task.kind)
+    checkpointer, bar = EpochCheckpointer(ckpt_dir, task.kind), None
     try:
         if saved is not None:
             state = checkpointer.restore(start, task.abstract_state())
@@ -176,7 +180,7 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, resume
             state = task.init_state()
         log(task.describe(state))
         bar = _epoch_bar(task, start) if progress and task.epoch_bar else None
-        say = bar.write if bar is not None else log
+        say = bar.write if bar is not None else log  # lines above the bar
         for epoch in range(start + 1, task.epochs + 1):
             if loop["stopped_early"]:
                 break
@@ -211,8 +215,6 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, resume
                 callback(epoch, state, metrics, stop or epoch == task.epochs)
             if bar is not None:
                 bar.update(1)
-        if bar is not None:
-            bar.close()
         last, best_epoch = loop["epoch"], loop["best_epoch"]
         if loop["stopped_early"]:
             log(f"early stop at epoch {last}: no better {task.score} for {task.patience} epochs; "
@@ -229,6 +231,8 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, resume
             checkpointer.save_final(last, best_state,
                                     meta(history[-1] if history else {}, True, best_epoch))
     finally:  # an interrupted run still completes (or cleanly abandons) the saves started
+        if bar is not None:
+            bar.close()
         checkpointer.close()
 
     summary, text = task.summarize(best_state, workdir, history)
@@ -242,20 +246,34 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, resume
     return summary
 
 
-def latest_meta(ckpt_dir: str | Path, kinds: tuple[str, ...] = ("tft", "dqn")) -> dict:
+def latest_meta(ckpt_dir: str | Path, kind: str | None = None) -> dict:
     """The metadata of the latest complete epoch checkpoint in ``ckpt_dir``.
 
     Raises:
-      ConfigError: there is none (``--resume`` into an empty or mistyped folder).
+      ConfigError: there is none (``--resume`` into an empty or mistyped folder), it is
+        another trainer's (``kind``), or it cannot be read as this version's checkpoint.
     """
     ckpt_dir = Path(ckpt_dir)
-    epochs = {k: epoch_checkpoints(ckpt_dir, k) for k in kinds}
-    kind, found = max(epochs.items(), key=lambda kv: kv[1][-1] if kv[1] else -1)
-    if not found:
+    epochs = {k: epoch_checkpoints(ckpt_dir, k) for k in KINDS}
+    found, latest = max(epochs.items(), key=lambda kv: kv[1][-1] if kv[1] else -1)
+    if not latest:
         raise ConfigError(f"--resume: no checkpoint to resume in {ckpt_dir}"
                           + (" (no such folder)" if not ckpt_dir.exists() else "")
                           + "; drop --resume to start a new run")
-    return read_meta(ckpt_dir / checkpoint_name(kind, found[-1], False))
+    if kind is not None and found != kind:
+        raise ConfigError(f"--resume: {ckpt_dir} holds {found} checkpoints, not {kind}")
+    path = ckpt_dir / checkpoint_name(found, latest[-1], False)
+    try:
+        meta = read_meta(path)
+    except Exception as e:  # Orbax raises several types for a damaged checkpoint
+        raise ConfigError(f"--resume: {path} cannot be read ({type(e).__name__})") from None
+    if not {"kind", "identity", "loop"} <= set(meta):
+        raise ConfigError(f"--resume: {path} was written by an older tftjax (no data identity "
+                          "in its metadata); train another --workdir")
+    return meta
+
+
+KINDS = ("tft", "dqn")
 
 
 def _last(ckpt_dir: Path, kind: str) -> str:

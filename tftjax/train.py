@@ -60,7 +60,7 @@ def defaults(argv: list[str] | None) -> Args:
     name = pre.preset if pre.preset in ("tft225", "tiny") else "tft225"
     model, train = preset(name), TrainConfig()
     if pre.resume:
-        saved = latest_meta(Path(pre.workdir) / "checkpoints", ("tft",))
+        saved = latest_meta(Path(pre.workdir) / "checkpoints", "tft")
         train = TrainConfig.from_json(saved["identity"]["train"])
         if pre.preset is None:
             model = TFTConfig.from_json(saved["identity"]["model"])
@@ -106,7 +106,7 @@ def plan_auto_tier(cfg: TFTConfig, tc: TrainConfig, args: Args):
     if path is None and args.resume:
         from tftjax.runloop import latest_meta
 
-        saved = latest_meta(args.workdir / "checkpoints", ("tft",))
+        saved = latest_meta(args.workdir / "checkpoints", "tft")
         path = find_data_file(saved["identity"]["data"], args.workdir)
     rows = len(read_bars(path or default_parquet()))
     tier, batch = plan_auto(dataclasses.replace(cfg, remat="off"), budget, tc.batch_size, rows,

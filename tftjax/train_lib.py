@@ -343,8 +343,8 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
             ds = load_dataset(path, cfg.data, stats=stats)
         return TFTTask(cfg, tc, ds, workdir, progress=progress, profile_dir=profile_dir, log=log)
 
-    return runloop.run(make_task, workdir, resume=resume, progress=progress, callback=callback,
-                       log=log)
+    return runloop.run(make_task, workdir, kind="tft", resume=resume, progress=progress,
+                       callback=callback, log=log)
 
 
 def evaluate_checkpoint(checkpoint: str | Path, parquet_file: str | Path | None = None,
@@ -365,15 +365,20 @@ def evaluate_checkpoint(checkpoint: str | Path, parquet_file: str | Path | None 
         raise DataError(f"{checkpoint}: no such checkpoint directory")
     try:
         meta = read_meta(checkpoint)
-        cfg = TFTConfig.from_json(meta["identity"]["model"])
-        tc = TrainConfig.from_json(meta["identity"]["train"])
-        recorded = meta["identity"]["data"]
     except Exception as e:  # orbax raises several types for a folder that is not a checkpoint
         raise DataError(f"{checkpoint}: not a readable tftjax checkpoint ({type(e).__name__})") from None
     if meta.get("kind") != "tft":
         raise DataError(f"{checkpoint}: not a TFT checkpoint (kind {meta.get('kind')!r})")
-    stats = FeatureStats.from_json(meta["feature_stats"])
-    path = parquet_file or find_data_file(recorded, checkpoint.parent.parent)
+    try:
+        cfg = TFTConfig.from_json(meta["identity"]["model"])
+        tc = TrainConfig.from_json(meta["identity"]["train"])
+        recorded = meta["identity"]["data"]
+        stats = FeatureStats.from_json(meta["feature_stats"])
+    except (KeyError, TypeError):
+        raise DataError(f"{checkpoint}: written by an older tftjax (no data identity in its "
+                        "metadata)") from None
+    run_dir = checkpoint.resolve().parent.parent  # RUN/checkpoints/NAME
+    path = parquet_file or find_data_file(recorded, run_dir)
     ds = load_dataset(path, cfg.data, stats=stats)
     if ds.identity()["sha256"] == recorded["sha256"]:
         source = f"{ds.bars.path} (the training data)"

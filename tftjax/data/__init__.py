@@ -75,7 +75,8 @@ def find_data_file(identity: dict, run_dir: str | os.PathLike) -> str:
     if f.startswith(BUNDLED):
         candidates = [default_parquet()]
     else:
-        candidates = [Path(run_dir) / identity["file_from_run"]] if identity.get("file_from_run") else []
+        rel = identity.get("file_from_run")
+        candidates = [(Path(run_dir) / rel).resolve()] if rel else []
         candidates.append(Path(f))
     found = [c for c in candidates if c.is_file()]
     if not found:

@@ -47,7 +47,7 @@ def defaults(argv: list[str] | None) -> Args:
     pre = peek(argv, env=None, resume=False, workdir="runs/dqn")
     cfg = DQN_PRESETS.get(pre.env, DQN_PRESETS["trading"])
     if pre.resume:
-        saved = latest_meta(Path(pre.workdir) / "checkpoints", ("dqn",))
+        saved = latest_meta(Path(pre.workdir) / "checkpoints", "dqn")
         was = DQNConfig.from_json(saved["identity"]["config"])
         if pre.env in (None, was.env):
             cfg = was

@@ -102,6 +102,8 @@ class DQNTask:
         seconds = time.perf_counter() - t
         if m["updates"] > 0 and not math.isfinite(m["loss"]):
             raise TrainingDiverged(f"DQN loss became {m['loss']} in epoch {epoch}")
+        if m["updates"] == 0:
+            m["loss"] = m["q_mean"] = None  # no gradient step yet (still filling the buffer)
         if m["episodes"] == 0:
             m["episode_return"] = None  # no episode ended in this epoch
         steps = iterations_per_epoch(self.cfg) * self.cfg.num_envs
@@ -117,7 +119,8 @@ class DQNTask:
         return {f"val_{k}": v for k, v in self._greedy(state.params, "val").items()}
 
     def epoch_line(self, m: dict) -> str:
-        return (f"{self.score} {m[self.score]:.4g}  loss {m['loss']:.4g}  ε {m['epsilon']:.2f}  "
+        loss = "–" if m["loss"] is None else f"{m['loss']:.4g}"
+        return (f"{self.score} {m[self.score]:.4g}  loss {loss}  ε {m['epsilon']:.2f}  "
                 f"{m['steps_per_s']:,.0f} env steps/s"
                 + (f" (compiled in {m['compile_s']:.1f} s)" if "compile_s" in m else ""))
 
@@ -186,6 +189,10 @@ def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool 
             was = DQNConfig.from_json(saved["identity"]["config"])
             c = dataclasses.replace(cfg, **{f: getattr(was, f) for f in DERIVED
                                             if getattr(cfg, f) is None})
+            if c.lr_end_fraction < 1 and c.epochs != was.epochs:
+                raise ConfigError(f"--resume: --epochs cannot change ({was.epochs} → {c.epochs}) "
+                                  f"with lr_end_fraction {c.lr_end_fraction}: the learning-rate "
+                                  "decay spans the run's epochs")
             if saved.get("feature_stats"):
                 stats = FeatureStats.from_json(saved["feature_stats"])
             if path is None and c.env == "trading" and "sha256" in saved["identity"]["data"]:
@@ -193,5 +200,5 @@ def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool 
         envs, ds = build_envs(c, path, stats)
         return DQNTask(c, envs, ds, workdir, log)
 
-    return runloop.run(make_task, workdir, resume=resume, progress=progress, callback=callback,
-                       log=log)
+    return runloop.run(make_task, workdir, kind="dqn", resume=resume, progress=progress,
+                       callback=callback, log=log)
