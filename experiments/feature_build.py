@@ -45,7 +45,7 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         del fs
     tracemalloc.start()
-    fs = build_features(bars, train_rows=splits.train_rows)
+    build_features(bars, train_rows=splits.train_rows)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     matrix = n * (NUM_HISTORICAL + NUM_KNOWN) * 4

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import random_bars
 
-from tftjax.checkpoints import list_checkpoints, restore_state
+from tftjax.checkpoints import list_checkpoints
 from tftjax.config import preset
 from tftjax.data import Dataset, load_dataset, make_splits, to_device
 from tftjax.data.features import FeatureSet, FeatureStats

@@ -135,12 +135,6 @@ def list_checkpoints(directory: str | Path) -> list[str]:
     return sorted(names, key=key)
 
 
-def last_checkpoint(directory: str | Path) -> str:
-    """Path of the newest complete checkpoint in ``directory`` (for messages), or ``"none"``."""
-    names = list_checkpoints(directory)
-    return str(Path(directory) / names[-1]) if names else "none"
-
-
 def read_history(path: str | Path, upto: int) -> list[dict]:
     """The ``metrics.jsonl`` lines of epochs ``<= upto`` (what a resumed run keeps)."""
     path = Path(path)
