@@ -6,6 +6,7 @@ that they share this worker's compiled steps."""
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import chex
 import jax
@@ -303,3 +304,21 @@ def test_flags_come_from_the_config_dataclasses():
     d = parse(dqn_cli.Args, ["--env", "cartpole", "--epochs", "3"],
               dqn_cli.defaults(["--env", "cartpole"]), "dqn", "")
     assert d.config == dataclasses.replace(DQN_PRESETS["cartpole"], epochs=3)
+
+
+def test_default_run_folders_never_meet_an_earlier_run(tmp_path, monkeypatch):
+    from tftjax.cli import run_folder
+
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs" / "tft"
+    assert run_folder(None, root, resume=False) == root / "run_001"
+    with pytest.raises(ConfigError, match="no run with checkpoints under"):
+        run_folder(None, root, resume=True)
+    (root / "run_001" / "checkpoints" / "tft_epoch_1").mkdir(parents=True)
+    (root / "run_002").mkdir()  # started, nothing saved yet
+    assert run_folder(None, root, resume=False) == root / "run_003"
+    assert run_folder(None, root, resume=True) == root / "run_001"
+    assert run_folder("mine", root, resume=True) == Path("mine")
+    # the CLIs' defaults (relative to the current folder)
+    assert train_cli.defaults(["--preset", "tiny"]).workdir == Path("runs/tft/run_003")
+    assert dqn_cli.defaults([]).workdir == Path("runs/dqn/run_001")

@@ -22,9 +22,8 @@ T = TypeVar("T")
 
 def main(run: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run an entry point's body with the project's errors mapped to exit codes."""
-    from tftjax.config import ConfigError
-    from tftjax.data import DataError
-    from tftjax.runloop import TrainingDiverged
+    from tftjax.data.bars import DataError
+    from tftjax.errors import ConfigError, TrainingDiverged
 
     enable_compilation_cache()
     try:
@@ -48,6 +47,33 @@ def parse(cls: type[T], argv: list[str] | None, default: T, prog: str, descripti
 
     return tyro.cli(cls, args=argv, default=default, prog=prog, description=description,
                     config=(tyro.conf.OmitArgPrefixes,))
+
+
+def run_folder(given: str | Path | None, root: str | Path, resume: bool) -> Path:
+    """The run folder: ``--workdir`` when given; else a new numbered folder under ``root``
+    (``runs/tft/run_001``, ``run_002`` …) so that a second run never meets the first one's
+    checkpoints, or with ``--resume`` the newest of them that holds checkpoints.
+
+    Raises:
+      ConfigError: ``--resume`` without ``--workdir`` and no run under ``root``.
+    """
+    import re
+
+    from tftjax.checkpoints import list_checkpoints
+    from tftjax.errors import ConfigError
+
+    if given is not None:
+        return Path(given)
+    root = Path(root)
+    runs = sorted((p for p in root.glob("run_*") if re.fullmatch(r"run_\d+", p.name)),
+                  key=lambda p: int(p.name[4:]))
+    if resume:
+        done = [p for p in runs if list_checkpoints(p / "checkpoints")]
+        if not done:
+            raise ConfigError(f"--resume: no run with checkpoints under {root}; name one with "
+                              "--workdir")
+        return done[-1]
+    return root / f"run_{int(runs[-1].name[4:]) + 1 if runs else 1:03d}"
 
 
 def peek(argv: list[str] | None, **flags) -> argparse.Namespace:

@@ -12,21 +12,14 @@ from typing import Annotated, Literal
 
 import tyro
 
+from tftjax.errors import ConfigError
+
 # TFT-225 layout (see ../shared/design/tft_spec.md).
 NUM_STATIC = 5
 NUM_HISTORICAL = 210
 NUM_KNOWN = 10
 ENCODER_STEPS = 50
 DECODER_STEPS = 10
-
-
-class ConfigError(Exception):
-    """Settings that cannot work: a bad value, or a resume that would mix runs.
-
-    The message names the field and the value; every CLI prints it as one line
-    and exits with code 2 (:mod:`tftjax.cli`). Not a ``ValueError`` on purpose:
-    tyro would otherwise wrap it in its own multi-line box.
-    """
 
 
 def check(checks: dict[str, bool], where: str) -> None:

@@ -36,12 +36,8 @@ from typing import Any, Callable, Protocol
 
 from tftjax.checkpoints import (EpochCheckpointer, checkpoint_name, epoch_checkpoints,
                                 list_checkpoints, read_history, read_meta)
-from tftjax.config import ConfigError
+from tftjax.errors import ConfigError, TrainingDiverged
 from tftjax.provenance import provenance
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
 class Task(Protocol):
@@ -157,6 +153,7 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
 
     # Nothing in the folder changes before this line.
     workdir.mkdir(parents=True, exist_ok=True)
+    log(f"run folder: {workdir}")
     loop = {"epoch": 0, "best_epoch": 0, "best_score": None, "bad_epochs": 0,
             "stopped_early": False}
     if saved is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from tftjax.cli import main as cli_main
-from tftjax.cli import parse, peek
+from tftjax.cli import parse, peek, run_folder
 from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset
 
 
@@ -36,8 +36,9 @@ class Args:
     bundled ES bars, or with --resume the file the run was trained on."""
     preset: Literal["tft225", "tiny"] = "tft225"
     """Model sizes: tft225 (the default) or tiny; the flags below override single fields."""
-    workdir: Path = Path("runs/tft")
-    """Checkpoints, metrics.jsonl, summary.json and plots go here."""
+    workdir: Path = Path("runs/tft/run_001")
+    """Checkpoints, metrics.jsonl, summary.json and plots go here (default: a new
+    runs/tft/run_NNN; with --resume, the newest of them)."""
     resume: bool = False
     """Continue the latest complete checkpoint in --workdir with its own settings and data."""
     remat: str = "off"
@@ -56,15 +57,16 @@ def defaults(argv: list[str] | None) -> Args:
     explicitly still sets the model, so that a different one is refused)."""
     from tftjax.runloop import latest_meta
 
-    pre = peek(argv, preset=None, resume=False, workdir="runs/tft")
+    pre = peek(argv, preset=None, resume=False, workdir=None)
+    workdir = run_folder(pre.workdir, "runs/tft", pre.resume)
     name = pre.preset if pre.preset in ("tft225", "tiny") else "tft225"
     model, train = preset(name), TrainConfig()
     if pre.resume:
-        saved = latest_meta(Path(pre.workdir) / "checkpoints", "tft")
+        saved = latest_meta(workdir / "checkpoints", "tft")
         train = TrainConfig.from_json(saved["identity"]["train"])
         if pre.preset is None:
             model = TFTConfig.from_json(saved["identity"]["model"])
-    return Args(model=model, train=train, preset=name, remat=model.remat)
+    return Args(model=model, train=train, preset=name, remat=model.remat, workdir=workdir)
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from tftjax.cli import main as cli_main
-from tftjax.cli import parse, peek
+from tftjax.cli import parse, peek, run_folder
 from tftjax.config import DQN_PRESETS, DQNConfig
 
 
@@ -31,8 +31,9 @@ class Args:
     parquet_file: Path | None = None
     """OHLCV bars for --env trading (default: the bundled ES bars, or with --resume the file
     the run was trained on)."""
-    workdir: Path = Path("runs/dqn")
-    """Checkpoints, metrics.jsonl, summary.json and plots go here."""
+    workdir: Path = Path("runs/dqn/run_001")
+    """Checkpoints, metrics.jsonl, summary.json and plots go here (default: a new
+    runs/dqn/run_NNN; with --resume, the newest of them)."""
     resume: bool = False
     """Continue the latest complete checkpoint in --workdir (agent, buffer, ε, RNG) with its
     own settings and data."""
@@ -44,14 +45,15 @@ def defaults(argv: list[str] | None) -> Args:
     """The ``--env`` preset, or on ``--resume`` the checkpoint's settings."""
     from tftjax.runloop import latest_meta
 
-    pre = peek(argv, env=None, resume=False, workdir="runs/dqn")
+    pre = peek(argv, env=None, resume=False, workdir=None)
+    workdir = run_folder(pre.workdir, "runs/dqn", pre.resume)
     cfg = DQN_PRESETS.get(pre.env, DQN_PRESETS["trading"])
     if pre.resume:
-        saved = latest_meta(Path(pre.workdir) / "checkpoints", "dqn")
+        saved = latest_meta(workdir / "checkpoints", "dqn")
         was = DQNConfig.from_json(saved["identity"]["config"])
         if pre.env in (None, was.env):
             cfg = was
-    return Args(config=cfg)
+    return Args(config=cfg, workdir=workdir)
 
 
 def run(argv: list[str] | None = None) -> int:
