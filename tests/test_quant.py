@@ -1,0 +1,81 @@
+"""Fake-quant: forward against a numpy round-and-clip reference, the straight-through
+backward against ``g · mask`` exactly (absmax element included), per-channel scales on
+any axis, and composition with jit, remat and vmap."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tftjax.quant import channel_scale, fake_quant, fake_quant_weight
+
+
+def np_fake_quant(x, s, zp, qmin, qmax):
+    r = np.round(x / s) + zp  # float32 like the op; numpy rounds half to even, as XLA does
+    return (np.clip(r, qmin, qmax) - zp) * s, (r >= qmin) & (r <= qmax)
+
+
+@pytest.mark.parametrize("s,zp,qmin,qmax", [(0.05, 0.0, -128, 127), (0.02, 13.0, 0, 255),
+                                            (0.1, -3.0, -127, 127)])
+def test_forward_and_backward_per_tensor(s, zp, qmin, qmax):
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(64, 33)) * 0.4 * (qmax - qmin) * s).astype(np.float32)
+    x[0, :4] = np.float32(s) * np.float32([0.5, 1.5, -2.5, 0.0])  # halves: to even
+    g = rng.normal(size=x.shape).astype(np.float32)
+    want, mask = np_fake_quant(x, np.float32(s), np.float32(zp), qmin, qmax)
+    args = (jnp.float32(s), jnp.float32(zp))
+    y, vjp = jax.vjp(lambda v: fake_quant(v, *args, qmin, qmax), jnp.asarray(x))
+    np.testing.assert_allclose(np.asarray(y), want, rtol=0, atol=1e-6)
+    assert 0 < mask.sum() < mask.size  # both sides of the clip are exercised
+    np.testing.assert_array_equal(np.asarray(vjp(jnp.asarray(g))[0]), g * mask)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_per_channel_absmax_element_keeps_its_gradient(axis):
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(5, 7, 3)).astype(np.float32) * rng.uniform(0.01, 10, size=(1, 7, 1))
+    s = channel_scale(jnp.asarray(w), axis)
+    assert s.shape == tuple(n if a == axis % 3 else 1 for a, n in enumerate(w.shape))
+    absmax = np.abs(w).max(axis=tuple(a for a in range(3) if a != axis % 3), keepdims=True)
+    np.testing.assert_allclose(np.asarray(s), absmax / 127, rtol=1e-6)
+    g = rng.normal(size=w.shape).astype(np.float32)
+    y, vjp = jax.vjp(lambda v: fake_quant_weight(v, axis), jnp.asarray(w))
+    want, _ = np_fake_quant(w, np.asarray(s), 0.0, -127, 127)
+    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6, atol=1e-7)
+    # every weight lies within its channel's range, the absmax ones exactly at ±127:
+    # all of them pass the gradient (a mask |w| <= 127·s may drop the absmax element)
+    np.testing.assert_array_equal(np.asarray(vjp(jnp.asarray(g))[0]), g)
+    q = np.round(w / np.asarray(s))
+    assert (np.abs(q) == 127).sum() >= w.shape[axis] and np.abs(q).max() == 127
+
+
+def test_values_outside_the_range_get_no_gradient_and_scales_none():
+    x = jnp.array([-10.0, -1.27, -1.0, 0.0, 1.27, 1.2749, 1.3, 10.0])
+    s = jnp.float32(0.01)
+    gx, gs, gz = jax.grad(lambda v, sc, z: fake_quant(v, sc, z, -127, 127).sum(),
+                          argnums=(0, 1, 2))(x, s, jnp.float32(0.0))
+    np.testing.assert_array_equal(np.asarray(gx), [0, 1, 1, 1, 1, 1, 0, 0])
+    assert float(gs) == 0.0 and float(gz) == 0.0
+
+
+def test_composes_with_jit_remat_scan_and_vmap():
+    rng = np.random.default_rng(2)
+    w = jnp.asarray(rng.normal(size=(8, 4)), jnp.float32)
+    x = jnp.asarray(rng.normal(size=(6, 8)), jnp.float32)
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ fake_quant_weight(w, -1)) ** 2)
+
+    ref = jax.grad(loss)(w, x)
+    for f in (jax.jit(jax.grad(loss)), jax.grad(jax.checkpoint(loss))):
+        np.testing.assert_allclose(np.asarray(f(w, x)), np.asarray(ref), rtol=1e-5, atol=1e-6)
+
+    def scanned(w, x):  # a checkpointed scan body, as the remat tiers use
+        body = jax.checkpoint(lambda c, xi: (c + loss(w, xi[None]), None))
+        return jax.lax.scan(body, 0.0, x)[0]
+
+    np.testing.assert_allclose(np.asarray(jax.grad(scanned)(w, x)), np.asarray(ref),
+                               rtol=1e-5, atol=1e-6)
+    per_row = jax.vmap(jax.grad(loss), in_axes=(None, 0))(w, x[:, None])
+    np.testing.assert_allclose(np.asarray(per_row.sum(0)), np.asarray(ref), rtol=1e-5,
+                               atol=1e-6)
