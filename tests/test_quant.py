@@ -79,3 +79,25 @@ def test_composes_with_jit_remat_scan_and_vmap():
     per_row = jax.vmap(jax.grad(loss), in_axes=(None, 0))(w, x[:, None])
     np.testing.assert_allclose(np.asarray(per_row.sum(0)), np.asarray(ref), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_moving_average_observer_and_qparams_by_hand():
+    from tftjax.quant import activation_qparams, init_minmax, observe
+
+    rng = np.random.default_rng(3)
+    batches = [rng.normal(2.0, 1.0, size=(4, 5)).astype(np.float32) for _ in range(5)]
+    stats = init_minmax()
+    lo = hi = None
+    for b in batches:  # the reference, written out
+        lo = b.min() if lo is None else lo + 0.01 * (b.min() - lo)
+        hi = b.max() if hi is None else hi + 0.01 * (b.max() - hi)
+        stats = jax.jit(observe)(stats, jnp.asarray(b))
+    np.testing.assert_allclose([float(stats.min), float(stats.max)], [lo, hi], rtol=1e-6)
+    scale, zp = activation_qparams(stats)
+    lo0, hi0 = min(lo, 0.0), max(hi, 0.0)
+    assert float(scale) == pytest.approx((hi0 - lo0) / 255, rel=1e-6)
+    assert float(zp) == np.clip(-128 - np.round(lo0 / ((hi0 - lo0) / 255)), -128, 127)
+    # the range includes 0, and 0 is exactly representable
+    assert float(fake_quant(jnp.float32(0.0), scale, zp)) == 0.0
+    pos = activation_qparams(observe(init_minmax(), jnp.array([1.0, 3.0])))
+    assert float(pos[1]) == -128 and float(pos[0]) == pytest.approx(3.0 / 255)

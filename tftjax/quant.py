@@ -25,6 +25,7 @@ References:
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -81,3 +82,37 @@ def fake_quant_weight(w: jax.Array, axis: int = -1) -> jax.Array:
     recomputed from ``w`` and not differentiated)."""
     s = jax.lax.stop_gradient(channel_scale(w, axis))
     return fake_quant(w, s, jnp.zeros_like(s), -SYMMETRIC_MAX, SYMMETRIC_MAX)
+
+
+# ----------------------------------------------------------------- activation observers
+class MinMax(NamedTuple):
+    """Moving-average min/max of what an activation has seen (a ``quant_stats`` leaf)."""
+
+    min: jax.Array  # shape=(), float32
+    max: jax.Array  # shape=(), float32
+    seen: jax.Array  # shape=(), bool: False until the first observation
+
+
+def init_minmax() -> MinMax:
+    z = jnp.zeros((), jnp.float32)
+    return MinMax(z, z, jnp.zeros((), bool))
+
+
+def observe(stats: MinMax, x: jax.Array, averaging_constant: float = 0.01) -> MinMax:
+    """PyTorch's ``MovingAverageMinMaxObserver``: the first batch sets min and max, later
+    ones move them by ``averaging_constant`` toward the batch's own min and max."""
+    lo, hi = jnp.min(x).astype(jnp.float32), jnp.max(x).astype(jnp.float32)
+    c = averaging_constant
+    new_min = jnp.where(stats.seen, stats.min + c * (lo - stats.min), lo)
+    new_max = jnp.where(stats.seen, stats.max + c * (hi - stats.max), hi)
+    return MinMax(new_min, new_max, jnp.ones((), bool))
+
+
+def activation_qparams(stats: MinMax, qmin: int = INT8_MIN, qmax: int = INT8_MAX,
+                       eps: float = float(jnp.finfo(jnp.float32).eps)):
+    """Asymmetric ``(scale, zero_point)`` from an observed range that always includes 0 (so
+    zero, e.g. padding or a ReLU's floor, is exact), PyTorch's ``per_tensor_affine``."""
+    lo, hi = jnp.minimum(stats.min, 0.0), jnp.maximum(stats.max, 0.0)
+    scale = jnp.maximum((hi - lo) / (qmax - qmin), eps)
+    zero_point = jnp.clip(qmin - jnp.round(lo / scale), qmin, qmax)
+    return scale, zero_point
