@@ -98,6 +98,15 @@ class TFTConfig:
     # The CLIs take --remat themselves (it also accepts `auto`).
     remat: tyro.conf.Suppress[str] = "off"
     """Rematerialisation tier (tftjax.remat.TIERS)."""
+    qat: bool = False
+    """Quantization-aware training: int8 fake-quant weights (per output channel) and
+    activations (moving-average min/max observers) in the layers --qat-layers names."""
+    qat_freeze_after: int | None = None
+    """Freeze the activation observers after this many training steps (default: never)."""
+    qat_layers: tuple[str, ...] = ("*",)
+    """Layers to quantize, as fnmatch patterns over their paths: Dense modules
+    (e.g. 'attention/*', 'quantiles', 'encoder_vsn/weights/*'), stacked and LSTM kernels
+    ('*_vsn/glu_k', 'lstm_*/w_h'); default: every Dense and stacked/LSTM kernel."""
 
     # Execution settings: they change memory and speed, not the parameters or (beyond
     # float round-off) the results, so a resumed run may change them.
@@ -127,6 +136,11 @@ class TFTConfig:
                 any(math.isclose(q, 0.5) for q in qs) and any(math.isclose(q, 0.9) for q in qs),
             f"vsn_chunk must be >= 1, got {self.vsn_chunk}": self.vsn_chunk >= 1,
             f"remat tier {self.remat!r} is not one of {', '.join(TIERS)}": self.remat in TIERS,
+            f"--qat-freeze-after must be >= 0, got {self.qat_freeze_after}":
+                self.qat_freeze_after is None or self.qat_freeze_after >= 0,
+            "--qat-freeze-after and --qat-layers need --qat":
+                self.qat or (self.qat_freeze_after is None and tuple(self.qat_layers) == ("*",)),
+            "--qat-layers must name at least one pattern": len(self.qat_layers) > 0,
         }, "model config")  # fmt: skip
 
     @property
@@ -140,7 +154,13 @@ class TFTConfig:
     def from_json(cls, d: dict) -> "TFTConfig":
         d = dict(d)
         d["quantiles"] = tuple(d["quantiles"])
+        if "qat_layers" in d:
+            d["qat_layers"] = tuple(d["qat_layers"])
         return cls(**d)
+
+    def float_twin(self) -> "TFTConfig":
+        """The same model without quantization (what ``--init-from`` compares)."""
+        return dataclasses.replace(self, qat=False, qat_freeze_after=None, qat_layers=("*",))
 
 
 PRESETS = {
@@ -180,6 +200,9 @@ class TrainConfig:
     """Cap the steps of an epoch (default: every training window once)."""
     eval_batch_size: int = 256
     """Windows per evaluation batch."""
+    init_from: str | None = None
+    """Start from the weights of this checkpoint or run folder (its final checkpoint): the
+    same model and data, e.g. a float run to fine-tune with --qat."""
 
     def __post_init__(self) -> None:
         check({

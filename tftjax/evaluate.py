@@ -6,6 +6,12 @@ naive baselines. The data is the file the run was trained on, found relative
 to the run folder or at its recorded path and checked against its content
 hash (a missing or changed file is refused); ``--parquet-file`` evaluates on
 another file on purpose, with the training statistics.
+
+``--int8`` adds the int8 inference path (int8 operands, int32 accumulation) beside
+the float weights run without quantization: for a ``--qat`` checkpoint as
+trained, for a float one with ``--calibrate N`` (post-training quantization on
+N training batches). DIR may also be a folder written by ``python -m
+tftjax.export`` (its int8 model beside its float32 weights).
 """
 
 from __future__ import annotations
@@ -23,10 +29,16 @@ class Args:
     """Evaluate a TFT checkpoint on the test split."""
 
     checkpoint: Path
-    """A checkpoint directory, e.g. runs/tft/checkpoints/tft_final_epoch10."""
+    """A checkpoint directory (runs/tft/run_001/checkpoints/tft_final_epoch10), a run folder
+    (its final checkpoint) or an export folder."""
     parquet_file: Path | None = None
     """Evaluate on this file instead of the training data (with the training statistics)."""
     split: Literal["train", "val", "test"] = "test"
+    int8: bool = False
+    """Also run the int8 inference path (a --qat checkpoint, or a float one with --calibrate)."""
+    calibrate: int = 0
+    """Post-training quantization of a float checkpoint: calibrate the int8 activation ranges
+    on this many training batches (with --int8)."""
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -35,7 +47,12 @@ def run(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, prog="python -m tftjax.evaluate")
     from tftjax.train_lib import evaluate_checkpoint
 
-    evaluate_checkpoint(args.checkpoint, args.parquet_file, args.split)
+    if args.calibrate < 0:
+        from tftjax.errors import ConfigError
+
+        raise ConfigError(f"--calibrate must be >= 0, got {args.calibrate}")
+    evaluate_checkpoint(args.checkpoint, args.parquet_file, args.split, int8=args.int8,
+                        calibrate_batches=args.calibrate)
     return 0
 
 

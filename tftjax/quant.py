@@ -24,8 +24,10 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -67,45 +69,66 @@ def _fake_quant_bwd(qmin, qmax, res, g):
 fake_quant.defvjp(_fake_quant_fwd, _fake_quant_bwd)
 
 
-def channel_scale(w: jax.Array, axis: int = -1, qmax: int = SYMMETRIC_MAX,
+def channel_scale(w: jax.Array, axis: int | tuple[int, ...] = -1, qmax: int = SYMMETRIC_MAX,
                   eps: float = 1e-12) -> jax.Array:
-    """Symmetric per-channel scales ``absmax / qmax`` along ``axis`` (kept as a size-1 axis
-    elsewhere, so the result broadcasts against ``w``). An all-zero channel gets ``eps``."""
-    axis = axis % w.ndim
-    others = tuple(a for a in range(w.ndim) if a != axis)
+    """Symmetric per-channel scales ``absmax / qmax`` with one scale per index of the kept
+    ``axis`` (an int or a tuple: e.g. ``(0, 2)`` for a stacked ``[m, in, out]`` kernel);
+    the other axes are reduced and kept with size 1, so the result broadcasts against
+    ``w``. An all-zero channel gets ``eps``."""
+    kept = {a % w.ndim for a in ((axis,) if isinstance(axis, int) else axis)}
+    others = tuple(a for a in range(w.ndim) if a not in kept)
     absmax = jnp.max(jnp.abs(w), axis=others, keepdims=True)
     return jnp.maximum(absmax / qmax, eps)
 
 
-def fake_quant_weight(w: jax.Array, axis: int = -1) -> jax.Array:
+def fake_quant_weight(w: jax.Array, axis: int | tuple[int, ...] = -1) -> jax.Array:
     """int8 symmetric per-output-channel fake quantization of a weight (absmax scales,
     recomputed from ``w`` and not differentiated)."""
     s = jax.lax.stop_gradient(channel_scale(w, axis))
     return fake_quant(w, s, jnp.zeros_like(s), -SYMMETRIC_MAX, SYMMETRIC_MAX)
 
 
+def quantize_weight(w: jax.Array, axis: int | tuple[int, ...] = -1):
+    """``(int8 weight, float32 scale)`` with ``w ≈ q · scale``, the same grid as
+    :func:`fake_quant_weight` (so ``q · scale == fake_quant_weight(w)`` exactly)."""
+    s = channel_scale(w, axis)
+    q = jnp.clip(jnp.round(w / s), -SYMMETRIC_MAX, SYMMETRIC_MAX).astype(jnp.int8)
+    return q, s.astype(jnp.float32)
+
+
 # ----------------------------------------------------------------- activation observers
 class MinMax(NamedTuple):
-    """Moving-average min/max of what an activation has seen (a ``quant_stats`` leaf)."""
+    """Moving-average min/max of what an activation has seen (a ``quant_stats`` leaf).
 
-    min: jax.Array  # shape=(), float32
-    max: jax.Array  # shape=(), float32
-    seen: jax.Array  # shape=(), bool: False until the first observation
+    Scalars for a per-tensor observer, ``[m]`` for one observer per variable of a
+    stacked layer (the observed tensor's leading axes match the stats' shape)."""
 
-
-def init_minmax() -> MinMax:
-    z = jnp.zeros((), jnp.float32)
-    return MinMax(z, z, jnp.zeros((), bool))
+    min: jax.Array  # float32
+    max: jax.Array  # float32
+    count: jax.Array  # int32: observations so far (one per training step)
 
 
-def observe(stats: MinMax, x: jax.Array, averaging_constant: float = 0.01) -> MinMax:
+def init_minmax(shape: tuple[int, ...] = ()) -> MinMax:
+    z = jnp.zeros(shape, jnp.float32)
+    return MinMax(z, z, jnp.zeros(shape, jnp.int32))
+
+
+def observe(stats: MinMax, x: jax.Array, averaging_constant: float = 0.01,
+            freeze_after: int | None = None) -> MinMax:
     """PyTorch's ``MovingAverageMinMaxObserver``: the first batch sets min and max, later
-    ones move them by ``averaging_constant`` toward the batch's own min and max."""
-    lo, hi = jnp.min(x).astype(jnp.float32), jnp.max(x).astype(jnp.float32)
-    c = averaging_constant
-    new_min = jnp.where(stats.seen, stats.min + c * (lo - stats.min), lo)
-    new_max = jnp.where(stats.seen, stats.max + c * (hi - stats.max), hi)
-    return MinMax(new_min, new_max, jnp.ones((), bool))
+    ones move them by ``averaging_constant`` toward the batch's own min and max. After
+    ``freeze_after`` observations the statistics stop moving (``None``: never)."""
+    axes = tuple(range(stats.min.ndim, x.ndim))  # stats' leading axes are per-channel
+    lo = jnp.min(x, axis=axes).astype(jnp.float32)
+    hi = jnp.max(x, axis=axes).astype(jnp.float32)
+    c, first = averaging_constant, stats.count == 0
+    new_min = jnp.where(first, lo, stats.min + c * (lo - stats.min))
+    new_max = jnp.where(first, hi, stats.max + c * (hi - stats.max))
+    if freeze_after is None:
+        return MinMax(new_min, new_max, stats.count + 1)
+    active = stats.count < freeze_after
+    return MinMax(jnp.where(active, new_min, stats.min), jnp.where(active, new_max, stats.max),
+                  stats.count + active.astype(jnp.int32))
 
 
 def activation_qparams(stats: MinMax, qmin: int = INT8_MIN, qmax: int = INT8_MAX,
@@ -116,3 +139,141 @@ def activation_qparams(stats: MinMax, qmin: int = INT8_MIN, qmax: int = INT8_MAX
     scale = jnp.maximum((hi - lo) / (qmax - qmin), eps)
     zero_point = jnp.clip(qmin - jnp.round(lo / scale), qmin, qmax)
     return scale, zero_point
+
+
+def quantize_activation(x: jax.Array, scale: jax.Array, zero_point: jax.Array) -> jax.Array:
+    """int8 ``clip(round(x / s) + zp, -128, 127)``: the integers :func:`fake_quant` uses."""
+    return jnp.clip(jnp.round(x / scale) + zero_point, INT8_MIN, INT8_MAX).astype(jnp.int8)
+
+
+# ----------------------------------------------------------------- quantized layers
+# Every quantizable weight of the TFT by its parameter name, with the axes kept by its
+# per-output-channel scale: Dense kernels [in, out] and LSTM kernels [in, 4d] (out), the
+# stacked per-variable kernels [m, in, out] (variable and out) and the per-variable
+# embeddings [m, d_v] (one scale per variable: their input is one scalar).
+KERNEL_AXES = {"kernel": (1,), "w_i": (1,), "w_h": (1,), "emb_k": (0,), "fc2_k": (0, 2),
+               "fc1_k": (0, 2), "glu_k": (0, 2), "skip_k": (0, 2)}
+DEFAULT_LAYERS = ("*",)
+MODES = ("float", "fake", "int8")
+
+
+def layer_name(module_path: tuple[str, ...] | str, param: str) -> str:
+    """The name a ``--qat-layers`` pattern matches: the Dense module's path
+    (``encoder_vsn/weights/glu/proj``), or module path / parameter for the stacked and
+    LSTM kernels (``encoder_vsn/glu_k``, ``lstm_encoder/w_h``)."""
+    path = module_path if isinstance(module_path, str) else "/".join(module_path)
+    return path if param == "kernel" else f"{path}/{param}"
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantSpec:
+    """How a model quantizes (static, hashable: part of the module's attributes).
+
+    mode: ``fake`` (QAT / calibration: fake-quant weights and activations, float
+    arithmetic) or ``int8`` (int8 operands, int32 accumulation; kernels are int8
+    parameters with their scales in the ``weight_scale`` collection).
+    layers: fnmatch patterns over :func:`layer_name`; a matching layer is quantized.
+    """
+
+    mode: str = "fake"
+    layers: tuple[str, ...] = DEFAULT_LAYERS
+    freeze_after: int | None = None
+    averaging_constant: float = 0.01
+
+    def covers(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for p in self.layers)
+
+
+def covered(quant: QuantSpec | None, module_path, param: str) -> bool:
+    return quant is not None and quant.covers(layer_name(module_path, param))
+
+
+def observer(mod: Any, param: str, x: jax.Array, quant: QuantSpec, *, update: bool = True,
+             shape: tuple[int, ...] = ()) -> MinMax:
+    """The ``quant_stats`` observer of the input of ``param`` in module ``mod``, updated
+    with ``x`` when the collection is mutable (a training or calibration step; never at
+    init, never in evaluation) and ``update``. Returns the statistics to quantize with."""
+    v = mod.variable("quant_stats", f"{param}_in", init_minmax, shape)
+    if update and mod.is_mutable_collection("quant_stats") and not mod.is_initializing():
+        v.value = observe(v.value, x, quant.averaging_constant, quant.freeze_after)
+    return v.value
+
+
+def weight(mod: Any, param: str, w: jax.Array, quant: QuantSpec):
+    """A covered kernel for the forward pass: ``fake``: the fake-quantized float weight;
+    ``int8``: ``(int8 weight, scale)`` with the scale from the ``weight_scale`` collection."""
+    axes = KERNEL_AXES[param]
+    if quant.mode == "fake":
+        return fake_quant_weight(w, axes)
+    if w.dtype != jnp.int8:
+        raise ValueError(f"{layer_name(mod.path, param)}: int8 mode needs int8 kernels "
+                         "(tftjax.quant.int8_variables)")
+    return w, mod.get_variable("weight_scale", param)
+
+
+def dequantize(wq) -> jax.Array:
+    """Weight-only use of an int8 kernel (inputs that are one scalar per variable)."""
+    q, s = wq
+    return q.astype(jnp.float32) * s
+
+
+def dense(mod: Any, param: str, x: jax.Array, w: jax.Array, quant: QuantSpec | None) -> jax.Array:
+    """``x @ w`` over the last axis of ``x`` and the first of ``w``, quantized when
+    ``quant`` covers the layer: ``fake``: ``fq(x) @ fq(w)``; ``int8``: int8 operands,
+    int32 accumulation, rescaled after."""
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    if not covered(quant, mod.path, param):
+        return jax.lax.dot_general(x, w, dims)
+    s, zp = activation_qparams(observer(mod, param, x, quant))
+    if quant.mode == "fake":
+        return jax.lax.dot_general(fake_quant(x, s, zp), weight(mod, param, w, quant), dims)
+    qw, sw = weight(mod, param, w, quant)
+    return int8_dense(quantize_activation(x, s, zp), s, zp, qw, sw)
+
+
+def int8_dense(qx, s, zp, qw, sw) -> jax.Array:
+    """``Σ_i s(qx_i − zp) · sw_j qw_ij`` as ``s·sw_j (qx·qw − zp Σ_i qw_ij)`` in int32."""
+    acc = jax.lax.dot_general(qx, qw, (((qx.ndim - 1,), (0,)), ((), ())),
+                              preferred_element_type=jnp.int32)
+    corr = zp.astype(jnp.int32) * qw.astype(jnp.int32).sum(0)
+    return (acc - corr).astype(jnp.float32) * (s * sw.reshape(-1))
+
+
+def int8_bmm(qx, s, zp, qw, sw) -> jax.Array:
+    """Per-variable ``[m, N, i] × [m, i, o]`` with per-variable activation qparams ``[m]``
+    and weight scales ``[m, 1, o]``: int8 operands, int32 accumulation."""
+    acc = jax.lax.dot_general(qx, qw, (((2,), (1,)), ((0,), (0,))),
+                              preferred_element_type=jnp.int32)
+    corr = zp.astype(jnp.int32)[:, None, None] * qw.astype(jnp.int32).sum(1, keepdims=True)
+    return (acc - corr).astype(jnp.float32) * (s[:, None, None] * sw)
+
+
+# ----------------------------------------------------------------- int8 parameters
+def int8_variables(params: dict, quant: QuantSpec) -> dict:
+    """``{"params": ..., "weight_scale": ...}`` for ``mode="int8"``: every covered kernel
+    becomes int8 with its per-channel scale (the same grid as the fake-quant forward);
+    everything else stays float."""
+    scales: dict = {}
+
+    def convert(path, leaf):
+        keys = tuple(k.key for k in path)
+        if keys[-1] in KERNEL_AXES and quant.covers(layer_name(keys[:-1], keys[-1])):
+            q, s = quantize_weight(leaf, KERNEL_AXES[keys[-1]])
+            node = scales
+            for k in keys[:-1]:
+                node = node.setdefault(k, {})
+            node[keys[-1]] = s
+            return q
+        return leaf
+
+    qparams = jax.tree_util.tree_map_with_path(convert, params)
+    return {"params": qparams, "weight_scale": scales}
+
+
+def unobserved(quant_stats: dict) -> list[str]:
+    """Paths of observers that never saw data (their range would quantize everything to 0)."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(quant_stats)[0]:
+        if getattr(path[-1], "name", None) == "count" and int(jnp.min(leaf)) == 0:
+            out.append("/".join(str(getattr(k, "key", "")) for k in path[:-1]))
+    return out

@@ -12,24 +12,27 @@ device inside the step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import struct
 from flax.training import train_state
 
 from tftjax import losses, runloop
-from tftjax.checkpoints import read_meta, restore_state
+from tftjax.checkpoints import list_checkpoints, read_meta, restore_state
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import (DataError, Dataset, DeviceData, FeatureStats, epoch_batches,
                          find_data_file, gather, load_dataset, to_device)
-from tftjax.models.tft import TFT, init_params
+from tftjax.models.tft import TFT, init_variables, quant_spec
+from tftjax.quant import int8_variables, unobserved
 from tftjax.remat import plan as remat_plan
 from tftjax.runloop import TrainingDiverged
 
@@ -41,7 +44,16 @@ Array = jax.Array
 
 
 class TrainState(train_state.TrainState):
-    """``step``, ``params``, ``opt_state`` (pytree) plus static ``apply_fn``/``tx``."""
+    """``step``, ``params``, ``opt_state``, ``quant_stats`` (pytrees) plus static
+    ``apply_fn``/``tx``. ``quant_stats``: the QAT activation observers (empty for a float
+    model), updated by every training step and checkpointed with the rest."""
+
+    quant_stats: Any = struct.field(default_factory=dict)
+
+    def variables(self) -> dict:
+        """The Flax variables to evaluate with."""
+        return {"params": self.params, **({"quant_stats": self.quant_stats}
+                                          if self.quant_stats else {})}
 
 
 def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
@@ -61,14 +73,18 @@ def _apply_fn(cfg: TFTConfig):
 
 
 def create_train_state(cfg: TFTConfig, tc: TrainConfig, key: Array) -> TrainState:
-    params = init_params(cfg, key)
-    return TrainState.create(apply_fn=_apply_fn(cfg), params=params, tx=make_optimizer(tc))
+    variables = init_variables(cfg, key)
+    return TrainState.create(apply_fn=_apply_fn(cfg), params=variables["params"],
+                             quant_stats=variables.get("quant_stats", {}), tx=make_optimizer(tc))
 
 
-def _loss_fn(params, apply_fn, batch, mask, quantiles, dropout_key):
-    pred, _ = apply_fn({"params": params}, batch.static, batch.historical, batch.known, False,
-                       rngs={"dropout": dropout_key})
-    return losses.quantile_loss(batch.target, pred, quantiles, mask)
+def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key):
+    # quant_stats is mutable: the observers move with this batch (once, in the forward
+    # pass: a rematerialised block's recomputation only rebuilds residuals) and come back.
+    (pred, _), updated = apply_fn({"params": params, "quant_stats": quant_stats},
+                                  batch.static, batch.historical, batch.known, False,
+                                  rngs={"dropout": dropout_key}, mutable=["quant_stats"])
+    return losses.quantile_loss(batch.target, pred, quantiles, mask), updated.get("quant_stats", {})
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,9 +96,9 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None) -> Callabl
         mask = batch_idx >= 0
         batch = gather(data, jnp.maximum(batch_idx, 0), cfg.encoder_steps, cfg.decoder_steps)
         dropout_key = jax.random.fold_in(key, state.step)
-        loss, grads = jax.value_and_grad(_loss_fn)(state.params, state.apply_fn, batch, mask,
-                                                   quantiles, dropout_key)
-        new_state = state.apply_gradients(grads=grads)
+        (loss, stats), grads = jax.value_and_grad(_loss_fn, has_aux=True)(
+            state.params, state.quant_stats, state.apply_fn, batch, mask, quantiles, dropout_key)
+        new_state = state.apply_gradients(grads=grads, quant_stats=stats)
         return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
                            "count": mask.sum()}
 
@@ -94,17 +110,17 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None) -> Callabl
 
 
 @functools.lru_cache(maxsize=None)
-def make_eval_step(cfg: TFTConfig) -> Callable:
-    """Jitted ``(params, data, batch_idx) -> (MetricSums, predictions, interpretation)``."""
+def make_eval_step(cfg: TFTConfig, mode: str | None = None) -> Callable:
+    """Jitted ``(variables, data, batch_idx) -> (MetricSums, predictions, interpretation)``;
+    ``mode``: float, fake (-quant) or int8 arithmetic (default: the config's own)."""
     quantiles = np.asarray(cfg.quantiles, np.float32)
-    model = TFT(cfg)
+    model = TFT(cfg, mode)
 
     @jax.jit
-    def step(params, data: DeviceData, batch_idx: Array):
+    def step(variables, data: DeviceData, batch_idx: Array):
         mask = batch_idx >= 0
         batch = gather(data, jnp.maximum(batch_idx, 0), cfg.encoder_steps, cfg.decoder_steps)
-        pred, interp = model.apply({"params": params}, batch.static, batch.historical,
-                                   batch.known, True)
+        pred, interp = model.apply(variables, batch.static, batch.historical, batch.known, True)
         return losses.metric_sums(batch.target, pred, quantiles, mask), pred, interp
 
     return step
@@ -121,27 +137,58 @@ class Trainer:
                  max_traces: int | None = None):
         self.cfg, self.tc, self.data = cfg, tc, data
         self._train = make_train_step(cfg, max_traces=max_traces)
-        self._eval = make_eval_step(cfg)
 
     def train_step(self, state: TrainState, batch_idx, key):
         return self._train(state, self.data, jnp.asarray(batch_idx, jnp.int32), key)
 
-    def evaluate(self, params, starts: np.ndarray) -> dict[str, float]:
+    def evaluate(self, variables, starts: np.ndarray, mode: str | None = None) -> dict[str, float]:
+        """Loss and q-risk over the windows at ``starts``; ``variables``: a Flax variables
+        dict (or bare params), ``mode``: see :func:`model_variables`."""
+        step, variables = make_eval_step(self.cfg, mode), model_variables(self.cfg, variables, mode)
         total = None
         for idx in _eval_batches(starts, self.tc.eval_batch_size):
-            sums, _, _ = self._eval(params, self.data, idx)
+            sums, _, _ = step(variables, self.data, idx)
             total = sums if total is None else losses.add(total, sums)
         return losses.finalize(total)
 
-    def predict(self, params, starts: np.ndarray):
+    def predict(self, variables, starts: np.ndarray, mode: str | None = None):
         """Predictions ``[n, T_d, Q]`` and interpretation for windows at ``starts``."""
+        step, variables = make_eval_step(self.cfg, mode), model_variables(self.cfg, variables, mode)
         preds, interps = [], []
         for idx in _eval_batches(starts, self.tc.eval_batch_size):
-            _, pred, interp = self._eval(params, self.data, idx)
+            _, pred, interp = step(variables, self.data, idx)
             keep = np.asarray(idx) >= 0
             preds.append(np.asarray(pred)[keep])
             interps.append(jax.tree.map(lambda x: np.asarray(x)[keep], interp))
         return np.concatenate(preds), jax.tree.map(lambda *xs: np.concatenate(xs), *interps)
+
+
+def model_variables(cfg: TFTConfig, variables: dict, mode: str | None = None) -> dict:
+    """The variables a TFT of ``cfg`` runs with in ``mode`` (``None``: the config's own;
+    ``float``; ``fake``: fake-quant; ``int8``: int8 kernels, converted here from float ones
+    unless they already are). ``variables`` may be bare params (a float model).
+
+    Raises:
+      ConfigError: a quantized mode whose activation observers never saw data (train with
+        --qat or calibrate first: their range would quantize everything to zero).
+    """
+    if "params" not in variables:
+        variables = {"params": variables}
+    spec = quant_spec(cfg, mode)
+    if spec is None:
+        return {"params": variables["params"]}
+    stats = variables.get("quant_stats")
+    if not stats or unobserved(stats):
+        raise ConfigError(f"{spec.mode} inference needs observed activation ranges: train with "
+                          "--qat, or calibrate a float model (--calibrate N)")
+    if spec.mode == "int8" and "weight_scale" not in variables:
+        variables = {**_to_int8(variables["params"], spec), "quant_stats": stats}
+    return variables
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _to_int8(params, spec):
+    return int8_variables(params, spec)
 
 
 def _eval_batches(starts: np.ndarray, batch_size: int):
@@ -171,8 +218,9 @@ class TFTTask:
     may_change = ("train.epochs",) + tuple(f"model.{f}" for f in TFTConfig.EXECUTION_FIELDS)
 
     def __init__(self, cfg: TFTConfig, tc: TrainConfig, ds: Dataset, workdir: Path, *,
-                 progress: bool = True, profile_dir: str | None = None, log: Callable = print):
-        self.cfg, self.tc, self.ds, self.log = cfg, tc, ds, log
+                 progress: bool = True, profile_dir: str | None = None,
+                 init: "Initial | None" = None, log: Callable = print):
+        self.cfg, self.tc, self.ds, self.log, self.init = cfg, tc, ds, log, init
         self.epochs, self.patience = tc.epochs, tc.patience
         self.progress, self.profile_dir = progress, profile_dir
         self.trainer = Trainer(cfg, tc, to_device(ds.features))
@@ -190,7 +238,12 @@ class TFTTask:
         return {"feature_stats": self.ds.features.stats.to_json()}
 
     def init_state(self) -> TrainState:
-        return create_train_state(self.cfg, self.tc, jax.random.key(self.tc.seed))
+        state = create_train_state(self.cfg, self.tc, jax.random.key(self.tc.seed))
+        if self.init is not None:
+            self.log(self.init.note)
+            state = state.replace(params=self.init.params,
+                                  quant_stats=self.init.quant_stats or state.quant_stats)
+        return state
 
     def abstract_state(self):
         return jax.eval_shape(lambda k: create_train_state(self.cfg, self.tc, k),
@@ -202,7 +255,11 @@ class TFTTask:
         return ((note + "\n" if note else "")
                 + f"TFT {n:,} parameters; {len(ds.bars):,} bars from {ds.bars.path}; windows "
                 f"train {ds.splits.train.size:,} / val {ds.splits.val.size:,} / test "
-                f"{ds.splits.test.size:,}; remat={self.cfg.remat}, batch {self.tc.batch_size}")
+                f"{ds.splits.test.size:,}; remat={self.cfg.remat}, batch {self.tc.batch_size}"
+                + (f"; QAT (int8 fake-quant of {', '.join(self.cfg.qat_layers)}"
+                   + (f", observers frozen after {self.cfg.qat_freeze_after} steps)"
+                      if self.cfg.qat_freeze_after is not None else ")")
+                   if self.cfg.qat else ""))
 
     def train_epoch(self, state: TrainState, epoch: int):
         """One pass over the training windows.
@@ -278,7 +335,7 @@ class TFTTask:
     def validate(self, state: TrainState) -> dict:
         if self.ds.splits.val.size == 0:
             return {"val_loss": None}
-        val = self.trainer.evaluate(state.params, self.ds.splits.val)
+        val = self.trainer.evaluate(state.variables(), self.ds.splits.val)
         return {"val_loss": val["loss"], "val_q_risk_50": val["q_risk_50"],
                 "val_q_risk_90": val["q_risk_90"]}
 
@@ -292,12 +349,15 @@ class TFTTask:
                 + (f"; train step compiled in {m['compile_s']:.1f} s)" if "compile_s" in m else ")"))
 
     def summarize(self, state: TrainState, workdir: Path, history: list[dict]):
-        summary = summarize(self.trainer, state.params, self.ds, self.cfg)
+        summary = summarize(self.trainer, state.variables(), self.ds, self.cfg)
         summary["parameters"] = sum(x.size for x in jax.tree.leaves(state.params))
+        if self.init is not None:
+            summary["init_from"] = self.init.source
         try:
             from tftjax import plots
 
-            plots.training_plots(workdir, history, self.trainer, state.params, self.ds, self.cfg)
+            plots.training_plots(workdir, history, self.trainer, state.variables(), self.ds,
+                                 self.cfg)
         except Exception as e:  # plots must never lose a finished run
             self.log(f"warning: plots not written ({type(e).__name__}: {e})")
         return summary, format_summary(summary)
@@ -341,78 +401,247 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
                 if path is None:
                     path = find_data_file(saved["identity"]["data"], workdir)
             ds = load_dataset(path, cfg.data, stats=stats)
-        return TFTTask(cfg, tc, ds, workdir, progress=progress, profile_dir=profile_dir, log=log)
+        init = None
+        if saved is None and tc.init_from:  # on resume the run's own checkpoint has them
+            init = initial_weights(tc.init_from, cfg, ds)
+        return TFTTask(cfg, tc, ds, workdir, progress=progress, profile_dir=profile_dir,
+                       init=init, log=log)
 
     return runloop.run(make_task, workdir, kind="tft", resume=resume, progress=progress,
                        callback=callback, log=log)
 
 
-def evaluate_checkpoint(checkpoint: str | Path, parquet_file: str | Path | None = None,
-                        split: str = "test", log: Callable = print) -> dict:
-    """Metrics of a saved TFT on one split, beside the naive baselines.
+class Checkpoint(NamedTuple):
+    path: Path
+    meta: dict
+    cfg: TFTConfig
+    tc: TrainConfig
 
-    The weights, model and training config and the feature statistics come
-    from the checkpoint. The data is the file the run was trained on (found
-    relative to the run folder or at its recorded path, and refused when its
-    content hash changed), or ``parquet_file`` on purpose, featurised with the
-    *training* statistics.
+
+def open_checkpoint(path: str | Path, flag: str = "--checkpoint") -> Checkpoint:
+    """A TFT checkpoint's metadata and configs: ``path`` is a checkpoint directory or a run
+    folder (its newest final checkpoint: the best epoch's weights).
 
     Raises:
-      DataError: no checkpoint, not a TFT checkpoint, or the data is missing or changed.
+      DataError: missing, unreadable, not a TFT checkpoint, or from an older tftjax.
     """
-    checkpoint = Path(checkpoint)
-    if not checkpoint.is_dir():
-        raise DataError(f"{checkpoint}: no such checkpoint directory")
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"{flag} {path}: no such checkpoint or run folder")
+    if (path / "checkpoints").is_dir():
+        finals = [n for n in list_checkpoints(path / "checkpoints") if "_final_epoch" in n]
+        if not finals:
+            raise DataError(f"{flag} {path}: the run has no final checkpoint yet (name one of "
+                            f"its epoch checkpoints under {path / 'checkpoints'})")
+        path = path / "checkpoints" / finals[-1]
     try:
-        meta = read_meta(checkpoint)
+        meta = read_meta(path)
     except Exception as e:  # orbax raises several types for a folder that is not a checkpoint
-        raise DataError(f"{checkpoint}: not a readable tftjax checkpoint ({type(e).__name__})") from None
+        raise DataError(f"{flag} {path}: not a readable tftjax checkpoint "
+                        f"({type(e).__name__})") from None
     if meta.get("kind") != "tft":
-        raise DataError(f"{checkpoint}: not a TFT checkpoint (kind {meta.get('kind')!r})")
+        raise DataError(f"{flag} {path}: not a TFT checkpoint (kind {meta.get('kind')!r})")
     try:
         cfg = TFTConfig.from_json(meta["identity"]["model"])
         tc = TrainConfig.from_json(meta["identity"]["train"])
-        recorded = meta["identity"]["data"]
-        stats = FeatureStats.from_json(meta["feature_stats"])
-    except (KeyError, TypeError):
-        raise DataError(f"{checkpoint}: written by an older tftjax (no data identity in its "
+        meta["identity"]["data"]["sha256"], meta["feature_stats"]
+    except (KeyError, TypeError, ConfigError):
+        raise DataError(f"{flag} {path}: written by an older tftjax (no data identity in its "
                         "metadata)") from None
-    run_dir = checkpoint.resolve().parent.parent  # RUN/checkpoints/NAME
+    return Checkpoint(path, meta, cfg, tc)
+
+
+def restore_checkpoint(ck: Checkpoint) -> TrainState:
+    return restore_state(ck.path, jax.eval_shape(
+        lambda k: create_train_state(ck.cfg, ck.tc, k), jax.random.key(0)))
+
+
+class Initial(NamedTuple):
+    """Weights a run starts from (``--init-from``)."""
+
+    params: Any
+    quant_stats: Any  # the source's observers when it is a QAT run of the same layers, else None
+    source: dict
+    note: str
+
+
+def initial_weights(init_from: str | Path, cfg: TFTConfig, ds: Dataset) -> Initial:
+    """The weights of ``--init-from`` (a float or QAT checkpoint / run folder) for a run of
+    ``cfg`` on ``ds``: the same model (quantization and execution settings aside) trained on
+    the same data, else ConfigError naming what differs."""
+    try:
+        ck = open_checkpoint(init_from, "--init-from")
+    except DataError as e:
+        raise ConfigError(str(e)) from None
+    skip = TFTConfig.EXECUTION_FIELDS
+    diff = runloop.identity_diff({k: v for k, v in ck.cfg.float_twin().to_json().items()
+                                  if k not in skip},
+                                 {k: v for k, v in cfg.float_twin().to_json().items()
+                                  if k not in skip})
+    if diff:
+        raise ConfigError(f"--init-from {ck.path}: another model than this run's: "
+                          + "; ".join(diff).replace("in the checkpoint", "there"))
+    src, now = ck.meta["identity"]["data"], ds.identity()
+    if src.get("sha256") != now["sha256"]:
+        raise ConfigError(f"--init-from {ck.path}: trained on {src.get('file')} (sha256 "
+                          f"{str(src.get('sha256'))[:12]}…), this run reads {now['file']} (sha256 "
+                          f"{now['sha256'][:12]}…): fine-tune on the data the weights were "
+                          "trained on")
+    state = restore_checkpoint(ck)
+    same_quant = ck.cfg.qat and cfg.qat and tuple(ck.cfg.qat_layers) == tuple(cfg.qat_layers)
+    source = {"checkpoint": str(ck.path), "weights_epoch": ck.meta.get("weights_epoch"),
+              "qat": ck.cfg.qat}
+    kind = "QAT" if ck.cfg.qat else "float"
+    note = (f"initialised from the {kind} weights of {ck.path} (epoch "
+            f"{ck.meta.get('weights_epoch')})" + ("" if same_quant or not cfg.qat
+                                                  else "; activation observers start empty"))
+    return Initial(state.params, state.quant_stats if same_quant else None, source, note)
+
+
+@functools.lru_cache(maxsize=None)
+def _calibrate_step(cfg: TFTConfig):
+    model = TFT(cfg, "fake")
+
+    @jax.jit
+    def step(variables, data: DeviceData, batch_idx: Array):
+        batch = gather(data, batch_idx, cfg.encoder_steps, cfg.decoder_steps)
+        _, updated = model.apply(variables, batch.static, batch.historical, batch.known, True,
+                                 mutable=["quant_stats"])
+        return updated["quant_stats"]
+
+    return step
+
+
+def calibrate(cfg: TFTConfig, params, data: DeviceData, starts: np.ndarray, batches: int,
+              batch_size: int, seed: int = 0) -> tuple[TFTConfig, dict]:
+    """Post-training quantization: observers of a float model's layers (``cfg.qat_layers``)
+    calibrated on ``batches`` shuffled full batches of the windows at ``starts`` (training
+    windows; cycled if there are fewer), no training. Returns the quantized config and its
+    ``quant_stats``."""
+    qcfg = dataclasses.replace(cfg, qat=True)
+    stats = init_variables(qcfg, jax.random.key(0))["quant_stats"]
+    idx, mask = epoch_batches(starts, batch_size, seed=seed, epoch=1)
+    full = [i for i, m in zip(idx, mask) if m.all()] or [np.resize(idx[0][mask[0]], batch_size)]
+    step = _calibrate_step(qcfg)
+    for b in range(batches):
+        stats = step({"params": params, "quant_stats": stats}, data,
+                     jnp.asarray(full[b % len(full)], jnp.int32))
+    return qcfg, stats
+
+
+def evaluate_checkpoint(checkpoint: str | Path, parquet_file: str | Path | None = None,
+                        split: str = "test", *, int8: bool = False, calibrate_batches: int = 0,
+                        log: Callable = print) -> dict:
+    """Metrics of a saved TFT on one split, beside the naive baselines.
+
+    The weights, model and training config and the feature statistics come
+    from the checkpoint (or an exported folder, :mod:`tftjax.export`). The data
+    is the file the run was trained on (found relative to the run folder or at
+    its recorded path, and refused when its content hash changed), or
+    ``parquet_file`` on purpose, featurised with the *training* statistics.
+    ``int8``: also the int8 inference path (and the float weights without
+    quantization) of a QAT checkpoint, or of a float one calibrated on
+    ``calibrate_batches`` training batches (PTQ). An int8 export is evaluated as
+    int8 beside its float32 weights.
+
+    Raises:
+      DataError: no checkpoint, not a TFT checkpoint, or the data is missing or changed.
+      ConfigError: ``int8`` of a float checkpoint without calibration, and the like.
+    """
+    from tftjax import export
+
+    checkpoint = Path(checkpoint)
+    if calibrate_batches and not int8:
+        raise ConfigError("--calibrate needs --int8 (it calibrates the int8 activation ranges)")
+    exp = None
+    if export.is_export(checkpoint):
+        exp = export.load(checkpoint)
+        cfg, tc, recorded, stats = exp.cfg, TrainConfig(), exp.data, exp.feature_stats
+        variables, run_dir = exp.variables, checkpoint
+        weights_epoch = exp.source.get("weights_epoch")
+        what = f"{checkpoint} (export of {exp.source.get('checkpoint')}, epoch {weights_epoch})"
+        if calibrate_batches:
+            raise ConfigError(f"{checkpoint} is an export: calibrate when exporting "
+                              "(python -m tftjax.export --calibrate N)")
+    else:
+        ck = open_checkpoint(checkpoint)
+        cfg, tc, recorded = ck.cfg, ck.tc, ck.meta["identity"]["data"]
+        stats = FeatureStats.from_json(ck.meta["feature_stats"])
+        weights_epoch = ck.meta.get("weights_epoch")
+        what = f"{ck.path} (weights of epoch {weights_epoch})"
+        run_dir = ck.path.resolve().parent.parent  # RUN/checkpoints/NAME
+        if int8 and not cfg.qat and not calibrate_batches:
+            raise ConfigError(f"{ck.path} is a float model: add --calibrate N to calibrate its "
+                              "int8 activation ranges on N training batches (PTQ)")
+        if calibrate_batches and cfg.qat:
+            raise ConfigError(f"{ck.path} was trained with --qat: its activation ranges are "
+                              "already calibrated; drop --calibrate")
+        variables = restore_checkpoint(ck).variables()
     path = parquet_file or find_data_file(recorded, run_dir)
     ds = load_dataset(path, cfg.data, stats=stats)
-    if ds.identity()["sha256"] == recorded["sha256"]:
+    same_data = ds.identity()["sha256"] == recorded["sha256"]
+    if same_data:
         source = f"{ds.bars.path} (the training data)"
     else:
         source = (f"{ds.bars.path} (another file than the training data, {recorded['file']}; "
                   "featurised with the training run's statistics)")
-    state = restore_state(checkpoint, jax.eval_shape(
-        lambda k: create_train_state(cfg, tc, k), jax.random.key(0)))
     trainer = Trainer(cfg, tc, to_device(ds.features))
+    if calibrate_batches:
+        if not same_data:
+            raise ConfigError("--calibrate uses the training windows: evaluate on the training "
+                              "data (drop --parquet-file)")
+        cfg, qstats = calibrate(cfg, variables["params"], trainer.data, ds.splits.train,
+                                calibrate_batches, tc.batch_size)
+        trainer = Trainer(cfg, tc, trainer.data)
+        variables = {"params": variables["params"], "quant_stats": qstats}
+        what += f", int8 ranges calibrated on {calibrate_batches} training batches (PTQ)"
     starts = getattr(ds.splits, split)
-    summary = {"model": {split: trainer.evaluate(state.params, starts)}, "baselines": {},
-               "checkpoint": str(checkpoint), "weights_epoch": meta.get("weights_epoch"),
-               "data": ds.identity()}
+    summary = {"model": {}, "baselines": {}, "checkpoint": str(checkpoint),
+               "weights_epoch": weights_epoch, "data": ds.identity()}
+    int8_export = "weight_scale" in variables
+    if int8_export:  # the int8 model, beside the export's float32 weights
+        summary["model"][split] = trainer.evaluate(variables, starts, "int8")
+        summary["variants"] = {"float": {split: trainer.evaluate(exp.float_variables, starts,
+                                                                 "float")}}
+    else:
+        summary["model"][split] = trainer.evaluate(variables, starts)
+        if int8:
+            summary["variants"] = {m: {split: trainer.evaluate(variables, starts, m)}
+                                   for m in ("float", "int8")}
+    summary["quantized"] = bool(cfg.qat) and not int8_export
     if split != "train":
         for name, m in baselines(ds, cfg.quantiles, split).items():
             summary["baselines"][name] = {split: m}
-    log(f"{checkpoint} (weights of epoch {meta.get('weights_epoch')}) on {source}, {split} "
-        f"split, {starts.size:,} windows")
-    log(format_summary(summary))
+    log(f"{what} on {source}, {split} split, {starts.size:,} windows")
+    log(format_summary(summary, int8_model=int8_export))
     return summary
 
-def summarize(trainer: Trainer, params, ds: Dataset, cfg: TFTConfig) -> dict:
+
+def summarize(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig) -> dict:
+    """Metrics on every split beside the baselines; a QAT model also with its float
+    weights run without fake-quant and with the int8 inference path (``variants``)."""
     out: dict[str, Any] = {"model": {}, "baselines": {}}
     splits = [s for s in ("train", "val", "test") if getattr(ds.splits, s).size]
     for split in splits:
-        out["model"][split] = trainer.evaluate(params, getattr(ds.splits, split))
+        out["model"][split] = trainer.evaluate(variables, getattr(ds.splits, split))
+    if cfg.qat:
+        out["variants"] = {m: {split: trainer.evaluate(variables, getattr(ds.splits, split), m)
+                               for split in splits} for m in ("float", "int8")}
     for split in (s for s in splits if s != "train"):
         for name, m in baselines(ds, cfg.quantiles, split).items():
             out["baselines"].setdefault(name, {})[split] = m
     return out
 
 
-def format_summary(summary: dict) -> str:
-    rows = [("TFT", summary["model"])]
+VARIANT_NAMES = {"float": "TFT: float, no quant", "int8": "TFT: int8 inference"}
+
+
+def format_summary(summary: dict, qat: bool | None = None, int8_model: bool = False) -> str:
+    """The metrics table: the model, its quantization variants, the baselines."""
+    qat = summary.get("quantized", bool(summary.get("variants"))) if qat is None else qat
+    name = "TFT int8 (export)" if int8_model else "TFT: fake-quant (QAT)" if qat else "TFT"
+    rows = [(name, summary["model"])]
+    rows += [(VARIANT_NAMES[k], v) for k, v in summary.get("variants", {}).items()]
     rows += [({"zero": "naive: zero return", "train_quantiles": "naive: train quantiles"}[k], v)
              for k, v in summary["baselines"].items()]
     head = f"{'':24s} {'split':6s} {'loss':>9s} {'q-risk P50':>11s} {'q-risk P90':>11s}"

@@ -19,13 +19,17 @@ Choices where the reference implementations differ (tft_spec.md):
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
+
+from tftjax import quant as qt
+from tftjax.quant import QuantSpec
 
 Array = jax.Array
 Policy = Callable[..., Any] | None
@@ -35,16 +39,35 @@ stacked_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal
                                                 out_axis=-1, batch_axis=(0,))
 
 
+class Dense(nn.Module):
+    """``nn.Dense`` (same parameters, initialisers and names) that quantizes when ``quant``
+    covers its path: observed int8 input, int8 per-output-channel kernel (tftjax.quant)."""
+
+    features: int
+    use_bias: bool = True
+    quant: QuantSpec | None = None
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features))
+        y = qt.dense(self, "kernel", x, kernel, self.quant)
+        if self.use_bias:
+            y = y + self.param("bias", nn.initializers.zeros, (self.features,))
+        return y
+
+
 class GLU(nn.Module):
     """``σ(W_4 g + b_4) ⊙ (W_5 g + b_5)``, dropout on the input."""
 
     features: int
     dropout: float = 0.0
+    quant: QuantSpec | None = None
 
     @nn.compact
     def __call__(self, x: Array, deterministic: bool = True) -> Array:
         x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
-        value, gate = jnp.split(nn.Dense(2 * self.features, name="proj")(x), 2, axis=-1)
+        value, gate = jnp.split(Dense(2 * self.features, quant=self.quant, name="proj")(x), 2,
+                                axis=-1)
         return nn.sigmoid(gate) * value
 
 
@@ -54,16 +77,18 @@ class GRN(nn.Module):
     hidden: int
     output: int
     dropout: float = 0.0
+    quant: QuantSpec | None = None
 
     @nn.compact
     def __call__(self, a: Array, context: Array | None = None, deterministic: bool = True) -> Array:
-        skip = a if a.shape[-1] == self.output else nn.Dense(self.output, name="skip")(a)
-        h = nn.Dense(self.hidden, name="fc2")(a)
+        dense = functools.partial(Dense, quant=self.quant)
+        skip = a if a.shape[-1] == self.output else dense(self.output, name="skip")(a)
+        h = dense(self.hidden, name="fc2")(a)
         if context is not None:
-            h = h + nn.Dense(self.hidden, use_bias=False, name="context")(context)
+            h = h + dense(self.hidden, use_bias=False, name="context")(context)
         h = checkpoint_name(nn.elu(h), "grn_hidden")
-        h = nn.Dense(self.hidden, name="fc1")(h)
-        g = GLU(self.output, self.dropout, name="glu")(h, deterministic)
+        h = dense(self.hidden, name="fc1")(h)
+        g = GLU(self.output, self.dropout, self.quant, name="glu")(h, deterministic)
         return nn.LayerNorm(name="norm")(skip + g)
 
 
@@ -72,10 +97,12 @@ class GateAddNorm(nn.Module):
 
     features: int
     dropout: float = 0.0
+    quant: QuantSpec | None = None
 
     @nn.compact
     def __call__(self, a: Array, b: Array, deterministic: bool = True) -> Array:
-        return nn.LayerNorm(name="norm")(a + GLU(self.features, self.dropout, name="glu")(b, deterministic))
+        glu = GLU(self.features, self.dropout, self.quant, name="glu")
+        return nn.LayerNorm(name="norm")(a + glu(b, deterministic))
 
 
 def _bmm(x: Array, k: Array) -> Array:
@@ -83,38 +110,75 @@ def _bmm(x: Array, k: Array) -> Array:
     return lax.dot_general(x, k, (((2,), (1,)), ((0,), (0,))))
 
 
-def _stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float) -> Array:
+STACKED_KERNELS = ("emb_k", "fc2_k", "skip_k", "fc1_k", "glu_k")
+_MATMULS = ("fc1_k", "glu_k")  # real [m, N, d_v] × [m, d_v, ·] matmuls; the rest fold a scalar
+
+
+class StackedQuant(NamedTuple):
+    """Static quantization settings of one stacked-GRN call (closed over, not scanned)."""
+
+    spec: QuantSpec
+    covered: frozenset  # kernel names quantized
+    update: bool  # update the observers (a training or calibration step)
+
+
+def _stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
+                 sq: StackedQuant | None = None, stats: dict | None = None):
     """m per-variable GRNs and their weighted sum.
 
     Args:
-      p: stacked parameters, each with a leading variable axis of size m.
+      p: stacked parameters, each with a leading variable axis of size m
+        (quantized kernels already fake-quantized, or int8 with ``NAME_scale``).
       x: inputs ``[m, N]`` (one real value per variable and row).
       w: selection weights ``[m, N]``.
       keep: dropout keep-mask ``[m, N, d_v]`` on ``η_1``, drawn once for all
         variables so that it does not depend on the chunking; ``None``: no dropout.
       rate: dropout rate on ``η_1``.
+      sq, stats: quantization (None: float) and the per-variable observers
+        (``MinMax`` with ``[m]`` leaves) of the inputs of ``fc1_k`` and ``glu_k``.
 
     Returns:
-      ``Σ_j w_j GRN_j(e_j)``, ``[N, d]``.
+      ``Σ_j w_j GRN_j(e_j)``, ``[N, d]``, and the observers after this batch.
     """
+    covered = sq.covered if sq is not None else frozenset()
+    int8 = sq is not None and sq.spec.mode == "int8"
+    new_stats = {}
+
+    def kern(name):  # a kernel used weight-only (int8: dequantized)
+        return qt.dequantize((p[name], p[name + "_scale"])) if int8 and name in covered else p[name]
+
+    def bmm(name, h):  # [m, N, i] × [m, i, o], observed and quantized when covered
+        if name not in covered:
+            return _bmm(h, p[name])
+        st = stats[name]
+        if sq.update:
+            st = qt.observe(st, h, sq.spec.averaging_constant, sq.spec.freeze_after)
+        new_stats[name] = st
+        s, zp = qt.activation_qparams(st)
+        if int8:
+            return qt.int8_bmm(qt.quantize_activation(h, s[:, None, None], zp[:, None, None]),
+                               s, zp, p[name], p[name + "_scale"])
+        return _bmm(qt.fake_quant(h, s[:, None, None], zp[:, None, None]), p[name])
+
     # e = x·k + b is affine in the scalar x, so W_2 e and skip(e) are too: fold
     # the embedding into them (same parameters, no [m, N, d_v] → d matmuls).
     xv = x[..., None]  # [m, N, 1]
-    fold = lambda w: (jnp.einsum("mv,mvo->mo", p["emb_k"], w)[:, None, :],  # noqa: E731
+    emb_k = kern("emb_k")
+    fold = lambda w: (jnp.einsum("mv,mvo->mo", emb_k, w)[:, None, :],  # noqa: E731
                       jnp.einsum("mv,mvo->mo", p["emb_b"], w)[:, None, :])
-    sk, sb = fold(p["skip_k"])
+    sk, sb = fold(kern("skip_k"))
     skip = xv * sk + (sb + p["skip_b"][:, None, :])  # [m, N, d]
-    fk, fb = fold(p["fc2_k"])
+    fk, fb = fold(kern("fc2_k"))
     h = nn.elu(xv * fk + (fb + p["fc2_b"][:, None, :]))  # [m, N, d_v]
-    h = _bmm(h, p["fc1_k"]) + p["fc1_b"][:, None, :]  # η_1 [m, N, d_v]
+    h = bmm("fc1_k", h) + p["fc1_b"][:, None, :]  # η_1 [m, N, d_v]
     if keep is not None:
         h = jnp.where(keep, h / (1.0 - rate), 0.0)
-    value, gate = jnp.split(_bmm(h, p["glu_k"]) + p["glu_b"][:, None, :], 2, axis=-1)
+    value, gate = jnp.split(bmm("glu_k", h) + p["glu_b"][:, None, :], 2, axis=-1)
     y = skip + nn.sigmoid(gate) * value  # [m, N, d]
     mean = y.mean(-1, keepdims=True)
     var = jnp.square(y - mean).mean(-1, keepdims=True)
     y = (y - mean) * lax.rsqrt(var + 1e-6) * p["ln_scale"][:, None, :] + p["ln_bias"][:, None, :]
-    return jnp.einsum("mn,mnd->nd", w, y)
+    return jnp.einsum("mn,mnd->nd", w, y), new_stats
 
 
 class VariableSelection(nn.Module):
@@ -125,6 +189,13 @@ class VariableSelection(nn.Module):
     they run as a ``lax.scan`` over chunks of ``chunk`` variables whose body
     is ``jax.checkpoint``-ed with ``policy``, so only the ``[N, d]`` running
     sum is saved per chunk instead of several ``[m, N, d]`` activations.
+
+    Quantized (``quant``), the stacked matmuls ``fc1_k``/``glu_k`` observe their
+    inputs with one observer per variable; the observers are updated inside the
+    chunk that computes them and come out of the scan as outputs, so the
+    recomputation of a checkpointed chunk in the backward pass cannot update
+    them again. The fold kernels (``emb_k``, ``fc2_k``, ``skip_k``) multiply one
+    scalar per variable: they are quantized weight-only.
     """
 
     num_vars: int
@@ -134,6 +205,7 @@ class VariableSelection(nn.Module):
     chunk: int | None = None  # variables per checkpointed scan step; None: all at once
     policy: Policy = None  # jax.checkpoint policy for the chunk body
     remat_weights: bool = False  # also rematerialise the selection-weight GRN
+    quant: QuantSpec | None = None
 
     @nn.compact
     def __call__(self, x: Array, context: Array | None = None,
@@ -156,13 +228,28 @@ class VariableSelection(nn.Module):
             "ln_scale": self.param("ln_scale", nn.initializers.ones, (m, d)),
             "ln_bias": self.param("ln_bias", nn.initializers.zeros, (m, d)),
         }
+        sq, stats, variables = None, None, {}
+        covered = frozenset(k for k in STACKED_KERNELS if qt.covered(self.quant, self.path, k))
+        if covered:
+            for k in covered:
+                if self.quant.mode == "int8":
+                    p[k], p[k + "_scale"] = qt.weight(self, k, p[k], self.quant)
+                else:
+                    p[k] = qt.weight(self, k, p[k], self.quant)
+            variables = {k: self.variable("quant_stats", f"{k}_in", qt.init_minmax, (m,))
+                         for k in _MATMULS if k in covered}
+            stats = {k: v.value for k, v in variables.items()}
+            update = self.is_mutable_collection("quant_stats") and not self.is_initializing()
+            sq = StackedQuant(self.quant, covered, update)
+        emb_k = qt.dequantize((p["emb_k"], p["emb_k_scale"])) if "emb_k_scale" in p else p["emb_k"]
         # Selection weights from the flattened embeddings (and the context).
-        flat = (xf[:, :, None] * p["emb_k"] + p["emb_b"]).reshape(n, m * dv)  # [N, m·d_v]
+        flat = (xf[:, :, None] * emb_k + p["emb_b"]).reshape(n, m * dv)  # [N, m·d_v]
         ctx = None
         if context is not None:
             ctx = jnp.broadcast_to(context, lead + context.shape[-1:]).reshape(n, -1)
         weight_grn = nn.remat(GRN, static_argnums=(3,)) if self.remat_weights else GRN
-        logits = weight_grn(min(d, m), m, self.dropout, name="weights")(flat, ctx, deterministic)
+        logits = weight_grn(min(d, m), m, self.dropout, self.quant, name="weights")(
+            flat, ctx, deterministic)
         w = nn.softmax(logits, axis=-1)  # [N, m]
 
         keep = None
@@ -170,13 +257,17 @@ class VariableSelection(nn.Module):
             keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.dropout, (m, n, dv))
         xt, wt = xf.T, w.T  # variable-major [m, N]
         if self.chunk is None or self.chunk >= m:
-            out = _stacked_grn(p, xt, wt, keep, self.dropout)
+            out, new_stats = _stacked_grn(p, xt, wt, keep, self.dropout, sq, stats)
         else:
-            out = self._chunked(p, xt, wt, keep)
+            out, new_stats = self._chunked(p, xt, wt, keep, sq, stats)
+        if sq is not None and sq.update:
+            for k, v in variables.items():
+                v.value = new_stats[k]
         out = checkpoint_name(out, "vsn_out")
         return out.reshape(lead + (d,)), w.reshape(lead + (m,))
 
-    def _chunked(self, p: dict, xt: Array, wt: Array, keep: Array | None) -> Array:
+    def _chunked(self, p: dict, xt: Array, wt: Array, keep: Array | None,
+                 sq: StackedQuant | None, stats: dict | None):
         m, c = self.num_vars, self.chunk
         k = -(-m // c)
         c = -(-m // k)  # even chunks: at most k-1 padded variables
@@ -185,16 +276,19 @@ class VariableSelection(nn.Module):
         chunks = lambda a: padv(a).reshape((k, c) + a.shape[1:])  # noqa: E731
         ps = jax.tree.map(chunks, p)
         keep = None if keep is None else chunks(keep)
+        stats = None if stats is None else jax.tree.map(chunks, stats)
         rate = self.dropout
 
         def body(acc, inputs):
-            pc, xc, wc, kc = inputs
-            return acc + _stacked_grn(pc, xc, wc, kc, rate), None
+            pc, xc, wc, kc, sc = inputs
+            out, new = _stacked_grn(pc, xc, wc, kc, rate, sq, sc)
+            return acc + out, new
 
         body = jax.checkpoint(body, policy=self.policy, prevent_cse=False)
         acc0 = jnp.zeros((xt.shape[1], self.hidden), xt.dtype)
-        out, _ = lax.scan(body, acc0, (ps, chunks(xt), chunks(wt), keep))
-        return out
+        out, new = lax.scan(body, acc0, (ps, chunks(xt), chunks(wt), keep, stats))
+        new = jax.tree.map(lambda a: a.reshape((k * c,) + a.shape[2:])[:m], new)
+        return out, new
 
 
 class LSTM(nn.Module):
@@ -203,11 +297,18 @@ class LSTM(nn.Module):
     With ``remat`` the per-step body is ``jax.checkpoint``-ed inside the scan,
     so the backward pass recomputes gates from the saved ``(c, h)`` carries.
     Parameters match ``nn.OptimizedLSTMCell``'s count: ``8d² + 4d``.
+
+    Quantized (``quant``), ``w_i`` sees the observed int8 inputs; the recurrent
+    ``h @ w_h`` quantizes ``h`` with the observer's range *before* this batch (a
+    range cannot be known before the recurrence has run) and updates the
+    observer once after the scan with every ``h`` the step multiplied; in the
+    first training step (nothing observed yet) ``h`` passes unquantized.
     """
 
     features: int
     remat: bool = False
     policy: Policy = None
+    quant: QuantSpec | None = None
 
     @nn.compact
     def __call__(self, carry: tuple[Array, Array], xs: Array) -> tuple[tuple[Array, Array], Array]:
@@ -215,11 +316,13 @@ class LSTM(nn.Module):
         w_i = self.param("w_i", nn.initializers.lecun_normal(), (xs.shape[-1], 4 * d))
         w_h = self.param("w_h", nn.initializers.orthogonal(), (d, 4 * d))
         b = self.param("b", nn.initializers.zeros, (4 * d,))
-        xp = jnp.einsum("bti,ig->tbg", xs, w_i) + b  # [T, B, 4d]
+        xp = jnp.swapaxes(qt.dense(self, "w_i", xs, w_i, self.quant), 0, 1) + b  # [T, B, 4d]
+
+        recurrent, stats = self._recurrent(w_h)
 
         def step(state, x_t):
             c, h = state
-            gates = checkpoint_name(x_t + h @ w_h, "lstm_gates")
+            gates = checkpoint_name(x_t + recurrent(h), "lstm_gates")
             i, f, g, o = jnp.split(gates, 4, axis=-1)
             c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
             h = nn.sigmoid(o) * jnp.tanh(c)
@@ -227,8 +330,30 @@ class LSTM(nn.Module):
 
         if self.remat:
             step = jax.checkpoint(step, policy=self.policy, prevent_cse=False)
+        h0 = carry[1]
         carry, hs = lax.scan(step, carry, xp)
+        if stats is not None:  # every h the recurrent matmul saw: h_0 … h_{T-1}
+            stats.value = qt.observe(stats.value,
+                                           jnp.concatenate([h0[None], hs[:-1]], axis=0),
+                                           self.quant.averaging_constant, self.quant.freeze_after)
         return carry, jnp.swapaxes(hs, 0, 1)  # [B, T, d]
+
+    def _recurrent(self, w_h: Array):
+        """``h ↦ h @ w_h`` (quantized when covered) and the observer to update after the
+        scan (``None``: none, or not a training step)."""
+        if not qt.covered(self.quant, self.path, "w_h"):
+            return (lambda h: h @ w_h), None
+        var = self.variable("quant_stats", "w_h_in", qt.init_minmax, ())
+        update = self.is_mutable_collection("quant_stats") and not self.is_initializing()
+        stats = var.value
+        s, zp = qt.activation_qparams(stats)
+        if self.quant.mode == "int8":
+            qw, sw = qt.weight(self, "w_h", w_h, self.quant)
+            return (lambda h: qt.int8_dense(qt.quantize_activation(h, s, zp), s, zp, qw, sw),
+                    var if update else None)
+        wq, seen = qt.weight(self, "w_h", w_h, self.quant), stats.count > 0
+        return (lambda h: jnp.where(seen, qt.fake_quant(h, s, zp), h) @ wq,
+                var if update else None)
 
 
 class InterpretableAttention(nn.Module):
@@ -241,19 +366,21 @@ class InterpretableAttention(nn.Module):
     heads: int
     features: int
     dropout: float = 0.0
+    quant: QuantSpec | None = None
 
     @nn.compact
     def __call__(self, q_in: Array, kv: Array, mask: Array,
                  deterministic: bool = True) -> tuple[Array, Array]:
         H = self.heads
         dh = self.features // H
-        q = nn.Dense(H * dh, name="query")(q_in).reshape(q_in.shape[:-1] + (H, dh))  # [B, Tq, H, dh]
+        dense = functools.partial(Dense, quant=self.quant)
+        q = dense(H * dh, name="query")(q_in).reshape(q_in.shape[:-1] + (H, dh))  # [B, Tq, H, dh]
         # No key bias: q·b_k is the same for every key, and softmax ignores it.
-        k = nn.Dense(H * dh, use_bias=False, name="key")(kv).reshape(kv.shape[:-1] + (H, dh))
-        v = nn.Dense(dh, name="value")(kv)  # [B, T, dh], shared by all heads
+        k = dense(H * dh, use_bias=False, name="key")(kv).reshape(kv.shape[:-1] + (H, dh))
+        v = dense(dh, name="value")(kv)  # [B, T, dh], shared by all heads
         logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(dh).astype(q.dtype)
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
         attn = checkpoint_name(nn.softmax(logits, axis=-1), "attention_weights")  # [B, H, Tq, T]
         attn_d = nn.Dropout(self.dropout)(attn, deterministic=deterministic)
         mixed = jnp.einsum("bhqk,bkd->bqd", attn_d, v) / H  # mean over heads [B, Tq, dh]
-        return nn.Dense(self.features, name="out")(mixed), attn.mean(axis=1)
+        return dense(self.features, name="out")(mixed), attn.mean(axis=1)

@@ -25,8 +25,9 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from tftjax.config import TFTConfig
-from tftjax.models.layers import (GRN, LSTM, GateAddNorm, InterpretableAttention,
+from tftjax.models.layers import (GRN, LSTM, Dense, GateAddNorm, InterpretableAttention,
                                   VariableSelection)
+from tftjax.quant import MODES, QuantSpec
 from tftjax.remat import plan as remat_plan
 
 Array = jax.Array
@@ -45,14 +46,30 @@ def causal_mask(encoder_steps: int, decoder_steps: int) -> Array:
     return jnp.arange(encoder_steps + decoder_steps)[None, :] <= q
 
 
+def quant_spec(cfg: TFTConfig, mode: str | None = None) -> QuantSpec | None:
+    """How a TFT of ``cfg`` quantizes in ``mode`` (``None``: fake-quant for a QAT config,
+    float otherwise); ``None`` means float."""
+    mode = mode or ("fake" if cfg.qat else "float")
+    if mode not in MODES:
+        raise ValueError(f"unknown quantization mode {mode!r}; choose one of {MODES}")
+    if mode == "float":
+        return None
+    return QuantSpec(mode, tuple(cfg.qat_layers), cfg.qat_freeze_after)
+
+
 class TFT(nn.Module):
+    """The TFT; ``mode`` picks float, fake-quant (QAT) or int8 arithmetic for the layers
+    that ``cfg.qat_layers`` covers (default: float, or fake-quant when ``cfg.qat``)."""
+
     cfg: TFTConfig
+    mode: str | None = None
 
     @nn.compact
     def __call__(self, static: Array, historical: Array, known: Array,
                  deterministic: bool = True) -> tuple[Array, Interpretation]:
         cfg = self.cfg
         plan = remat_plan(cfg.remat)
+        quant = quant_spec(cfg, self.mode)
         d, p = cfg.hidden, cfg.dropout
         te = historical.shape[1]
         td = known.shape[1] - te
@@ -61,9 +78,10 @@ class TFT(nn.Module):
         def block(cls, remat: bool):
             # ``deterministic`` is the last positional argument of every block.
             if not remat:
-                return cls
+                return functools.partial(cls, quant=quant)
             n_args = {GRN: 3, GateAddNorm: 3, InterpretableAttention: 4}[cls]
-            return nn.remat(cls, static_argnums=(n_args,), policy=plan.policy, prevent_cse=True)
+            return functools.partial(nn.remat(cls, static_argnums=(n_args,), policy=plan.policy,
+                                              prevent_cse=True), quant=quant)
 
         def vsn(m, name):
             # vsn: chunks recomputed in the backward pass; vsn_scan: chunks with every
@@ -71,7 +89,7 @@ class TFT(nn.Module):
             chunked = plan.vsn or plan.vsn_scan
             policy = plan.policy if plan.vsn else jax.checkpoint_policies.everything_saveable
             return VariableSelection(m, cfg.d_v, d, p, chunk=cfg.vsn_chunk if chunked else None,
-                                     policy=policy, remat_weights=plan.vsn, name=name)
+                                     policy=policy, remat_weights=plan.vsn, quant=quant, name=name)
 
         # 1-2. Static covariates and their four contexts.
         zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]
@@ -85,9 +103,9 @@ class TFT(nn.Module):
         xi_dec, fut_w = vsn(cfg.num_known, "decoder_vsn")(known[:, te:], c_s[:, None, :], det)
 
         # 4. LSTM encoder seeded by the static context, decoder from its final state.
-        carry, h_enc = LSTM(d, remat=plan.lstm, policy=plan.policy, name="lstm_encoder")(
+        carry, h_enc = LSTM(d, plan.lstm, plan.policy, quant, name="lstm_encoder")(
             (c_c, c_h), xi_enc)
-        _, h_dec = LSTM(d, remat=plan.lstm, policy=plan.policy, name="lstm_decoder")(carry, xi_dec)
+        _, h_dec = LSTM(d, plan.lstm, plan.policy, quant, name="lstm_decoder")(carry, xi_dec)
         phi = checkpoint_name(jnp.concatenate([h_enc, h_dec], axis=1), "lstm_out")  # [B, T, d]
         xi = jnp.concatenate([xi_enc, xi_dec], axis=1)
 
@@ -101,16 +119,21 @@ class TFT(nn.Module):
         attn = checkpoint_name(attn, "attention_out")
 
         # 8-9. Gates, position-wise GRN, quantile head.
-        delta = GateAddNorm(d, p, name="attention_gate")(theta[:, te:], attn, det)
+        delta = GateAddNorm(d, p, quant, name="attention_gate")(theta[:, te:], attn, det)
         psi = enc_grn(d, d, p, name="positionwise")(delta, None, det)
-        psi_t = GateAddNorm(d, 0.0, name="output_gate")(phi_t[:, te:], psi, det)
-        pred = nn.Dense(len(cfg.quantiles), name="quantiles")(psi_t)  # [B, T_d, Q]
+        psi_t = GateAddNorm(d, 0.0, quant, name="output_gate")(phi_t[:, te:], psi, det)
+        pred = Dense(len(cfg.quantiles), quant=quant, name="quantiles")(psi_t)  # [B, T_d, Q]
         return pred, Interpretation(static_w, hist_w, fut_w, attn_w)
 
 
 def init_params(cfg: TFTConfig, key: Array, batch_size: int = 2) -> dict:
     """Parameters of a TFT for ``cfg`` (shapes from a dummy batch)."""
     return _init_fn(cfg, batch_size)(key)["params"]
+
+
+def init_variables(cfg: TFTConfig, key: Array, batch_size: int = 2) -> dict:
+    """``params`` and, for a QAT config, the unobserved ``quant_stats``."""
+    return _init_fn(cfg, batch_size)(key)
 
 
 @functools.lru_cache(maxsize=None)

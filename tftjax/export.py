@@ -1,0 +1,222 @@
+"""``python -m tftjax.export --checkpoint DIR --out DIR``: a TFT's weights as safetensors.
+
+Writes into ``--out``:
+
+* ``model_float32.safetensors``: every parameter as float32, named by its path
+  (``params/encoder_vsn/glu_k``, ``params/attention/query/kernel``, …), for any
+  runtime that reads safetensors;
+* ``model_int8.safetensors`` (a ``--qat`` checkpoint, or a float one with
+  ``--calibrate N``): the quantized kernels as int8 with their per-output-channel
+  float32 scales (``weight_scale/…``, ``w ≈ q · scale``), the other parameters
+  (biases, LayerNorms) as float32, and the activation ranges
+  (``quant_stats/…/{min,max,count}``: asymmetric int8 with
+  ``scale = (max − min) / 255``, ``zero_point = −128 − round(min / scale)``, the
+  range widened to include 0);
+* ``config.json``: the model config, the feature statistics the inputs must be
+  normalised with, the training data's identity and where the weights came from.
+
+``python -m tftjax.evaluate --checkpoint OUT`` evaluates an export (the int8
+model beside the float32 one); :func:`load` reads one back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from tftjax.cli import main as cli_main
+from tftjax.errors import ConfigError
+
+FORMAT = "tftjax-export-1"
+FLOAT_FILE, INT8_FILE, CONFIG_FILE = "model_float32.safetensors", "model_int8.safetensors", "config.json"
+
+
+@dataclasses.dataclass
+class Args:
+    """Export a TFT checkpoint's weights (float32 and int8) as safetensors plus its config."""
+
+    checkpoint: Path
+    """A checkpoint directory or a run folder (its final checkpoint)."""
+    out: Path
+    """Folder to write (must not exist or be empty)."""
+    calibrate: int = 0
+    """For a float checkpoint: calibrate the int8 activation ranges on this many training
+    batches (post-training quantization) and export int8 too; 0: float32 only."""
+
+
+def flatten(tree: Any, prefix: str) -> dict[str, np.ndarray]:
+    """``{"prefix/a/b": array}`` from nested dicts (``MinMax`` leaves as ``…/min|max|count``)."""
+    out = {}
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{path}/{k}")
+        elif hasattr(node, "_fields"):  # a NamedTuple (MinMax)
+            for k in node._fields:
+                walk(getattr(node, k), f"{path}/{k}")
+        else:
+            out[path] = np.ascontiguousarray(np.asarray(node))
+
+    walk(tree, prefix)
+    return out
+
+
+def unflatten(flat: dict[str, np.ndarray]) -> dict:
+    """Nested dicts by collection from :func:`flatten`'s names (observers back as ``MinMax``)."""
+    from tftjax.quant import MinMax
+
+    root: dict = {}
+    for name, arr in flat.items():
+        keys = name.split("/")
+        node = root
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = arr
+
+    def fix(node):
+        if isinstance(node, dict):
+            if set(node) == set(MinMax._fields):
+                return MinMax(**{k: node[k] for k in MinMax._fields})
+            return {k: fix(v) for k, v in node.items()}
+        return node
+
+    return fix(root)
+
+
+def nbytes(flat: dict[str, np.ndarray], prefix: str | None = None) -> int:
+    return sum(a.nbytes for k, a in flat.items() if prefix is None or k.startswith(prefix))
+
+
+def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 0,
+           log: Callable = print) -> dict:
+    """Write the export of ``checkpoint`` into ``out``; returns what ``config.json`` holds.
+
+    Raises:
+      DataError: no such checkpoint; ConfigError: ``out`` not empty, or ``--calibrate``
+      of a QAT checkpoint (its ranges are trained).
+    """
+    import jax
+    from safetensors.numpy import save_file
+
+    from tftjax.data import find_data_file, load_dataset, to_device
+    from tftjax.data.features import FeatureStats
+    from tftjax.models.tft import quant_spec
+    from tftjax.quant import int8_variables
+    from tftjax.train_lib import calibrate, open_checkpoint, restore_checkpoint
+
+    out = Path(out)
+    if calibrate_batches < 0:
+        raise ConfigError(f"--calibrate must be >= 0, got {calibrate_batches}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {out} exists and is not an empty folder; choose a new one")
+    ck = open_checkpoint(checkpoint)
+    cfg = ck.cfg
+    if calibrate_batches and cfg.qat:
+        raise ConfigError(f"{ck.path} was trained with --qat: its activation ranges are already "
+                          "calibrated; drop --calibrate")
+    state = restore_checkpoint(ck)
+    params, stats = state.params, state.quant_stats
+    if calibrate_batches:
+        run_dir = ck.path.resolve().parent.parent
+        stats_json = FeatureStats.from_json(ck.meta["feature_stats"])
+        ds = load_dataset(find_data_file(ck.meta["identity"]["data"], run_dir), cfg.data,
+                          stats=stats_json)
+        cfg, stats = calibrate(cfg, params, to_device(ds.features), ds.splits.train,
+                               calibrate_batches, ck.tc.batch_size)
+    quantized = bool(cfg.qat)
+    source = {"checkpoint": str(ck.path), "weights_epoch": ck.meta.get("weights_epoch"),
+              "quantization": ("QAT" if ck.cfg.qat else f"PTQ, {calibrate_batches} calibration "
+                               "batches" if quantized else None)}
+    files = {FLOAT_FILE: flatten(params, "params")}
+    if quantized:
+        q = jax.device_get(int8_variables(params, quant_spec(cfg, "int8")))
+        files[INT8_FILE] = {**flatten(q["params"], "params"),
+                            **flatten(q["weight_scale"], "weight_scale"),
+                            **flatten(jax.device_get(stats), "quant_stats")}
+    sizes = {"float32_weight_bytes": nbytes(files[FLOAT_FILE])}
+    if quantized:
+        sizes["int8_weight_bytes"] = nbytes(files[INT8_FILE], "params") + nbytes(
+            files[INT8_FILE], "weight_scale")
+        sizes["int8_activation_range_bytes"] = nbytes(files[INT8_FILE], "quant_stats")
+    config = {"format": FORMAT, "model": cfg.to_json(), "feature_stats": ck.meta["feature_stats"],
+              "data": ck.meta["identity"]["data"], "source": source, "files": sorted(files),
+              **sizes}
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT}
+    for name, tensors in files.items():
+        save_file(tensors, str(out / name), metadata=meta)
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    f32 = sizes["float32_weight_bytes"]
+    log(f"exported {ck.path} (weights of epoch {source['weights_epoch']}) to {out}")
+    log(f"  {FLOAT_FILE}: {f32:,} bytes of float32 weights "
+        f"(file {(out / FLOAT_FILE).stat().st_size:,} bytes)")
+    if quantized:
+        i8 = sizes["int8_weight_bytes"]
+        log(f"  {INT8_FILE}: {i8:,} bytes of int8 weights and their scales, "
+            f"{f32 / i8:.2f}x smaller (+ {sizes['int8_activation_range_bytes']:,} bytes of "
+            f"activation ranges; file {(out / INT8_FILE).stat().st_size:,} bytes); "
+            f"{source['quantization']}")
+    return config
+
+
+class Export(NamedTuple):
+    cfg: Any  # TFTConfig
+    variables: dict  # int8 variables (params, weight_scale, quant_stats) if exported, else float
+    float_variables: dict
+    feature_stats: Any
+    data: dict
+    source: dict
+    kind: str  # "int8" or "float32"
+
+
+def is_export(path: str | Path) -> bool:
+    return (Path(path) / CONFIG_FILE).is_file() and (Path(path) / FLOAT_FILE).is_file()
+
+
+def load(path: str | Path) -> Export:
+    """Read an export back (the same arrays and config it was written from)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    from tftjax.config import TFTConfig
+    from tftjax.data import DataError
+    from tftjax.data.features import FeatureStats
+
+    path = Path(path)
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+        if config.get("format") != FORMAT:
+            raise DataError(f"{path / CONFIG_FILE}: not a {FORMAT} export")
+        cfg = TFTConfig.from_json(config["model"])
+        f32 = unflatten(load_file(str(path / FLOAT_FILE)))
+        variables = {"params": f32["params"]}
+        kind = "float32"
+        if (path / INT8_FILE).is_file():
+            variables, kind = unflatten(load_file(str(path / INT8_FILE))), "int8"
+        return Export(cfg, variables, {"params": f32["params"]},
+                      FeatureStats.from_json(config["feature_stats"]), config["data"],
+                      config["source"], kind)
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
+        raise DataError(f"{path}: not a readable tftjax export ({type(e).__name__}: {e})") from None
+
+
+def run(argv: list[str] | None = None) -> int:
+    import tyro
+
+    args = tyro.cli(Args, args=argv, prog="python -m tftjax.export")
+    export(args.checkpoint, args.out, calibrate_batches=args.calibrate)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
