@@ -52,8 +52,7 @@ class TrainState(train_state.TrainState):
 
     def variables(self) -> dict:
         """The Flax variables to evaluate with."""
-        return {"params": self.params, **({"quant_stats": self.quant_stats}
-                                          if self.quant_stats else {})}
+        return {"params": self.params, "quant_stats": self.quant_stats}
 
 
 def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
@@ -178,7 +177,7 @@ def model_variables(cfg: TFTConfig, variables: dict, mode: str | None = None) ->
     if spec is None:
         return {"params": variables["params"]}
     stats = variables.get("quant_stats")
-    if not stats or unobserved(stats):
+    if stats is None or unobserved(stats):
         raise ConfigError(f"{spec.mode} inference needs observed activation ranges: train with "
                           "--qat, or calibrate a float model (--calibrate N)")
     if spec.mode == "int8" and "weight_scale" not in variables:

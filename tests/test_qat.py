@@ -1,0 +1,332 @@
+"""Quantization-aware training in the TFT: gradients under every remat tier equal the
+no-remat QAT gradients leaf by leaf, observers (moving average, freeze, once per step),
+the int8 matmuls against numpy, int8 inference against fake-quant, export → load →
+same predictions, exact resume, --init-from and PTQ, and the bad-input refusals."""
+
+import dataclasses
+import functools
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_runloop import TINY_TFT, call, raw_state
+
+from tftjax import export as export_cli
+from tftjax import evaluate as evaluate_cli
+from tftjax import losses
+from tftjax import train as train_cli
+from tftjax.config import ConfigError, preset
+from tftjax.models.tft import TFT, init_variables, quant_spec
+from tftjax.quant import (MinMax, activation_qparams, fake_quant, fake_quant_weight, int8_bmm,
+                          int8_dense, int8_variables, quantize_activation, quantize_weight)
+
+B = 8
+
+
+def small(tier="off", **kw):
+    # Few input variables: the same layers as TFT-225, a fraction of the compile time.
+    # vsn_chunk=3 chunks (and pads) every VSN in the tiers that chunk.
+    return preset("tiny", num_static=3, num_historical=7, num_known=4, qat=True, remat=tier,
+                  vsn_chunk=3, **kw)
+
+
+def inputs(cfg, seed):
+    ks = jax.random.split(jax.random.key(seed), 4)
+    t = cfg.encoder_steps + cfg.decoder_steps
+    return (jax.random.normal(ks[0], (B, cfg.num_static)),
+            jax.random.normal(ks[1], (B, cfg.encoder_steps, cfg.num_historical)),
+            jax.random.normal(ks[2], (B, t, cfg.num_known)),
+            jax.random.normal(ks[3], (B, cfg.decoder_steps)))
+
+
+def observe_step(cfg):
+    return jax.jit(lambda v, x: TFT(cfg).apply(v, *x[:3], mutable=["quant_stats"])[1]["quant_stats"])
+
+
+def predict(cfg, mode, variables, x):
+    return _predict(cfg, mode)(variables, tuple(x[:3]))
+
+
+@functools.lru_cache(maxsize=None)
+def _predict(cfg, mode):
+    return jax.jit(lambda v, x: TFT(cfg, mode).apply(v, *x)[0])
+
+
+def counts(stats):
+    return {int(c) for p, a in jax.tree_util.tree_flatten_with_path(stats)[0]
+            if p[-1].name == "count" for c in np.ravel(a)}
+
+
+@pytest.fixture(scope="module")
+def model():
+    """Params and observers that have seen one batch (so every quantizer is active)."""
+    cfg = small()
+    x = inputs(cfg, 0)
+    v = init_variables(cfg, jax.random.key(1))
+    assert counts(v["quant_stats"]) == {0}
+    return cfg, x, {"params": v["params"], "quant_stats": observe_step(cfg)(v, x)}
+
+
+def loss_and_grads(tier, variables, x):
+    cfg = small(tier)
+
+    def loss(p):
+        (pred, _), upd = TFT(cfg).apply({"params": p, "quant_stats": variables["quant_stats"]},
+                                        *x[:3], False, rngs={"dropout": jax.random.key(7, impl="rbg")},
+                                        mutable=["quant_stats"])
+        return losses.quantile_loss(x[3], pred, cfg.quantiles), upd["quant_stats"]
+
+    (value, stats), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(variables["params"])
+    return float(value), stats, grads
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    _, x, v = model
+    return loss_and_grads("off", v, x)
+
+
+def test_qat_gradients_reach_every_leaf(reference, model):
+    _, _, grads = reference
+    for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+        assert np.any(np.asarray(g) != 0), jax.tree_util.keystr(path)
+    # and they differ from the float model's: the fake-quant is in the graph
+    cfg, x, v = model
+    float_pred, fake_pred = predict(cfg, "float", v, x), predict(cfg, "fake", v, x)
+    assert float(jnp.abs(float_pred - fake_pred).max()) > 1e-4
+
+
+# offload is aggressive's plan on CPU (tests/test_remat.py checks that)
+@pytest.mark.parametrize("tier", ["minimal", "aggressive", "full"])
+def test_remat_tiers_give_the_no_remat_qat_gradients(tier, model, reference):
+    _, x, v = model
+    ref_loss, ref_stats, ref_grads = reference
+    value, stats, grads = loss_and_grads(tier, v, x)
+    assert value == pytest.approx(ref_loss, rel=1e-6)
+    flat_ref = jax.tree_util.tree_flatten_with_path(ref_grads)[0]
+    flat = dict(jax.tree_util.tree_flatten_with_path(grads)[0])
+    assert len(flat) == len(flat_ref)
+    floor = 1e-6 * max(np.abs(np.asarray(g)).max() for _, g in flat_ref)
+    for path, g_ref in flat_ref:
+        g, g_ref = np.asarray(flat[path]), np.asarray(g_ref)
+        assert np.any(g != 0), f"{tier}: {jax.tree_util.keystr(path)} frozen"
+        assert np.abs(g - g_ref).max() <= max(1e-5 * np.abs(g_ref).max(), floor), (
+            f"{tier}: {jax.tree_util.keystr(path)}")
+    # the observers moved once in this step (count 1 → 2), not again in the recomputation,
+    # and to the same values as without remat
+    assert counts(stats) == {2}
+    chex.assert_trees_all_close(stats, ref_stats, rtol=1e-6, atol=1e-7)
+
+
+def test_observers_follow_the_moving_average_and_freeze(model):
+    cfg, _, v = model
+    cfg = dataclasses.replace(cfg, qat_freeze_after=2)
+    params = {"params": v["params"]}
+    stats = init_variables(cfg, jax.random.key(1))["quant_stats"]
+    history, lo, hi = [], None, None
+    for seed in (10, 11, 12):
+        x = inputs(cfg, seed)
+        # independent reference: the quantile head's input is the output gate's output,
+        # captured in the same forward pass; PyTorch's moving average written out
+        _, upd = jax.jit(lambda v, x: TFT(cfg).apply(
+            v, *x[:3], capture_intermediates=True, mutable=["quant_stats", "intermediates"]))(
+            {**params, "quant_stats": stats}, x)
+        head_in = np.asarray(upd["intermediates"]["output_gate"]["__call__"][0])
+        if len(history) < 2:
+            lo = head_in.min() if lo is None else lo + 0.01 * (head_in.min() - lo)
+            hi = head_in.max() if hi is None else hi + 0.01 * (head_in.max() - hi)
+        stats = upd["quant_stats"]
+        history.append(jax.device_get(stats))
+        obs = stats["quantiles"]["kernel_in"]
+        np.testing.assert_allclose([float(obs.min), float(obs.max)], [lo, hi], rtol=1e-5)
+    assert [counts(h) for h in history] == [{1}, {2}, {2}]
+    moved = jax.tree.map(lambda a, b: bool(np.any(a != b)), history[0], history[1])
+    assert all(jax.tree.leaves(moved))  # every observer moved in step 2 ...
+    chex.assert_trees_all_equal(history[1], history[2])  # ... and none after the freeze
+
+
+def test_int8_matmuls_equal_the_dequantized_product():
+    rng = np.random.default_rng(0)
+    x = rng.normal(0.5, 1.0, size=(6, 5, 9)).astype(np.float32)
+    w = rng.normal(size=(9, 4)).astype(np.float32)
+    s, zp = activation_qparams(MinMax(jnp.float32(x.min()), jnp.float32(x.max()), 1))
+    qw, sw = quantize_weight(jnp.asarray(w), 1)
+    assert qw.dtype == jnp.int8 and sw.shape == (1, 4)
+    qx = quantize_activation(jnp.asarray(x), s, zp)
+    want = ((np.asarray(qx, np.float64) - float(zp)) * float(s)) @ (
+        np.asarray(qw, np.float64) * np.asarray(sw, np.float64))
+    got = int8_dense(qx, s, zp, qw, sw)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-6, atol=1e-6)
+    # same as the fake-quant product
+    fq = jnp.asarray(fake_quant(jnp.asarray(x), s, zp)) @ fake_quant_weight(jnp.asarray(w), 1)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(fq), rtol=1e-5, atol=1e-6)
+    # per-variable (stacked) version: [m, N, i] × [m, i, o]
+    xb = rng.normal(size=(3, 7, 5)).astype(np.float32) * np.float32([[[1]], [[5]], [[0.1]]])
+    wb = rng.normal(size=(3, 5, 6)).astype(np.float32)
+    sb, zb = activation_qparams(MinMax(jnp.asarray(xb.min((1, 2))), jnp.asarray(xb.max((1, 2))), 1))
+    qwb, swb = quantize_weight(jnp.asarray(wb), (0, 2))
+    assert swb.shape == (3, 1, 6)
+    qxb = quantize_activation(jnp.asarray(xb), sb[:, None, None], zb[:, None, None])
+    want = np.einsum("mni,mio->mno",
+                     (np.asarray(qxb, np.float64) - np.asarray(zb)[:, None, None])
+                     * np.asarray(sb)[:, None, None],
+                     np.asarray(qwb, np.float64) * np.asarray(swb))
+    np.testing.assert_allclose(np.asarray(int8_bmm(qxb, sb, zb, qwb, swb)), want, rtol=2e-6,
+                               atol=1e-6)
+
+
+def _module_cases():
+    from tftjax.models.layers import LSTM, Dense, VariableSelection
+
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(0.3, 1.0, size=(16, 12)), jnp.float32)
+    seq = jnp.asarray(rng.normal(size=(4, 9, 6)), jnp.float32)
+    carry = (jnp.asarray(rng.normal(size=(4, 8)), jnp.float32),
+             jnp.asarray(rng.normal(size=(4, 8)), jnp.float32))
+    ctx = jnp.asarray(rng.normal(size=(4, 1, 8)), jnp.float32)
+    return {"dense": (lambda q: Dense(5, quant=q), (x,)),
+            "lstm": (lambda q: LSTM(8, quant=q), (carry, seq)),
+            "vsn": (lambda q: VariableSelection(6, 3, 8, chunk=4, quant=q), (seq, ctx))}
+
+
+@pytest.mark.parametrize("name", ["dense", "lstm", "vsn"])
+def test_int8_layer_within_one_step_of_fake_quant(name):
+    # Each quantized layer kind alone (Dense, LSTM input and recurrence, stacked per-variable
+    # GRNs with the selection GRN): the int8 path (int8 operands, int32 accumulation) gives
+    # outputs within one quantisation step of the fake-quant forward. Steps: the Dense's
+    # output grid s_x·s_w (per channel); otherwise the coarsest activation grid inside.
+    from tftjax.quant import QuantSpec
+
+    make, args = _module_cases()[name]
+    fake_spec, int8_spec = QuantSpec("fake"), QuantSpec("int8")
+    v = jax.jit(make(fake_spec).init)(jax.random.key(0), *args)
+    _, upd = jax.jit(lambda v: make(fake_spec).apply(v, *args, mutable=["quant_stats"]))(v)
+    v = {"params": v["params"], "quant_stats": upd["quant_stats"]}
+    fake = jax.jit(lambda v: make(fake_spec).apply(v, *args))(v)
+    i8 = {**jax.jit(int8_variables, static_argnums=1)(v["params"], int8_spec),
+          "quant_stats": v["quant_stats"]}
+    assert {a.dtype for a in jax.tree.leaves(i8["params"])} >= {jnp.dtype(jnp.int8)}
+    got = jax.jit(lambda v: make(int8_spec).apply(v, *args))(i8)
+    scales = [np.max(np.asarray(activation_qparams(st)[0])) for st in jax.tree.leaves(
+        v["quant_stats"], is_leaf=lambda t: isinstance(t, MinMax))]
+    if name == "dense":
+        step = float(scales[0]) * np.asarray(i8["weight_scale"]["kernel"]).reshape(-1)
+    else:
+        step = max(scales)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(fake)):
+        diff = np.abs(np.asarray(a) - np.asarray(b))
+        assert np.all(diff <= step), (name, diff.max(), step)
+        assert diff.max() > 0 or name == "dense"  # (the paths are really different code)
+
+
+def test_int8_model_tracks_the_fake_quant_model(model):
+    # Whole model: every quantizer of the int8 path sees the same integers up to float
+    # round-off, but a value within round-off of a rounding boundary can land one step away
+    # and move what follows; predictions agree closely, not bit for bit.
+    cfg, x, v = model
+    fake = predict(cfg, "fake", v, x)
+    i8 = {**jax.jit(int8_variables, static_argnums=1)(v["params"], quant_spec(cfg, "int8")),
+          "quant_stats": v["quant_stats"]}
+    assert all(a.dtype == jnp.int8 for a in jax.tree.leaves(
+        jax.tree_util.tree_map_with_path(lambda p, a: a if p[-1].key == "kernel" else None,
+                                         i8["params"])))
+    got = predict(cfg, "int8", i8, x)
+    assert float(jnp.abs(got - fake).max()) <= 0.05 * float(jnp.std(fake))
+
+
+# ------------------------------------------------------------------ end to end
+@pytest.fixture(scope="module")
+def qat_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qat")
+    rc = call(train_cli.main, *TINY_TFT, "--qat", "--epochs", "2", "--workdir", root / "run")
+    assert rc == 0
+    return root
+
+
+def test_qat_summary_export_and_evaluate(qat_run, capsys):
+    summary = json.loads((qat_run / "run" / "summary.json").read_text())
+    assert set(summary["variants"]) == {"float", "int8"}
+    t = summary["model"]["test"]["loss"]
+    assert summary["variants"]["int8"]["test"]["loss"] == pytest.approx(t, rel=0.02)
+    assert summary["variants"]["float"]["test"]["loss"] != t
+    out = qat_run / "export"
+    capsys.readouterr()
+    assert call(export_cli.main, "--checkpoint", qat_run / "run", "--out", out) == 0
+    assert "x smaller" in capsys.readouterr().out
+    exp = export_cli.load(out)
+    ckpt = sorted((qat_run / "run" / "checkpoints").glob("tft_final_epoch*"))[-1]
+    state = raw_state(ckpt)
+    chex.assert_trees_all_equal(exp.float_variables["params"], state["params"])
+    chex.assert_trees_all_equal(export_cli.flatten(exp.variables["quant_stats"], ""),
+                                export_cli.flatten(state["quant_stats"], ""))
+    # export → load → the same int8 predictions as the int8 path of the checkpoint
+    cfg = exp.cfg
+    x = inputs(cfg, 3)
+    stats = export_cli.unflatten(export_cli.flatten(state["quant_stats"], "q"))["q"]  # → MinMax
+    want = {**int8_variables(state["params"], quant_spec(cfg, "int8")), "quant_stats": stats}
+    a, b = predict(cfg, "int8", want, x), predict(cfg, "int8", exp.variables, x)
+    chex.assert_trees_all_equal(a, b)
+    assert call(evaluate_cli.main, "--checkpoint", out) == 0
+    printed = capsys.readouterr().out
+    assert "TFT int8 (export)" in printed and "TFT: float, no quant" in printed
+
+
+def test_qat_resume_equals_the_uninterrupted_run(qat_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(qat_run / "run", copy)
+    for name in ("tft_epoch_2", "tft_final_epoch2"):
+        shutil.rmtree(copy / "checkpoints" / name)
+    assert call(train_cli.main, "--resume", "--workdir", copy, "--no-progress") == 0
+    a = raw_state(copy / "checkpoints" / "tft_epoch_2")
+    chex.assert_trees_all_equal(a, raw_state(qat_run / "run" / "checkpoints" / "tft_epoch_2"))
+    assert counts(a["quant_stats"]) == {6}  # 2 epochs × 3 steps, one observation each
+
+
+def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
+    flt = tmp_path / "float"
+    assert call(train_cli.main, *TINY_TFT, "--epochs", "1", "--workdir", flt) == 0
+    capsys.readouterr()
+    assert call(evaluate_cli.main, "--checkpoint", flt, "--int8", "--calibrate", "2") == 0
+    printed = capsys.readouterr().out
+    assert "calibrated on 2 training batches (PTQ)" in printed and "TFT: int8 inference" in printed
+    ft = tmp_path / "finetune"
+    assert call(train_cli.main, *TINY_TFT, "--qat", "--epochs", "1", "--init-from", flt,
+                "--learning-rate", "0", "--weight-decay", "0", "--workdir", ft) == 0
+    assert "initialised from the float weights of" in capsys.readouterr().out
+    summary = json.loads((ft / "summary.json").read_text())
+    assert summary["init_from"]["qat"] is False
+    # lr 0: the fine-tuned weights are the float run's, so its float metrics are too
+    float_summary = json.loads((flt / "summary.json").read_text())
+    assert summary["variants"]["float"]["test"]["loss"] == pytest.approx(
+        float_summary["model"]["test"]["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--qat", "--qat-freeze-after", "-1"], "--qat-freeze-after must be >= 0, got -1"),
+    (["--qat-freeze-after", "5"], "need --qat"),
+    (["--qat", "--init-from", "nowhere"], "--init-from nowhere: no such checkpoint"),
+])
+def test_bad_qat_flags_exit_2(args, expect, tmp_path, capsys):
+    rc = call(train_cli.main, *TINY_TFT, "--workdir", tmp_path / "run", *args)
+    err = capsys.readouterr().err
+    assert rc == 2 and expect in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_init_from_another_model_and_bad_exports_exit_2(qat_run, tmp_path, capsys):
+    rc = call(train_cli.main, *TINY_TFT, "--hidden-size", "8", "--qat", "--init-from",
+              qat_run / "run", "--workdir", tmp_path / "run")
+    err = capsys.readouterr().err
+    assert rc == 2 and "another model than this run's: hidden: 16 there, 8 now" in err, err
+    rc = call(export_cli.main, "--checkpoint", tmp_path / "missing", "--out", tmp_path / "o")
+    err = capsys.readouterr().err
+    assert rc == 2 and "no such checkpoint" in err and not (tmp_path / "o").exists()
+    rc = call(export_cli.main, "--checkpoint", qat_run / "run", "--out", qat_run / "run")
+    assert rc == 2 and "not an empty folder" in capsys.readouterr().err
+    with pytest.raises(ConfigError):
+        preset("tiny", qat_layers=())
