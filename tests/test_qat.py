@@ -56,8 +56,10 @@ def _predict(cfg, mode):
 
 
 def counts(stats):
+    # MinMax leaves (GetAttrKey) or restored as plain dicts (DictKey)
     return {int(c) for p, a in jax.tree_util.tree_flatten_with_path(stats)[0]
-            if p[-1].name == "count" for c in np.ravel(a)}
+            if getattr(p[-1], "name", getattr(p[-1], "key", None)) == "count"
+            for c in np.ravel(a)}
 
 
 @pytest.fixture(scope="module")
@@ -183,13 +185,14 @@ def _module_cases():
 
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.normal(0.3, 1.0, size=(16, 12)), jnp.float32)
-    seq = jnp.asarray(rng.normal(size=(4, 9, 6)), jnp.float32)
+    seq = jnp.asarray(rng.normal(size=(4, 9, 7)), jnp.float32)
     carry = (jnp.asarray(rng.normal(size=(4, 8)), jnp.float32),
              jnp.asarray(rng.normal(size=(4, 8)), jnp.float32))
     ctx = jnp.asarray(rng.normal(size=(4, 1, 8)), jnp.float32)
     return {"dense": (lambda q: Dense(5, quant=q), (x,)),
             "lstm": (lambda q: LSTM(8, quant=q), (carry, seq)),
-            "vsn": (lambda q: VariableSelection(6, 3, 8, chunk=4, quant=q), (seq, ctx))}
+            # 7 variables in chunks of 4: the padded variable runs through the int8 path too
+            "vsn": (lambda q: VariableSelection(7, 3, 8, chunk=4, quant=q), (seq, ctx))}
 
 
 @pytest.mark.parametrize("name", ["dense", "lstm", "vsn"])
@@ -304,10 +307,21 @@ def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
     float_summary = json.loads((flt / "summary.json").read_text())
     assert summary["variants"]["float"]["test"]["loss"] == pytest.approx(
         float_summary["model"]["test"]["loss"], rel=1e-6)
+    # QAT → QAT of the same layers: the observers come along (ranges kept, their count
+    # restarted at 1 so that --qat-freeze-after counts this run's steps)
+    ft2 = tmp_path / "finetune2"
+    assert call(train_cli.main, *TINY_TFT, "--qat", "--epochs", "1", "--init-from", ft,
+                "--workdir", ft2) == 0
+    before = raw_state(sorted((ft / "checkpoints").glob("tft_final_epoch*"))[-1])["quant_stats"]
+    after = raw_state(ft2 / "checkpoints" / "tft_epoch_1")["quant_stats"]
+    assert counts(before) == {3} and counts(after) == {4}
+    head0, head1 = before["quantiles"]["kernel_in"], after["quantiles"]["kernel_in"]
+    assert abs(float(head1["max"]) - float(head0["max"])) < 0.05 * abs(float(head0["max"]))
 
 
 @pytest.mark.parametrize("args,expect", [
-    (["--qat", "--qat-freeze-after", "-1"], "--qat-freeze-after must be >= 0, got -1"),
+    (["--qat", "--qat-freeze-after", "-1"], "--qat-freeze-after must be >= 1 (observers need one batch), got -1"),
+    (["--qat", "--qat-layers", "attention/*", "lstm_enc"], "--qat-layers lstm_enc matches no layer"),
     (["--qat-freeze-after", "5"], "need --qat"),
     (["--qat", "--init-from", "nowhere"], "--init-from nowhere: no such checkpoint"),
 ])
@@ -323,6 +337,12 @@ def test_init_from_another_model_and_bad_exports_exit_2(qat_run, tmp_path, capsy
               qat_run / "run", "--workdir", tmp_path / "run")
     err = capsys.readouterr().err
     assert rc == 2 and "another model than this run's: hidden: 16 there, 8 now" in err, err
+    from test_runloop import other_file
+
+    rc = call(train_cli.main, *TINY_TFT, "--qat", "--init-from", qat_run / "run",
+              "--parquet-file", other_file(tmp_path), "--workdir", tmp_path / "run")
+    err = capsys.readouterr().err
+    assert rc == 2 and "this run reads other.parquet" in err and "fine-tune on the data" in err, err
     rc = call(export_cli.main, "--checkpoint", tmp_path / "missing", "--out", tmp_path / "o")
     err = capsys.readouterr().err
     assert rc == 2 and "no such checkpoint" in err and not (tmp_path / "o").exists()
@@ -330,3 +350,20 @@ def test_init_from_another_model_and_bad_exports_exit_2(qat_run, tmp_path, capsy
     assert rc == 2 and "not an empty folder" in capsys.readouterr().err
     with pytest.raises(ConfigError):
         preset("tiny", qat_layers=())
+    assert not (tmp_path / "run").exists()
+
+
+def test_layer_patterns_choose_what_is_quantized():
+    cfg = small(qat_layers=("attention/*", "lstm_*/w_h", "*_vsn/glu_k"))
+    v = init_variables(cfg, jax.random.key(0))
+    observed = {"/".join(str(getattr(k, "key", "")) for k in p[:-1])
+                for p, _ in jax.tree_util.tree_flatten_with_path(v["quant_stats"])[0]}
+    vsns = {f"{n}_vsn/glu_k_in" for n in ("static", "encoder", "decoder")}
+    assert observed == {f"attention/{n}/kernel_in" for n in ("query", "key", "value", "out")} | {
+        "lstm_encoder/w_h_in", "lstm_decoder/w_h_in"} | vsns
+    i8 = jax.jit(int8_variables, static_argnums=1)(v["params"], quant_spec(cfg, "int8"))
+    int8_leaves = {jax.tree_util.keystr(p) for p, a in jax.tree_util.tree_flatten_with_path(
+        i8["params"])[0] if a.dtype == jnp.int8}
+    assert int8_leaves == {f"['attention']['{n}']['kernel']" for n in ("query", "key", "value", "out")
+                           } | {f"['lstm_{n}']['w_h']" for n in ("encoder", "decoder")} | {
+        f"['{n}_vsn']['glu_k']" for n in ("static", "encoder", "decoder")}

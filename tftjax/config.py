@@ -136,8 +136,8 @@ class TFTConfig:
                 any(math.isclose(q, 0.5) for q in qs) and any(math.isclose(q, 0.9) for q in qs),
             f"vsn_chunk must be >= 1, got {self.vsn_chunk}": self.vsn_chunk >= 1,
             f"remat tier {self.remat!r} is not one of {', '.join(TIERS)}": self.remat in TIERS,
-            f"--qat-freeze-after must be >= 0, got {self.qat_freeze_after}":
-                self.qat_freeze_after is None or self.qat_freeze_after >= 0,
+            f"--qat-freeze-after must be >= 1 (observers need one batch), got "
+            f"{self.qat_freeze_after}": self.qat_freeze_after is None or self.qat_freeze_after >= 1,
             "--qat-freeze-after and --qat-layers need --qat":
                 self.qat or (self.qat_freeze_after is None and tuple(self.qat_layers) == ("*",)),
             "--qat-layers must name at least one pattern": len(self.qat_layers) > 0,

@@ -69,7 +69,7 @@ def flatten(tree: Any, prefix: str) -> dict[str, np.ndarray]:
 
 def unflatten(flat: dict[str, np.ndarray]) -> dict:
     """Nested dicts by collection from :func:`flatten`'s names (observers back as ``MinMax``)."""
-    from tftjax.quant import MinMax
+    from tftjax.quant import as_minmax
 
     root: dict = {}
     for name, arr in flat.items():
@@ -79,14 +79,7 @@ def unflatten(flat: dict[str, np.ndarray]) -> dict:
             node = node.setdefault(k, {})
         node[keys[-1]] = arr
 
-    def fix(node):
-        if isinstance(node, dict):
-            if set(node) == set(MinMax._fields):
-                return MinMax(**{k: node[k] for k in MinMax._fields})
-            return {k: fix(v) for k, v in node.items()}
-        return node
-
-    return fix(root)
+    return as_minmax(root)
 
 
 def nbytes(flat: dict[str, np.ndarray], prefix: str | None = None) -> int:
@@ -199,9 +192,12 @@ def load(path: str | Path) -> Export:
         kind = "float32"
         if (path / INT8_FILE).is_file():
             variables, kind = unflatten(load_file(str(path / INT8_FILE))), "int8"
+            variables.setdefault("quant_stats", {})  # weight-only layers have no observers
         return Export(cfg, variables, {"params": f32["params"]},
                       FeatureStats.from_json(config["feature_stats"]), config["data"],
                       config["source"], kind)
+    except DataError:
+        raise
     except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
         raise DataError(f"{path}: not a readable tftjax export ({type(e).__name__}: {e})") from None
 

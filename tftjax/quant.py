@@ -270,6 +270,29 @@ def int8_variables(params: dict, quant: QuantSpec) -> dict:
     return {"params": qparams, "weight_scale": scales}
 
 
+def layer_names(params: dict) -> list[str]:
+    """The names :class:`QuantSpec` patterns match, of every quantizable kernel in ``params``."""
+    return [layer_name(tuple(k.key for k in path[:-1]), path[-1].key)
+            for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+            if path[-1].key in KERNEL_AXES]
+
+
+def unmatched(patterns, params: dict) -> list[str]:
+    """Patterns that cover no quantizable kernel of ``params`` (a typo would train a float
+    model under the name of QAT)."""
+    names = layer_names(params)
+    return [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+
+
+def as_minmax(tree: Any) -> Any:
+    """Observers restored as plain ``{min, max, count}`` dicts back as :class:`MinMax`."""
+    if isinstance(tree, dict):
+        if set(tree) == set(MinMax._fields):
+            return MinMax(**{k: tree[k] for k in MinMax._fields})
+        return {k: as_minmax(v) for k, v in tree.items()}
+    return tree
+
+
 def unobserved(quant_stats: dict) -> list[str]:
     """Paths of observers that never saw data (their range would quantize everything to 0)."""
     out = []

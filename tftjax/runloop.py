@@ -90,7 +90,10 @@ def check_resume(saved: dict, task: Task, ckpt_dir: Path) -> None:
     diff = []
     if (s_data.get("sha256"), s_data.get("rows")) != (n_data.get("sha256"), n_data.get("rows")):
         diff.append(f"data: trained on {_data(s_data)}, this run reads {_data(n_data)}")
-    diff += identity_diff({k: v for k, v in saved["identity"].items() if k != "data"},
+    saved_identity = saved["identity"]
+    if hasattr(task, "normalize_identity"):
+        saved_identity = task.normalize_identity(saved_identity)
+    diff += identity_diff({k: v for k, v in saved_identity.items() if k != "data"},
                           {k: v for k, v in task.identity().items() if k != "data"},
                           task.may_change)
     if diff:
@@ -171,7 +174,8 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
     checkpointer, bar = EpochCheckpointer(ckpt_dir, task.kind), None
     try:
         if saved is not None:
-            state = checkpointer.restore(start, task.abstract_state())
+            state = (task.restore(checkpointer, start) if hasattr(task, "restore")
+                     else checkpointer.restore(start, task.abstract_state()))
             log(f"resuming from {ckpt_dir / checkpoint_name(task.kind, start, False)}")
         else:
             state = task.init_state()

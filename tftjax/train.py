@@ -5,6 +5,7 @@ Examples:
   python -m tftjax.train --preset tiny --epochs 1 --workdir runs/tiny
   python -m tftjax.train --remat=aggressive
   python -m tftjax.train --resume --workdir runs/tft --epochs 20
+  python -m tftjax.train --qat --init-from runs/tft/run_001 --epochs 3   # QAT fine-tuning
 
 The flags are the fields of :class:`~tftjax.config.TFTConfig` and
 :class:`~tftjax.config.TrainConfig` (with the preset's values as defaults)

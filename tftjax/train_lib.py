@@ -32,7 +32,7 @@ from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import (DataError, Dataset, DeviceData, FeatureStats, epoch_batches,
                          find_data_file, gather, load_dataset, to_device)
 from tftjax.models.tft import TFT, init_variables, quant_spec
-from tftjax.quant import int8_variables, unobserved
+from tftjax.quant import as_minmax, int8_variables, layer_names, unmatched, unobserved
 from tftjax.remat import plan as remat_plan
 from tftjax.runloop import TrainingDiverged
 
@@ -220,6 +220,12 @@ class TFTTask:
                  progress: bool = True, profile_dir: str | None = None,
                  init: "Initial | None" = None, log: Callable = print):
         self.cfg, self.tc, self.ds, self.log, self.init = cfg, tc, ds, log, init
+        if cfg.qat:
+            shapes = jax.eval_shape(lambda k: init_variables(cfg, k), jax.random.key(0))
+            if bad := unmatched(cfg.qat_layers, shapes["params"]):
+                raise ConfigError(f"--qat-layers {' '.join(bad)} matches no layer; layers are "
+                                  "named like " + ", ".join(layer_names(shapes["params"])[:4])
+                                  + ", … (tftjax.quant.layer_names)")
         self.epochs, self.patience = tc.epochs, tc.patience
         self.progress, self.profile_dir = progress, profile_dir
         self.trainer = Trainer(cfg, tc, to_device(ds.features))
@@ -247,6 +253,30 @@ class TFTTask:
     def abstract_state(self):
         return jax.eval_shape(lambda k: create_train_state(self.cfg, self.tc, k),
                               jax.random.key(self.tc.seed))
+
+    def restore(self, checkpointer, epoch: int) -> TrainState:
+        """The state of epoch checkpoint ``epoch``; a float run's checkpoint written before
+        ``quant_stats`` existed restores with an empty one."""
+        like = self.abstract_state()
+        try:
+            return checkpointer.restore(epoch, like)
+        except Exception:
+            if like.quant_stats:
+                raise
+            r = checkpointer.restore(epoch, {"step": like.step, "params": like.params,
+                                             "opt_state": like.opt_state})
+            return like.replace(step=r["step"], params=r["params"], opt_state=r["opt_state"])
+
+    @staticmethod
+    def normalize_identity(identity: dict) -> dict:
+        """A saved identity with the fields added since (at their defaults) filled in."""
+        out = dict(identity)
+        try:
+            out["model"] = TFTConfig.from_json(identity["model"]).to_json()
+            out["train"] = TrainConfig.from_json(identity["train"]).to_json()
+        except (KeyError, TypeError, ConfigError):
+            pass  # reported field by field by the comparison
+        return out
 
     def describe(self, state) -> str:
         ds, note = self.ds, remat_plan(self.cfg.remat).note
@@ -451,8 +481,25 @@ def open_checkpoint(path: str | Path, flag: str = "--checkpoint") -> Checkpoint:
 
 
 def restore_checkpoint(ck: Checkpoint) -> TrainState:
-    return restore_state(ck.path, jax.eval_shape(
-        lambda k: create_train_state(ck.cfg, ck.tc, k), jax.random.key(0)))
+    """The checkpoint's train state (a float checkpoint written before ``quant_stats``
+    existed gets an empty one).
+
+    Raises:
+      DataError: the state cannot be restored (damaged, or not this model's shapes).
+    """
+    like = jax.eval_shape(lambda k: create_train_state(ck.cfg, ck.tc, k), jax.random.key(0))
+    try:
+        return restore_state(ck.path, like)
+    except Exception as e:  # orbax raises several types
+        if not like.quant_stats:
+            try:
+                r = restore_state(ck.path, {"step": like.step, "params": like.params,
+                                            "opt_state": like.opt_state})
+                return like.replace(step=r["step"], params=r["params"], opt_state=r["opt_state"])
+            except Exception:
+                pass
+        raise DataError(f"{ck.path}: the weights cannot be restored ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:200]})") from None
 
 
 class Initial(NamedTuple):
@@ -472,7 +519,7 @@ def initial_weights(init_from: str | Path, cfg: TFTConfig, ds: Dataset) -> Initi
         ck = open_checkpoint(init_from, "--init-from")
     except DataError as e:
         raise ConfigError(str(e)) from None
-    skip = TFTConfig.EXECUTION_FIELDS
+    skip = TFTConfig.EXECUTION_FIELDS + ("dropout",)  # shapes and data must match, not these
     diff = runloop.identity_diff({k: v for k, v in ck.cfg.float_twin().to_json().items()
                                   if k not in skip},
                                  {k: v for k, v in cfg.float_twin().to_json().items()
@@ -494,7 +541,11 @@ def initial_weights(init_from: str | Path, cfg: TFTConfig, ds: Dataset) -> Initi
     note = (f"initialised from the {kind} weights of {ck.path} (epoch "
             f"{ck.meta.get('weights_epoch')})" + ("" if same_quant or not cfg.qat
                                                   else "; activation observers start empty"))
-    return Initial(state.params, state.quant_stats if same_quant else None, source, note)
+    stats = None
+    if same_quant:  # keep the ranges; count this run's steps (for --qat-freeze-after)
+        stats = jax.tree.map(lambda m: m._replace(count=jnp.minimum(m.count, 1)),
+                             as_minmax(state.quant_stats), is_leaf=lambda t: hasattr(t, "_fields"))
+    return Initial(state.params, stats, source, note)
 
 
 @functools.lru_cache(maxsize=None)
@@ -557,6 +608,9 @@ def evaluate_checkpoint(checkpoint: str | Path, parquet_file: str | Path | None 
         exp = export.load(checkpoint)
         cfg, tc, recorded, stats = exp.cfg, TrainConfig(), exp.data, exp.feature_stats
         variables, run_dir = exp.variables, checkpoint
+        if int8 and exp.kind != "int8":
+            raise ConfigError(f"{checkpoint} holds float32 weights only: export a --qat run, or "
+                              "a float one with --calibrate N, to get an int8 model")
         weights_epoch = exp.source.get("weights_epoch")
         what = f"{checkpoint} (export of {exp.source.get('checkpoint')}, epoch {weights_epoch})"
         if calibrate_batches:
@@ -608,11 +662,13 @@ def evaluate_checkpoint(checkpoint: str | Path, parquet_file: str | Path | None 
             summary["variants"] = {m: {split: trainer.evaluate(variables, starts, m)}
                                    for m in ("float", "int8")}
     summary["quantized"] = bool(cfg.qat) and not int8_export
+    if calibrate_batches:
+        summary["ptq_batches"] = calibrate_batches
     if split != "train":
         for name, m in baselines(ds, cfg.quantiles, split).items():
             summary["baselines"][name] = {split: m}
     log(f"{what} on {source}, {split} split, {starts.size:,} windows")
-    log(format_summary(summary, int8_model=int8_export))
+    log(format_summary(summary, int8_model=int8_export, ptq=bool(calibrate_batches)))
     return summary
 
 
@@ -635,10 +691,12 @@ def summarize(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig) -> dict:
 VARIANT_NAMES = {"float": "TFT: float, no quant", "int8": "TFT: int8 inference"}
 
 
-def format_summary(summary: dict, qat: bool | None = None, int8_model: bool = False) -> str:
+def format_summary(summary: dict, qat: bool | None = None, int8_model: bool = False,
+                   ptq: bool = False) -> str:
     """The metrics table: the model, its quantization variants, the baselines."""
     qat = summary.get("quantized", bool(summary.get("variants"))) if qat is None else qat
-    name = "TFT int8 (export)" if int8_model else "TFT: fake-quant (QAT)" if qat else "TFT"
+    name = ("TFT int8 (export)" if int8_model else "TFT: fake-quant (PTQ)" if ptq
+            else "TFT: fake-quant (QAT)" if qat else "TFT")
     rows = [(name, summary["model"])]
     rows += [(VARIANT_NAMES[k], v) for k, v in summary.get("variants", {}).items()]
     rows += [({"zero": "naive: zero return", "train_quantiles": "naive: train quantiles"}[k], v)
