@@ -246,8 +246,13 @@ class TFTTask:
         state = create_train_state(self.cfg, self.tc, jax.random.key(self.tc.seed))
         if self.init is not None:
             self.log(self.init.note)
-            state = state.replace(params=self.init.params,
-                                  quant_stats=self.init.quant_stats or state.quant_stats)
+            # uncommitted, like the fresh state's leaves: restored (committed) arrays would make
+            # the first two steps compile the train step twice
+            place = lambda new, old: jnp.asarray(np.asarray(new), old.dtype)  # noqa: E731
+            state = state.replace(
+                params=jax.tree.map(place, self.init.params, state.params),
+                quant_stats=(jax.tree.map(place, self.init.quant_stats, state.quant_stats)
+                             if self.init.quant_stats else state.quant_stats))
         return state
 
     def abstract_state(self):
