@@ -34,12 +34,21 @@ def test_masked_mean_and_qrisk():
     assert m["q_risk_90"] == pytest.approx(2 * ql[..., 2].sum() / np.abs(y[:4]).sum(), rel=1e-5)
 
 
-def test_zero_forecast_has_p50_qrisk_one():
-    y = np.random.default_rng(1).normal(size=(50, 5))
-    b = losses.naive_baselines(y.ravel(), y, QS)
-    assert b["zero"]["q_risk_50"] == pytest.approx(1.0, rel=1e-6)
-    # Empirical quantiles of the same data are the best constant forecast.
-    assert b["train_quantiles"]["loss"] <= b["zero"]["loss"]
+def test_coverage_and_numpy_metrics_by_hand():
+    y = np.array([[0.0, 2.0], [-1.0, 0.5]])
+    pred = np.array([[[-1, 0, 1], [-1, 0, 1]], [[-0.5, 0, 0.5], [-0.5, 0, 0.5]]], float)
+    # inside [q10, q90]: 0 yes, 2 no, -1 no, 0.5 yes (edges count) → 2 of 4
+    m = losses.numpy_metrics(y, pred, QS)
+    assert m["coverage_80"] == pytest.approx(0.5)
+    j = losses.finalize(losses.metric_sums(jnp.asarray(y), jnp.asarray(pred), QS,
+                                           jnp.ones(2, bool)))
+    for k in ("loss", "q_risk_50", "q_risk_90", "coverage_80"):
+        assert j[k] == pytest.approx(m[k], rel=1e-6)
+    # zero forecast: P50 pinball is |y|/2, so q-risk P50 is exactly 1
+    zero = losses.numpy_metrics(y, np.zeros_like(pred), QS)
+    assert zero["q_risk_50"] == pytest.approx(1.0)
+    no10 = losses.numpy_metrics(y, pred[..., 1:], (0.5, 0.9))
+    assert np.isnan(no10["coverage_80"])
 
 
 def test_qrisk_needs_the_quantiles():

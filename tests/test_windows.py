@@ -88,7 +88,9 @@ def test_gather_shapes_and_values_equal_numpy_slices(dataset, gather_jit):
     assert batch.target.shape == (4, 10)
     for i, s in enumerate(starts):
         np.testing.assert_array_equal(batch.historical[i], fs.historical[s : s + 50])
-        np.testing.assert_array_equal(batch.known[i], fs.known[s : s + 60])
+        np.testing.assert_array_equal(batch.known[i, :50], fs.known[s : s + 50])
+        # decoder steps: the calendar slots after the last encoder bar, not the later bars
+        np.testing.assert_array_equal(batch.known[i, 50:], fs.future[s + 49])
         np.testing.assert_array_equal(batch.target[i], fs.target[s + 50 : s + 60])
         np.testing.assert_array_equal(batch.static[i], fs.static)
     # The target of a window is the next 10 bars' log returns after its last encoder bar.
@@ -109,6 +111,6 @@ def test_gather_runs_on_device_without_host_copies(dataset, gather_jit):
 def test_features_of_a_small_config(small_bars):
     cfg = DataConfig(encoder_steps=8, decoder_steps=3)
     s = make_splits(len(small_bars), cfg)
-    fs = build_features(small_bars, train_rows=s.train_rows)
+    fs = build_features(small_bars, cfg, train_rows=s.train_rows)
     batch = gather(to_device(fs), jnp.asarray(s.val[:5]), 8, 3)
     assert batch.historical.shape == (5, 8, 210) and batch.known.shape == (5, 11, 10)

@@ -47,6 +47,21 @@ class DataConfig:
     """Share given to validation; the rest (less embargoes) is test."""
     embargo: int | None = None
     """Rows left out between splits; ``None`` means one full window."""
+    bar_interval: str | None = None
+    """Nominal bar interval (1min, 5min, 1h, 1d ...); default: the median step of the training
+    rows. Decoder step k's known inputs are those of the forecast time plus k intervals."""
+    calendar: str | None = None
+    """Exchange calendar for session inputs and the future slots: XCME (CME Globex), XNYS, XLON,
+    24/7 ... (exchange_calendars names; the calendars extra). Default: none (clock only)."""
+    timezone: str | None = None
+    """Wall clock of the calendar features, e.g. America/Chicago; default: the data's own zone
+    (tz-aware timestamps), else the calendar's, else the timestamps as stored."""
+    winsorize: float = 0.001
+    """The target scale is the std of training returns winsorised at this tail quantile (0: the
+    plain std), so that one bad print cannot set it."""
+    target_clip: float = 20.0
+    """Targets (returns in target scales) are clipped to +-this for training and evaluation
+    (0: no clip)."""
 
     @property
     def window(self) -> int:
@@ -66,7 +81,18 @@ class DataConfig:
             "train_fraction + val_fraction must be < 1 (test needs rows)":
                 self.train_fraction + self.val_fraction < 1,
             f"embargo must be >= 0, got {self.embargo}": self.embargo is None or self.embargo >= 0,
+            f"winsorize must be in [0, 0.5), got {self.winsorize}": 0 <= self.winsorize < 0.5,
+            f"target_clip must be >= 0 (0: off), got {self.target_clip}":
+                _finite(self.target_clip) and self.target_clip >= 0,
         }, "DataConfig")  # fmt: skip
+        if self.bar_interval is not None:
+            from tftjax.data.calendar import parse_interval
+
+            parse_interval(self.bar_interval)
+        if self.timezone is not None:
+            from tftjax.data.calendar import check_zone
+
+            check_zone(self.timezone)
 
 
 DEFAULT_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
@@ -103,6 +129,21 @@ class TFTConfig:
     activations (moving-average min/max observers) in the layers --qat-layers names."""
     qat_freeze_after: int | None = None
     """Freeze the activation observers after this many training steps (default: never)."""
+    bar_interval: str | None = None
+    """Nominal bar interval (1min, 5min, 1h, 1d ...); default: the median step of the training
+    rows. Decoder step k's known inputs are those of the forecast time plus k intervals."""
+    calendar: str | None = None
+    """Exchange calendar: its sessions, breaks, early closes and holidays become known inputs
+    and place the decoder steps (XCME, XNYS, XLON, 24/7 ...; the calendars extra). Default:
+    none (clock and weekday only)."""
+    timezone: str | None = None
+    """Wall clock of the calendar features, e.g. America/Chicago; default: the data's own zone
+    (tz-aware timestamps), else the calendar's, else the timestamps as stored."""
+    winsorize: float = 0.001
+    """Target scale: std of the training returns winsorised at this tail quantile and at least
+    the 5 most extreme values of each tail (0: the plain std)."""
+    target_clip: float = 20.0
+    """Clip targets to +-this many target scales, in training and evaluation (0: off)."""
     qat_layers: tuple[str, ...] = ("*",)
     """Layers to quantize, as fnmatch patterns over their paths: Dense modules
     (e.g. 'attention/*', 'quantiles', 'encoder_vsn/weights/*'), stacked and LSTM kernels
@@ -142,10 +183,14 @@ class TFTConfig:
                 self.qat or (self.qat_freeze_after is None and tuple(self.qat_layers) == ("*",)),
             "--qat-layers must name at least one pattern": len(self.qat_layers) > 0,
         }, "model config")  # fmt: skip
+        self.data  # noqa: B018 - validates the data options
 
     @property
     def data(self) -> DataConfig:
-        return DataConfig(encoder_steps=self.encoder_steps, decoder_steps=self.decoder_steps)
+        return DataConfig(encoder_steps=self.encoder_steps, decoder_steps=self.decoder_steps,
+                          bar_interval=self.bar_interval, calendar=self.calendar,
+                          timezone=self.timezone, winsorize=self.winsorize,
+                          target_clip=self.target_clip)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

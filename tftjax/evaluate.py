@@ -33,6 +33,8 @@ class Args:
     (its final checkpoint) or an export folder."""
     parquet_file: Path | None = None
     """Evaluate on this file instead of the training data (with the training statistics)."""
+    dataset: Literal["es", "spx", "btc"] | None = None
+    """A bundled set instead of --parquet-file: es, spx or btc (tftjax/data/bundled/SOURCES.md)."""
     split: Literal["train", "val", "test"] = "test"
     int8: bool = False
     """Also run the int8 inference path (a --qat checkpoint, or a float one with --calibrate)."""
@@ -51,7 +53,9 @@ def run(argv: list[str] | None = None) -> int:
         from tftjax.errors import ConfigError
 
         raise ConfigError(f"--calibrate must be >= 0, got {args.calibrate}")
-    evaluate_checkpoint(args.checkpoint, args.parquet_file, args.split, int8=args.int8,
+    from tftjax.train import data_file
+
+    evaluate_checkpoint(args.checkpoint, data_file(args.parquet_file, args.dataset), args.split, int8=args.int8,
                         calibrate_batches=args.calibrate)
     return 0
 

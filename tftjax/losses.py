@@ -3,7 +3,9 @@
 ``QL(y, ŷ, q) = max(q (y − ŷ), (q − 1)(y − ŷ))``; the training loss is its
 mean over batch, horizon and quantiles (pytorch-forecasting's
 ``QuantileLoss`` is twice this). q-risk (the TFT paper's metric) is
-``R_q = 2 Σ QL(y, ŷ_q, q) / Σ |y|`` over all windows and horizons.
+``R_q = 2 Σ QL(y, ŷ_q, q) / Σ |y|`` over all windows and horizons. Coverage
+is the share of targets inside the 10–90% band ``[ŷ_0.1, ŷ_0.9]`` (0.8 when the
+quantiles are calibrated; NaN when the quantiles lack 0.1 or 0.9).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class MetricSums(NamedTuple):
     ql50: Array  # Σ QL at q = 0.5 (all horizons)
     ql90: Array  # Σ QL at q = 0.9
     abs_y: Array  # Σ |y|
+    inside: Array  # Σ [ŷ_0.1 <= y <= ŷ_0.9] (all horizons)
+    points: Array  # Σ valid (row, horizon) points
 
 
 def metric_sums(y: Array, pred: Array, quantiles, mask: Array) -> MetricSums:
@@ -49,12 +53,20 @@ def metric_sums(y: Array, pred: Array, quantiles, mask: Array) -> MetricSums:
     i50, i90 = _index(qs, 0.5), _index(qs, 0.9)
     ql = pinball(y, pred, qs)  # [B, T, Q]
     m = mask.astype(ql.dtype)
+    hits = np.flatnonzero(np.isclose(qs, 0.1))
+    if hits.size:
+        inside = ((y >= pred[..., int(hits[0])]) & (y <= pred[..., i90])).astype(ql.dtype)
+        inside = jnp.sum(inside.sum(-1) * m)
+    else:
+        inside = jnp.asarray(jnp.nan, ql.dtype)
     return MetricSums(
         loss=jnp.sum(ql.mean(axis=(-2, -1)) * m),
         count=m.sum(),
         ql50=jnp.sum(ql[..., i50].sum(-1) * m),
         ql90=jnp.sum(ql[..., i90].sum(-1) * m),
         abs_y=jnp.sum(jnp.abs(y).sum(-1) * m),
+        inside=inside,
+        points=m.sum() * y.shape[-1],
     )
 
 
@@ -76,20 +88,25 @@ def finalize(s: MetricSums) -> dict[str, float]:
         "loss": float(s.loss) / max(count, 1.0),
         "q_risk_50": 2.0 * float(s.ql50) / max(abs_y, 1e-12),
         "q_risk_90": 2.0 * float(s.ql90) / max(abs_y, 1e-12),
+        "coverage_80": float(s.inside) / max(float(s.points), 1.0),
     }
 
 
-def baseline_metrics(y: np.ndarray, quantiles, constant: np.ndarray) -> dict[str, float]:
-    """Metrics of a constant forecast ``constant [Q]`` on targets ``y [N, T]``."""
-    pred = np.broadcast_to(np.asarray(constant, np.float64), y.shape + (len(quantiles),))
-    return finalize(metric_sums(jnp.asarray(y), jnp.asarray(pred), quantiles,
-                                jnp.ones(y.shape[0], bool)))
+def numpy_metrics(y: np.ndarray, pred: np.ndarray, quantiles) -> dict[str, float]:
+    """Metrics of forecasts ``pred [N, T, Q]`` on targets ``y [N, T]`` (host numpy, float64)."""
+    return finalize(numpy_sums(y, pred, quantiles))
 
 
-def naive_baselines(train_targets: np.ndarray, y: np.ndarray, quantiles) -> dict[str, dict]:
-    """The two naive forecasts on targets ``y``: zero return, train empirical quantiles."""
-    qs = np.asarray(quantiles)
-    return {
-        "zero": baseline_metrics(y, qs, np.zeros(len(qs))),
-        "train_quantiles": baseline_metrics(y, qs, np.quantile(train_targets, qs)),
-    }
+def numpy_sums(y: np.ndarray, pred: np.ndarray, quantiles) -> MetricSums:
+    """:func:`metric_sums` in float64 numpy (for baselines and bootstraps)."""
+    qs = np.asarray(quantiles, np.float64)
+    y, pred = np.asarray(y, np.float64), np.asarray(pred, np.float64)
+    err = y[..., None] - pred
+    ql = np.maximum(qs * err, (qs - 1.0) * err)
+    i50, i90 = _index(qs, 0.5), _index(qs, 0.9)
+    hits = np.flatnonzero(np.isclose(qs, 0.1))
+    inside = (np.sum((y >= pred[..., int(hits[0])]) & (y <= pred[..., i90])) if hits.size
+              else np.nan)
+    return MetricSums(loss=ql.mean(axis=(-2, -1)).sum(), count=float(y.shape[0]),
+                      ql50=ql[..., i50].sum(), ql90=ql[..., i90].sum(), abs_y=np.abs(y).sum(),
+                      inside=inside, points=float(y.size))

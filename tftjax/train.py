@@ -35,6 +35,9 @@ class Args:
     parquet_file: Path | None = None
     """OHLCV bars (time column ts/timestamp/date, open, high, low, close, volume); default: the
     bundled ES bars, or with --resume the file the run was trained on."""
+    dataset: Literal["es", "spx", "btc"] | None = None
+    """A bundled set instead of --parquet-file: es (ES futures, 1 min, 2,264 bars), spx (S&P 500
+    daily, 5,031), btc (BTC/USD hourly, 20,111); sources in tftjax/data/bundled/SOURCES.md."""
     preset: Literal["tft225", "tiny"] = "tft225"
     """Model sizes: tft225 (the default) or tiny; the flags below override single fields."""
     workdir: Path = Path("runs/tft/run_001")
@@ -78,6 +81,7 @@ def run(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--remat {args.remat!r} is not a tier; choose one of: "
                           f"{', '.join(CHOICES)}")
     cfg, tc = args.model, args.train
+    args.parquet_file = data_file(args.parquet_file, args.dataset)
     if args.remat == AUTO:
         cfg, tc = plan_auto_tier(cfg, tc, args)
     else:
@@ -91,6 +95,17 @@ def run(argv: list[str] | None = None) -> int:
     if args.profile:
         print(f"profile trace written under {args.profile} (open with TensorBoard/XProf)")
     return 0
+
+
+def data_file(parquet_file: Path | None, dataset: str | None) -> Path | None:
+    """``--parquet-file`` or the bundled ``--dataset`` (not both)."""
+    if dataset is None:
+        return parquet_file
+    if parquet_file is not None:
+        raise ConfigError("give --dataset or --parquet-file, not both")
+    from tftjax.data import bundled_path
+
+    return bundled_path(dataset)
 
 
 def plan_auto_tier(cfg: TFTConfig, tc: TrainConfig, args: Args):

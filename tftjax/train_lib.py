@@ -204,9 +204,14 @@ def window_targets(ds: Dataset, starts: np.ndarray) -> np.ndarray:
 
 
 def baselines(ds: Dataset, quantiles, split: str) -> dict[str, dict]:
-    train_y = window_targets(ds, ds.splits.train)
-    return losses.naive_baselines(train_y.ravel(), window_targets(ds, getattr(ds.splits, split)),
-                                  quantiles)
+    """Metrics of every baseline (:mod:`tftjax.baselines`) on the windows of ``split``."""
+    from tftjax import baselines as bl
+
+    starts = getattr(ds.splits, split)
+    preds = bl.forecasts(ds.features.target, starts + ds.cfg.encoder_steps - 1,
+                         ds.cfg.decoder_steps, quantiles, ds.splits.train_rows)
+    y = window_targets(ds, starts)
+    return {name: losses.numpy_metrics(y, p, quantiles) for name, p in preds.items()}
 
 
 # ------------------------------------------------------------------ the TFT's part of the loop
@@ -286,10 +291,17 @@ class TFTTask:
     def describe(self, state) -> str:
         ds, note = self.ds, remat_plan(self.cfg.remat).note
         n = sum(x.size for x in jax.tree.leaves(state.params))
-        return ((note + "\n" if note else "")
+        warn = "".join(f"warning: {w}\n" for w in ds.warnings)
+        clock = ds.features.stats.clock
+        from tftjax.data.calendar import format_interval
+
+        cal = (f"; bar {format_interval(clock.interval)}, calendar {clock.calendar or 'none'}, "
+               f"clock {clock.zone or 'as stored'}")
+        return (warn + (note + "\n" if note else "")
                 + f"TFT {n:,} parameters; {len(ds.bars):,} bars from {ds.bars.path}; windows "
                 f"train {ds.splits.train.size:,} / val {ds.splits.val.size:,} / test "
-                f"{ds.splits.test.size:,}; remat={self.cfg.remat}, batch {self.tc.batch_size}"
+                f"{ds.splits.test.size:,}{cal}; remat={self.cfg.remat}, batch "
+                f"{self.tc.batch_size}"
                 + (f"; QAT (int8 fake-quant of {', '.join(self.cfg.qat_layers)}"
                    + (f", observers frozen after {self.cfg.qat_freeze_after} steps)"
                       if self.cfg.qat_freeze_after is not None else ")")
@@ -669,9 +681,8 @@ def evaluate_checkpoint(checkpoint: str | Path, parquet_file: str | Path | None 
     summary["quantized"] = bool(cfg.qat) and not int8_export
     if calibrate_batches:
         summary["ptq_batches"] = calibrate_batches
-    if split != "train":
-        for name, m in baselines(ds, cfg.quantiles, split).items():
-            summary["baselines"][name] = {split: m}
+    for name, m in baselines(ds, cfg.quantiles, split).items():
+        summary["baselines"][name] = {split: m}
     log(f"{what} on {source}, {split} split, {starts.size:,} windows")
     log(format_summary(summary, int8_model=int8_export, ptq=bool(calibrate_batches)))
     return summary
@@ -687,7 +698,7 @@ def summarize(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig) -> dict:
     if cfg.qat:
         out["variants"] = {m: {split: trainer.evaluate(variables, getattr(ds.splits, split), m)
                                for split in splits} for m in ("float", "int8")}
-    for split in (s for s in splits if s != "train"):
+    for split in splits:
         for name, m in baselines(ds, cfg.quantiles, split).items():
             out["baselines"].setdefault(name, {})[split] = m
     return out
@@ -704,14 +715,17 @@ def format_summary(summary: dict, qat: bool | None = None, int8_model: bool = Fa
             else "TFT: fake-quant (QAT)" if qat else "TFT")
     rows = [(name, summary["model"])]
     rows += [(VARIANT_NAMES[k], v) for k, v in summary.get("variants", {}).items()]
-    rows += [({"zero": "naive: zero return", "train_quantiles": "naive: train quantiles"}[k], v)
-             for k, v in summary["baselines"].items()]
-    head = f"{'':24s} {'split':6s} {'loss':>9s} {'q-risk P50':>11s} {'q-risk P90':>11s}"
+    from tftjax.baselines import NAMES
+
+    rows += [(NAMES.get(k, k), v) for k, v in summary["baselines"].items()]
+    head = (f"{'':28s} {'split':6s} {'loss':>9s} {'q-risk P50':>11s} {'q-risk P90':>11s} "
+            f"{'cover 10-90':>11s}")
     lines = [head, "-" * len(head)]
-    for name, by_split in rows:
-        for split in ("train", "val", "test"):
+    for split in ("train", "val", "test"):
+        for name, by_split in rows:
             if split in by_split:
                 m = by_split[split]
-                lines.append(f"{name:24s} {split:6s} {m['loss']:9.4f} {m['q_risk_50']:11.4f} "
-                             f"{m['q_risk_90']:11.4f}")
+                cov = m.get("coverage_80", float("nan"))
+                lines.append(f"{name:28s} {split:6s} {m['loss']:9.4f} {m['q_risk_50']:11.4f} "
+                             f"{m['q_risk_90']:11.4f} {cov:11.3f}")
     return "\n".join(lines)

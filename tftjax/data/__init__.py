@@ -11,14 +11,14 @@ import dataclasses
 import os
 
 from tftjax.config import DataConfig
-from tftjax.data.bars import (Bars, DataError, content_hash, default_parquet, file_sha256,
-                              read_bars, write_bars)
+from tftjax.data.bars import (DATASETS, Bars, DataError, bundled_path, content_hash, default_parquet,
+                              file_sha256, quality_warnings, read_bars, write_bars)
 from tftjax.data.features import WARMUP, FeatureSet, FeatureStats, build_features
 from tftjax.data.windows import (Batch, DeviceData, Splits, epoch_batches, gather, make_splits,
                                  to_device)
 
 __all__ = [
-    "Bars", "Batch", "DataError", "Dataset", "DeviceData", "FeatureSet", "FeatureStats", "Splits",
+    "DATASETS", "Bars", "Batch", "bundled_path", "DataError", "Dataset", "DeviceData", "FeatureSet", "FeatureStats", "Splits",
     "WARMUP", "build_features", "content_hash", "data_identity", "default_parquet", "file_sha256",
     "find_data_file", "epoch_batches", "gather", "load_dataset",
     "make_splits", "read_bars", "to_device", "write_bars",
@@ -31,6 +31,8 @@ class Dataset:
     features: FeatureSet
     splits: Splits
     cfg: DataConfig
+    warnings: tuple[str, ...] = ()
+    """What passed validation but deserves a word (irregular steps, zero volume, outliers)."""
 
     def identity(self, run_dir: str | os.PathLike | None = None) -> dict:
         """What a run records of its data and checks on resume and evaluate."""
@@ -53,7 +55,8 @@ def data_identity(bars: Bars, run_dir: str | os.PathLike | None = None) -> dict:
            "rows": len(bars)}
     if bars.sha256:  # read from a file
         p = Path(bars.path).resolve()
-        out["file"] = BUNDLED + p.name if p == default_parquet().resolve() else str(p)
+        mine = {bundled_path(n).resolve(): bundled_path(n).name for n in DATASETS}
+        out["file"] = BUNDLED + mine[p] if p in mine else str(p)
         if run_dir is not None and not out["file"].startswith(BUNDLED):
             out["file_from_run"] = os.path.relpath(p, Path(run_dir).resolve())
     return out
@@ -73,7 +76,10 @@ def find_data_file(identity: dict, run_dir: str | os.PathLike) -> str:
 
     f = identity["file"]
     if f.startswith(BUNDLED):
-        candidates = [default_parquet()]
+        from pathlib import PurePosixPath
+
+        name = PurePosixPath(f).name
+        candidates = [bundled_path(k) for k, v in DATASETS.items() if v == name] or [Path(f)]
     else:
         rel = identity.get("file_from_run")
         candidates = [(Path(run_dir) / rel).resolve()] if rel else []
@@ -105,5 +111,11 @@ def load_dataset(path: str | os.PathLike | None = None, cfg: DataConfig = DataCo
     path = default_parquet() if path is None else path
     bars = read_bars(path, min_rows=WARMUP + cfg.window)
     splits = make_splits(len(bars), cfg, source=str(path))
-    features = build_features(bars, train_rows=splits.train_rows, stats=stats)
-    return Dataset(bars, features, splits, cfg)
+    features = build_features(bars, cfg, train_rows=splits.train_rows, stats=stats)
+    tl, clock = features.timeline, features.stats.clock
+    warn = quality_warnings(bars, clock.interval, features.stats.target_scale)
+    off = tl.off_calendar() if tl is not None else 0
+    if off:
+        warn.append(f"{path}: {off:,} of {len(bars):,} bars fall outside the sessions of "
+                    f"calendar {clock.calendar} (their session inputs are the last session's)")
+    return Dataset(bars, features, splits, cfg, tuple(warn))

@@ -8,7 +8,11 @@ turns a ``DataError`` into one line on stderr and exit code 2.
 Accepted column names (any case): time from ``ts``, ``ts_event``,
 ``timestamp``, ``datetime``, ``date`` (first match in that order; timestamp,
 date, ISO-8601 string or integer epoch in s/ms/us/ns); prices and volume
-from ``open``, ``high``, ``low``, ``close``, ``volume``.
+from ``open``, ``high``, ``low``, ``close``, ``volume``. Two columns that differ only
+in case (``close`` and ``Close``) are refused, and so is a symbol column
+(``symbol``, ``ticker``, ``instrument`` …) holding more than one instrument:
+one file is one series. Time-zone-aware timestamps are kept as instants with
+their zone (:attr:`Bars.tz`); see :mod:`tftjax.data.calendar`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import pyarrow.parquet as pq
 
 TIME_COLUMNS = ("ts", "ts_event", "timestamp", "datetime", "date")
 VALUE_COLUMNS = ("open", "high", "low", "close", "volume")
+SYMBOL_COLUMNS = ("symbol", "ticker", "instrument", "instrument_id", "asset", "contract",
+                  "security", "sym", "code")
 
 
 class DataError(ValueError):
@@ -44,6 +50,9 @@ class Bars:
     volume: np.ndarray  # [n] float64
     sha256: str = ""
     """Hash of the parquet file's bytes ("" for bars built in memory: see :func:`content_hash`)."""
+    tz: str | None = None
+    """The timestamps' zone when they were time-zone aware (``ts`` then holds UTC instants);
+    None for naive (wall-clock) timestamps."""
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
@@ -69,9 +78,30 @@ def _fmt_ts(ns: int) -> str:
     return str(np.datetime64(int(ns), "ns"))
 
 
-def _find_column(table: pa.Table, wanted: str) -> str | None:
-    by_lower = {name.lower(): name for name in table.column_names}
-    return by_lower.get(wanted)
+def _find_column(table: pa.Table, wanted: str, path: str = "") -> str | None:
+    hits = [name for name in table.column_names if name.lower() == wanted]
+    if len(hits) > 1:
+        raise DataError(f"{path}: columns {' and '.join(repr(h) for h in hits)} both present "
+                        f"(names are read case-insensitively): keep one")
+    return hits[0] if hits else None
+
+
+def _check_one_instrument(table: pa.Table, path: str) -> None:
+    for wanted in SYMBOL_COLUMNS:
+        name = _find_column(table, wanted, path)
+        if name is None:
+            continue
+        values = pc.unique(table.column(name).drop_null())
+        if len(values) > 1:
+            shown = ", ".join(str(v) for v in values.to_pylist()[:4])
+            more = f" and {len(values) - 4} more" if len(values) > 4 else ""
+            first = table.column(name)[0].as_py()
+            rows = np.flatnonzero(pc.not_equal(table.column(name), first).to_numpy(
+                zero_copy_only=False))
+            raise DataError(
+                f"{path}: column '{name}' holds {len(values)} instruments ({shown}{more}), "
+                f"interleaved from row {int(rows[0]) if rows.size else '?'}: one file is one "
+                f"series; keep the rows of one instrument")
 
 
 def _time_to_ns(col: pa.ChunkedArray, path: str, name: str) -> np.ndarray:
@@ -159,6 +189,8 @@ def validate(bars: Bars, min_rows: int) -> None:
         raise DataError(
             f"{path}: column 'ts' row {row + 1}: {kind} timestamp {_fmt_ts(bars.ts[row + 1])} "
             f"(previous row {row}: {_fmt_ts(bars.ts[row])})"
+            + ("; several instruments interleaved? one file must hold one series"
+               if kind == "duplicate" else "")
         )
     if len(bars) < min_rows:
         raise DataError(
@@ -192,7 +224,9 @@ def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DataError(f"{path_s}: not a readable parquet file ({type(e).__name__}: {e})") from None
 
-    time_name = next((_find_column(table, c) for c in TIME_COLUMNS if _find_column(table, c)), None)
+    _check_one_instrument(table, path_s)
+    time_name = next((_find_column(table, c, path_s) for c in TIME_COLUMNS
+                      if _find_column(table, c, path_s)), None)
     if time_name is None:
         raise DataError(
             f"{path_s}: no time column (looked for {', '.join(TIME_COLUMNS)}; "
@@ -200,15 +234,17 @@ def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
         )
     cols: dict[str, np.ndarray] = {}
     for name in VALUE_COLUMNS:
-        actual = _find_column(table, name)
+        actual = _find_column(table, name, path_s)
         if actual is None:
             raise DataError(
                 f"{path_s}: missing column '{name}' (found {', '.join(table.column_names)})"
             )
         cols[name] = _numeric(table.column(actual), path_s, actual)
     ts = _time_to_ns(table.column(time_name), path_s, time_name)
+    t = table.column(time_name).type
+    tz = t.tz if pa.types.is_timestamp(t) and t.tz else None
     bars = Bars(path=path_s, ts=np.ascontiguousarray(ts, dtype=np.int64), **cols,
-                sha256=hashlib.sha256(raw).hexdigest())
+                sha256=hashlib.sha256(raw).hexdigest(), tz=tz)
     validate(bars, default_min_rows() if min_rows is None else min_rows)
     return bars
 
@@ -233,18 +269,68 @@ def content_hash(bars: Bars) -> str:
 
 
 def write_bars(bars: Bars, path: str | os.PathLike) -> None:
-    """Write bars as parquet with the canonical column names (``ts`` in us)."""
+    """Write bars as parquet with the canonical column names (``ts`` in us; with its zone
+    when the bars have one)."""
     table = pa.table(
         {
-            "ts": pa.array(bars.ts // 1000, type=pa.int64()).cast(pa.timestamp("us")),
+            "ts": pa.array(bars.ts // 1000, type=pa.int64()).cast(pa.timestamp("us", tz=bars.tz)),
             **{name: pa.array(getattr(bars, name), type=pa.float64()) for name in VALUE_COLUMNS},
         }
     )
     pq.write_table(table, path)
 
 
-def default_parquet() -> Path:
-    """Path of the bundled ES 1-minute bars (see ``tftjax/data/bundled/SOURCES.md``)."""
+DATASETS = {
+    "es": "es_1min_2013-09.parquet",
+    "spx": "spx_daily_1999-2018.parquet",
+    "btc": "btcusd_1h_2017-2019.parquet",
+}
+"""The bundled sets (``--dataset``): ES 1-minute futures bars, S&P 500 daily, BTC/USD hourly
+(sources and licences: ``tftjax/data/bundled/SOURCES.md``)."""
+
+
+def bundled_path(name: str) -> Path:
+    """Path of a bundled data set by name (:data:`DATASETS`)."""
     from importlib import resources
 
-    return Path(str(resources.files("tftjax.data.bundled") / "es_1min_2013-09.parquet"))
+    if name not in DATASETS:
+        from tftjax.errors import ConfigError
+
+        raise ConfigError(f"--dataset {name!r} is not bundled; choose one of: "
+                          f"{', '.join(DATASETS)} (or pass --parquet-file)")
+    return Path(str(resources.files("tftjax.data.bundled") / DATASETS[name]))
+
+
+def default_parquet() -> Path:
+    """Path of the bundled ES 1-minute bars (see ``tftjax/data/bundled/SOURCES.md``)."""
+    return bundled_path("es")
+
+
+def quality_warnings(bars: Bars, interval: int, target_scale: float | None = None) -> list[str]:
+    from tftjax.data.calendar import format_interval
+
+    """What passes validation but a user should hear about, with counts: steps that are not
+    a whole number of bar intervals, zero-volume bars, and (given the target scale) returns
+    beyond 50 scales."""
+    out = []
+    step = np.diff(bars.ts)
+    if step.size:
+        off = np.count_nonzero(step % max(interval, 1) != 0)
+        if off:
+            out.append(f"{bars.path}: {off:,} of {step.size:,} steps are not a whole number of "
+                       f"the {format_interval(interval)} bar interval (irregular or mixed "
+                       "intervals; first at row "
+                       f"{int(np.flatnonzero(step % max(interval, 1) != 0)[0]) + 1})")
+    zero = np.count_nonzero(bars.volume == 0)
+    if zero:
+        out.append(f"{bars.path}: {zero:,} of {len(bars):,} bars have zero volume"
+                   + (" (all of them: the volume features carry nothing)" if zero == len(bars)
+                      else ""))
+    if target_scale:
+        r = np.abs(np.diff(np.log(bars.close))) / target_scale
+        big = np.flatnonzero(r > 50)
+        if big.size:
+            out.append(f"{bars.path}: {big.size:,} returns beyond 50 target scales (largest "
+                       f"{r.max():.0f} at row {int(np.argmax(r)) + 1}): check for bad prints; "
+                       "targets are clipped at --target-clip")
+    return out

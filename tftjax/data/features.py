@@ -29,7 +29,10 @@ Historical features (210 = 15 families × 14 look-backs
 ``tstat``  trend strength ``ret / (rvol · sqrt(L))``
 ``dhigh``  distance below the L-bar high ``log c - log max_L h``
 ``dlow``   distance above the L-bar low ``log c - log min_L l``
-``upfrac`` share of up bars ``mean_L [c > o] - 0.5``
+``miss``   bars missing from the calendar grid among the last L,
+           ``log(1 + max(p_t - p_{t-L} - L, 0))``, ``p`` a bar's slot index
+           (what the data shows about quiet, bar-less intervals: observed,
+           so historical)
 ``body``   candle body ratio ``mean_L (c - o) / (h - l)``
 ``gap``    summed opening gaps ``sum_L log(o_t / c_{t-1})``
 =========  ==================================================================
@@ -39,21 +42,24 @@ clipped to ±10 (:class:`FeatureStats`, JSON-serialisable, saved with
 checkpoints). The first :data:`WARMUP` rows have incomplete look-backs and
 are never used as encoder rows.
 
-Known-future features (10), from timestamps only (exchange-local wall clock
-as stored), so they are known for the decoder steps: time of day sin/cos,
-day of week sin/cos, day of year sin/cos, day of month (centred), elapsed
-time in the session (days, clipped to [0, 1]; a session starts after a gap
-longer than ``max(5 × bar interval, 15 min)``, the bar interval being the
-smallest step seen so far), log of the gap to the previous bar in bar
-intervals, and a session-start flag. They are
-bounded by construction and not re-scaled.
+Known-future features (10, :data:`tftjax.data.calendar.KNOWN_NAMES`): functions
+of calendar time only (time of day, weekday, day of year and month; with an
+exchange calendar, session elapsed/left and the scheduled gap before a slot).
+Encoder rows get those of their bar's own time; a window's decoder steps get
+those of the next ``D`` calendar slots after its last encoder bar
+(:attr:`FeatureSet.future`), never of the bars that later arrived (see
+:mod:`tftjax.data.calendar`). Bounded by construction, not re-scaled.
 
 Static features (5, per series, from the training rows): instrument code
 (CRC32 of the file name, in [-0.5, 0.5)), log10 mean close, log10 (1 + mean
 volume), log10 std of 1-bar log returns, log10 median bar interval in
 minutes.
 
-Target: the 1-bar log return ``r_t`` divided by its training-split std;
+Target: the 1-bar log return ``r_t`` divided by ``target_scale``, the std of
+the training rows' returns winsorised at the ``winsorize`` tail quantiles and
+at least the 5 most extreme values of each tail (so that a bad print cannot
+set the scale), and clipped to ``±target_clip``
+scales (0: no clip);
 a window starting at row ``s`` forecasts ``target[s+E : s+E+D]``, the next
 ``D`` bars' returns after the last encoder bar ``s+E-1``.
 """
@@ -67,16 +73,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tftjax.config import NUM_HISTORICAL, NUM_KNOWN, NUM_STATIC
+from tftjax.config import NUM_HISTORICAL, NUM_KNOWN, NUM_STATIC, DataConfig
+from tftjax.data.calendar import KNOWN_NAMES, NS_MIN, Clock, Timeline, calendar_features, make_clock
 
 WINDOWS = (2, 3, 5, 8, 10, 13, 15, 20, 25, 30, 40, 60, 90, 120)
 FAMILIES = (
     "ret", "rvol", "range", "clv", "vz", "rsi", "sma", "vwap",
-    "absr", "tstat", "dhigh", "dlow", "upfrac", "body", "gap",
-)  # fmt: skip
-KNOWN_NAMES = (
-    "tod_sin", "tod_cos", "dow_sin", "dow_cos", "doy_sin", "doy_cos",
-    "dom", "session_elapsed", "log_gap", "session_start",
+    "absr", "tstat", "dhigh", "dlow", "miss", "body", "gap",
 )  # fmt: skip
 STATIC_NAMES = ("instrument", "log_price", "log_volume", "log_volatility", "log_interval")
 HISTORICAL_NAMES = tuple(f"{f}_{w}" for f in FAMILIES for w in WINDOWS)
@@ -87,8 +90,7 @@ CLIP = 10.0
 assert len(HISTORICAL_NAMES) == NUM_HISTORICAL
 assert len(KNOWN_NAMES) == NUM_KNOWN and len(STATIC_NAMES) == NUM_STATIC
 
-_NS_MIN = 60 * 10**9
-_NS_DAY = 1440 * _NS_MIN
+_NS_MIN = NS_MIN
 
 
 # ----------------------------------------------------------------- rolling ops
@@ -144,20 +146,31 @@ def _shift(x: np.ndarray, k: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ features
-def historical_raw(bars) -> np.ndarray:
+def historical_raw(bars, slot: np.ndarray | None = None) -> np.ndarray:
     """The 210 historical features before normalisation, ``[n, 210]`` float32.
 
     Rows ``< WARMUP`` hold NaN where a look-back is incomplete.
     """
     out = np.empty((len(bars), NUM_HISTORICAL), dtype=np.float32)
-    for j, col in historical_columns(bars):
+    for j, col in historical_columns(bars, slot):
         out[:, j] = col
     return out
 
 
-def historical_columns(bars):
-    """Yield ``(column index, float64 values [n])`` for the 210 historical features."""
+def grid_slots(ts: np.ndarray) -> np.ndarray:
+    """Slot index of each bar on a plain grid of the median step (no calendar)."""
+    step = np.diff(ts)
+    interval = max(int(np.median(step)), 1) if step.size else 1
+    return np.rint((ts - ts[0]) / interval).astype(np.int64)
+
+
+def historical_columns(bars, slot: np.ndarray | None = None):
+    """Yield ``(column index, float64 values [n])`` for the 210 historical features.
+
+    ``slot``: each bar's index on the calendar grid (:meth:`Timeline.slot_index`; default
+    a plain grid of the median step), for the ``miss`` family."""
     n = len(bars)
+    slot = grid_slots(bars.ts) if slot is None else np.asarray(slot, np.int64)
     c, o, h, lo, v = bars.close, bars.open, bars.high, bars.low, bars.volume
     lc = np.log(c / c[0])  # relative to the first close: smaller cumsums, same differences
     lh, ll = np.log(h / c[0]), np.log(lo / c[0])
@@ -174,7 +187,6 @@ def historical_columns(bars):
         "r2": _Rolling(r * r), "absr": _Rolling(np.abs(r)), "rpos": _Rolling(np.maximum(r, 0.0)),
         "range": _Rolling(lh - ll), "lv": _Rolling(lv), "lv2": _Rolling(lv * lv),
         "lc": _Rolling(lc), "tpv": _Rolling(tp * v), "v": _Rolling(v), "tp": _Rolling(tp),
-        "up": _Rolling((c > o).astype(np.float64)),
         "body": _Rolling(np.where(h > lo, (c - o) / np.where(h > lo, h - lo, 1.0), 0.0)),
         "gap": _Rolling(gap),
     }  # fmt: skip
@@ -185,6 +197,8 @@ def historical_columns(bars):
     for j, L in enumerate(WINDOWS):
         ret = lc - _shift(lc, L)
         ret[:L] = np.nan
+        miss = np.log1p(np.maximum(slot - _shift(slot, L) - L, 0)).astype(np.float64)
+        miss[:L] = np.nan
         rvol = np.sqrt(R["r2"].mean(L))
         mx, mn = hi(L), lw(L)
         lv_mean = R["lv"].mean(L)
@@ -203,7 +217,7 @@ def historical_columns(bars):
             "tstat": ret / (rvol * np.sqrt(L) + eps),
             "dhigh": lc - mx,
             "dlow": lc - mn,
-            "upfrac": R["up"].mean(L) - 0.5,
+            "miss": miss,
             "body": R["body"].mean(L),
             "gap": R["gap"].sum(L),
         }
@@ -211,34 +225,22 @@ def historical_columns(bars):
             yield f * nw + j, cols[name]
 
 
-def known_features(ts: np.ndarray) -> np.ndarray:
-    """The 10 known-future (calendar) features, ``[n, 10]`` float32, from timestamps only."""
-    n = ts.shape[0]
-    out = np.empty((n, NUM_KNOWN), dtype=np.float32)
-    two_pi = 2.0 * np.pi
-    tod = (ts % _NS_DAY) / _NS_DAY
-    days = ts // _NS_DAY
-    dow = ((days + 3) % 7 + tod) / 7.0  # 1970-01-01 was a Thursday; Monday = 0
-    d = ts.astype("datetime64[ns]").astype("datetime64[D]")
-    doy = (d - d.astype("datetime64[Y]")).astype(np.int64) / 365.25
-    dom = (d - d.astype("datetime64[M]")).astype(np.int64)
-    step = np.empty(n, dtype=np.int64)
-    step[1:] = np.diff(ts)
-    step[0] = step[1] if n > 1 else _NS_MIN
-    # The bar interval so far is the smallest step seen up to t (causal: no
-    # later timestamp can change it, unlike a median over the whole file).
-    base = np.maximum(np.minimum.accumulate(step), 1).astype(np.float64)
-    start = step > np.maximum(5.0 * base, 15.0 * _NS_MIN)
-    start[0] = True
-    session_start_ts = np.maximum.accumulate(np.where(start, ts, np.iinfo(np.int64).min))
-    out[:, 0], out[:, 1] = np.sin(two_pi * tod), np.cos(two_pi * tod)
-    out[:, 2], out[:, 3] = np.sin(two_pi * dow), np.cos(two_pi * dow)
-    out[:, 4], out[:, 5] = np.sin(two_pi * doy), np.cos(two_pi * doy)
-    out[:, 6] = dom / 30.0 - 0.5
-    out[:, 7] = np.clip((ts - session_start_ts) / _NS_DAY, 0.0, 1.0)
-    out[:, 8] = np.log(step / base)
-    out[:, 9] = start.astype(np.float32)
-    return out
+def known_features(ts: np.ndarray, clock: Clock | None = None) -> np.ndarray:
+    """The 10 known inputs at the bars' own times, ``[n, 10]`` float32 (no calendar, plain
+    wall clock unless ``clock`` says otherwise)."""
+    ts = np.asarray(ts, np.int64)
+    tl = Timeline(ts, clock or Clock(_NS_MIN, None, None, None), 0)
+    return calendar_features(tl.utc, tl.wall, tl)
+
+
+def known_inputs(ts: np.ndarray, clock: Clock, decoder_steps: int, source: str = "data"
+                 ) -> tuple[np.ndarray, np.ndarray, Timeline]:
+    """``(known [n, 10], future [n, D, 10], timeline)``: the known inputs at each bar's own
+    time, and at the ``D`` calendar slots after each bar (a window's decoder inputs)."""
+    tl = Timeline(np.asarray(ts, np.int64), clock, decoder_steps, source)
+    fut_utc, fut_wall = tl.future(decoder_steps)
+    return (calendar_features(tl.utc, tl.wall, tl), calendar_features(fut_utc, fut_wall, tl),
+            tl)
 
 
 def log_returns(close: np.ndarray) -> np.ndarray:
@@ -251,13 +253,15 @@ def log_returns(close: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------- stats
 @dataclasses.dataclass(frozen=True)
 class FeatureStats:
-    """Normalisation statistics, fitted on the training rows only."""
+    """Normalisation statistics and the series' clock, fitted on the training rows only."""
 
     hist_mean: np.ndarray  # [210] float64
     hist_std: np.ndarray  # [210] float64
-    target_scale: float  # std of 1-bar log returns on the training rows
+    target_scale: float  # winsorised std of 1-bar log returns on the training rows
     static: np.ndarray  # [5] float64
     train_rows: tuple[int, int]  # [start, stop) rows the statistics came from
+    clock: Clock = Clock(_NS_MIN, None, None, None)
+    """Bar interval, zones and calendar (:mod:`tftjax.data.calendar`)."""
 
     def to_json(self) -> dict:
         return {
@@ -266,6 +270,7 @@ class FeatureStats:
             "target_scale": float(self.target_scale),
             "static": self.static.tolist(),
             "train_rows": list(self.train_rows),
+            "clock": self.clock.to_json(),
             "historical_names": list(HISTORICAL_NAMES),
             "known_names": list(KNOWN_NAMES),
             "static_names": list(STATIC_NAMES),
@@ -273,14 +278,18 @@ class FeatureStats:
 
     @classmethod
     def from_json(cls, d: dict) -> "FeatureStats":
-        if list(d.get("historical_names", HISTORICAL_NAMES)) != list(HISTORICAL_NAMES):
-            raise ValueError("feature statistics were saved for a different feature set")
+        if (list(d.get("historical_names", ())) != list(HISTORICAL_NAMES)
+                or list(d.get("known_names", ())) != list(KNOWN_NAMES) or "clock" not in d):
+            raise ValueError("feature statistics were saved for a different feature set (an "
+                             "older tftjax: calendar-true known inputs, the miss_L features); "
+                             "train the model again")
         return cls(
             hist_mean=np.asarray(d["hist_mean"], dtype=np.float64),
             hist_std=np.asarray(d["hist_std"], dtype=np.float64),
             target_scale=float(d["target_scale"]),
             static=np.asarray(d["static"], dtype=np.float64),
             train_rows=(int(d["train_rows"][0]), int(d["train_rows"][1])),
+            clock=Clock.from_json(d["clock"]),
         )
 
     def save(self, path: str | Path) -> None:
@@ -315,12 +324,30 @@ def _column_stats(col: np.ndarray, start: int, stop: int) -> tuple[float, float]
     return mean, (std if std > 1e-12 else 1.0)
 
 
-def _finish_stats(bars, mean, std, train_rows, start, stop) -> FeatureStats:
+MIN_TAIL = 5
+"""Winsorising always clips at least this many values in each tail (one bad print in a short
+training split is far beyond a 0.1% quantile's reach otherwise)."""
+
+
+def robust_scale(r: np.ndarray, winsorize: float) -> float:
+    """Std of ``r`` winsorised at its ``winsorize`` and ``1 - winsorize`` quantiles, and at
+    least the :data:`MIN_TAIL` most extreme values of each tail (``winsorize`` 0: the plain
+    std); 1.0 for a constant series."""
+    r = np.asarray(r, np.float64)
+    n = r.size
+    if winsorize > 0 and n > 4 * MIN_TAIL:
+        m = max(int(np.ceil(winsorize * n)), MIN_TAIL)
+        part = np.partition(r, (m, n - 1 - m))
+        r = np.clip(r, part[m], part[n - 1 - m])
+    scale = float(r.std()) if n else 0.0
+    return scale if scale > 0 else 1.0
+
+
+def _finish_stats(bars, mean, std, train_rows, start, stop, clock, winsorize) -> FeatureStats:
     r = log_returns(bars.close)[max(start, 1) : stop]
-    scale = float(r.std())
-    scale = scale if scale > 0 else 1.0
+    scale = robust_scale(r, winsorize)
     static = _static_features(bars, train_rows[0], stop, scale)
-    return FeatureStats(mean, std, scale, static, (int(train_rows[0]), int(stop)))
+    return FeatureStats(mean, std, scale, static, (int(train_rows[0]), int(stop)), clock)
 
 
 # ----------------------------------------------------------------- features
@@ -329,10 +356,13 @@ class FeatureSet:
     """Model-ready arrays for one series (host numpy; put on device once)."""
 
     historical: np.ndarray  # [n, 210] float32, normalised and clipped; rows < WARMUP are 0
-    known: np.ndarray  # [n, 10] float32
+    known: np.ndarray  # [n, 10] float32, at each bar's own time
+    future: np.ndarray  # [n, D, 10] float32, at the D calendar slots after each bar
     static: np.ndarray  # [5] float32
-    target: np.ndarray  # [n] float32, r_t / target_scale
+    target: np.ndarray  # [n] float32, r_t / target_scale, clipped to ±target_clip
     stats: FeatureStats
+    timeline: Timeline | None = None
+    """The bars placed in calendar time (instants, wall clock, calendar slots)."""
 
     def __len__(self) -> int:
         return int(self.historical.shape[0])
@@ -344,7 +374,8 @@ def _normalise(col: np.ndarray, mean: float, std: float) -> np.ndarray:
     return np.nan_to_num(z, copy=False, nan=0.0)
 
 
-def build_features(bars, *, train_rows: tuple[int, int] | None = None,
+def build_features(bars, cfg: DataConfig = DataConfig(), *,
+                   train_rows: tuple[int, int] | None = None,
                    stats: FeatureStats | None = None) -> FeatureSet:
     """Compute the TFT-225 features of ``bars``.
 
@@ -353,9 +384,12 @@ def build_features(bars, *, train_rows: tuple[int, int] | None = None,
 
     Args:
       bars: a validated :class:`~tftjax.data.bars.Bars` table.
+      cfg: the decoder length (future known inputs), clock options (``bar_interval``,
+        ``timezone``, ``calendar``) and target handling (``winsorize``, ``target_clip``).
       train_rows: rows ``[start, stop)`` to fit statistics on (ignored when
         ``stats`` is given; default all rows).
-      stats: statistics from a previous fit (e.g. restored from a checkpoint).
+      stats: statistics from a previous fit (e.g. restored from a checkpoint); their
+        clock wins over ``cfg``'s options.
     """
     n = len(bars)
     hist = np.empty((n, NUM_HISTORICAL), dtype=np.float32)
@@ -364,19 +398,29 @@ def build_features(bars, *, train_rows: tuple[int, int] | None = None,
         train_rows = train_rows or (0, n)
         start, stop = _train_block(train_rows)
         mean, std = np.zeros(NUM_HISTORICAL), np.ones(NUM_HISTORICAL)
+        clock = make_clock(bars.ts, getattr(bars, "tz", None), (train_rows[0], stop),
+                           bar_interval=cfg.bar_interval, timezone=cfg.timezone,
+                           calendar=cfg.calendar)
     else:
         mean, std = stats.hist_mean, stats.hist_std
-    for j, col in historical_columns(bars):
+        # the trained clock; whether these timestamps are instants is this file's own business
+        clock = dataclasses.replace(stats.clock, data_zone=getattr(bars, "tz", None))
+    known, future, timeline = known_inputs(bars.ts, clock, cfg.decoder_steps, str(bars.path))
+    for j, col in historical_columns(bars, timeline.slot_index()):
         if fit:
             mean[j], std[j] = _column_stats(col, start, stop)
         hist[:, j] = _normalise(col, mean[j], std[j])
     if fit:
-        stats = _finish_stats(bars, mean, std, train_rows, start, stop)
-    target = (log_returns(bars.close) / stats.target_scale).astype(np.float32)
+        stats = _finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg.winsorize)
+    target = log_returns(bars.close) / stats.target_scale
+    if cfg.target_clip > 0:
+        target = np.clip(target, -cfg.target_clip, cfg.target_clip)
     return FeatureSet(
         historical=hist,
-        known=known_features(bars.ts),
+        known=known,
+        future=future,
         static=stats.static.astype(np.float32),
-        target=target,
+        target=target.astype(np.float32),
         stats=stats,
+        timeline=timeline,
     )

@@ -102,9 +102,10 @@ class DeviceData(NamedTuple):
     """A series' feature arrays, on device once."""
 
     historical: jax.Array  # [n, 210] float32
-    known: jax.Array  # [n, 10] float32
+    known: jax.Array  # [n, 10] float32, at each bar's own time
     target: jax.Array  # [n] float32
     static: jax.Array  # [5] float32
+    future: jax.Array  # [n, D, 10] float32, at the D calendar slots after each bar
 
 
 class Batch(NamedTuple):
@@ -120,20 +121,27 @@ def to_device(features: FeatureSet, device=None) -> DeviceData:
     """Copy the feature arrays to the device (once per run)."""
     put = lambda x: jax.device_put(np.ascontiguousarray(x), device)  # noqa: E731
     return DeviceData(put(features.historical), put(features.known), put(features.target),
-                      put(features.static))
+                      put(features.static), put(features.future))
 
 
 def gather(data: DeviceData, starts: jax.Array, encoder_steps: int, decoder_steps: int) -> Batch:
     """Cut windows at ``starts`` ``[B]`` out of the device arrays (jittable).
 
-    ``encoder_steps`` and ``decoder_steps`` must be static under ``jit``.
+    Encoder rows take the known inputs of their own bars; the decoder steps take those of
+    the calendar slots after the last encoder bar (``future[s + E - 1]``), so no input of a
+    window depends on a bar after its forecast time. ``encoder_steps`` and
+    ``decoder_steps`` must be static under ``jit`` (``decoder_steps`` at most the ``D`` the
+    future inputs were built for).
     """
     steps = encoder_steps + decoder_steps
     rows = starts[:, None] + jnp.arange(steps, dtype=starts.dtype)  # [B, E+D]
+    last = starts + (encoder_steps - 1)
     return Batch(
         static=jnp.broadcast_to(data.static, (starts.shape[0], data.static.shape[0])),
         historical=jnp.take(data.historical, rows[:, :encoder_steps], axis=0,
                             mode="clip"),
-        known=jnp.take(data.known, rows, axis=0, mode="clip"),
+        known=jnp.concatenate([
+            jnp.take(data.known, rows[:, :encoder_steps], axis=0, mode="clip"),
+            jnp.take(data.future, last, axis=0, mode="clip")[:, :decoder_steps]], axis=1),
         target=jnp.take(data.target, rows[:, encoder_steps:], axis=0, mode="clip"),
     )

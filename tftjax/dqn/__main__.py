@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Literal
 
 from tftjax.cli import main as cli_main
 from tftjax.cli import parse, peek, run_folder
@@ -31,6 +32,8 @@ class Args:
     parquet_file: Path | None = None
     """OHLCV bars for --env trading (default: the bundled ES bars, or with --resume the file
     the run was trained on)."""
+    dataset: Literal["es", "spx", "btc"] | None = None
+    """A bundled set instead of --parquet-file: es, spx or btc (tftjax/data/bundled/SOURCES.md)."""
     workdir: Path = Path("runs/dqn/run_001")
     """Checkpoints, metrics.jsonl, summary.json and plots go here (default: a new
     runs/dqn/run_NNN; with --resume, the newest of them)."""
@@ -60,7 +63,10 @@ def run(argv: list[str] | None = None) -> int:
     args = parse(Args, argv, defaults(argv), "python -m tftjax.dqn", __doc__.split("\n\n")[0])
     from tftjax.dqn.loop import run as train
 
-    train(args.config, args.workdir, parquet_file=args.parquet_file, resume=args.resume,
+    from tftjax.train import data_file
+
+    train(args.config, args.workdir, parquet_file=data_file(args.parquet_file, args.dataset),
+          resume=args.resume,
           progress=not args.no_progress)
     return 0
 

@@ -1,0 +1,78 @@
+"""Baselines against hand computations on a short series."""
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from tftjax import baselines, losses
+
+QS = (0.1, 0.5, 0.9)
+
+
+@pytest.fixture(scope="module")
+def series():
+    return np.random.default_rng(3).standard_t(4, size=400) * 0.7
+
+
+def _ewma_by_hand(r, lam, init):
+    v, prev = [], init
+    for x in r:
+        prev = lam * prev + (1 - lam) * x * x
+        v.append(prev)
+    return np.array(v)
+
+
+def test_ewma_variance_by_hand():
+    r = np.array([1.0, -2.0, 0.5, 0.0, 3.0])
+    v = baselines.ewma_variance(r, 0.94, init=2.0)
+    # v0 = 0.94*2 + 0.06*1 = 1.94; v1 = 0.94*1.94 + 0.06*4 = 2.0636
+    assert v[0] == pytest.approx(1.94) and v[1] == pytest.approx(2.0636)
+    np.testing.assert_allclose(v, _ewma_by_hand(r, 0.94, 2.0), rtol=1e-12)
+
+
+def test_every_baseline_by_hand(series):
+    r, train, horizon = series, (0, 200), 3
+    origins = np.array([210, 250, 399 - horizon])
+    got = baselines.forecasts(r, origins, horizon, QS, train, window=50)
+    assert set(got) == {"zero", "train_quantiles", "rolling", "ewma_gauss", "ewma_empirical"}
+    for p in got.values():
+        assert p.shape == (3, horizon, 3)
+    init = np.mean(r[:200] ** 2)
+    v = _ewma_by_hand(r, 0.94, init)
+    z = [norm.ppf(q) for q in QS]
+    resid = np.array([r[t] / np.sqrt(v[t - 1]) for t in range(1, 200)])
+    for i, T in enumerate(origins):
+        sigma = np.sqrt(v[T])  # uses r[0..T] only
+        for k in range(horizon):  # RiskMetrics: the same one-bar variance at every step
+            np.testing.assert_allclose(got["ewma_gauss"][i, k], sigma * np.array(z), rtol=1e-9)
+            np.testing.assert_allclose(got["ewma_empirical"][i, k],
+                                       sigma * np.quantile(resid, QS), rtol=1e-9)
+            np.testing.assert_allclose(got["rolling"][i, k], np.quantile(r[T - 49 : T + 1], QS),
+                                       rtol=1e-12)
+            np.testing.assert_allclose(got["train_quantiles"][i, k], np.quantile(r[:200], QS))
+    np.testing.assert_array_equal(got["zero"], 0)
+
+
+def test_baselines_are_causal(series):
+    r = series.copy()
+    origins = np.array([230, 260])
+    a = baselines.forecasts(r, origins, 4, QS, (0, 200))
+    r[261:] = 100.0  # everything after the last origin
+    b = baselines.forecasts(r, origins, 4, QS, (0, 200))
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_ewma_beats_constant_quantiles_on_volatility_clusters():
+    # GARCH-like series: a volatility model must beat the unconditional quantiles
+    rng = np.random.default_rng(0)
+    n, v, r = 6000, 1.0, np.empty(6000)
+    for t in range(n):
+        v = 0.01 + 0.2 * (r[t - 1] ** 2 if t else 1.0) + 0.79 * v
+        r[t] = np.sqrt(v) * rng.standard_normal()
+    origins = np.arange(3100, n - 5)
+    y = r[origins[:, None] + 1 + np.arange(5)]
+    preds = baselines.forecasts(r, origins, 5, QS, (0, 3000))
+    m = {k: losses.numpy_metrics(y, p, QS) for k, p in preds.items()}
+    assert m["ewma_gauss"]["loss"] < 0.97 * m["train_quantiles"]["loss"]
+    assert abs(m["ewma_gauss"]["coverage_80"] - 0.8) < 0.03

@@ -1,0 +1,92 @@
+"""Baseline forecasters a quant already has, on the same windows and targets as the TFT.
+
+Every baseline gives, for a window whose last encoder bar is row ``T``, the
+quantiles of the next ``D`` one-bar returns (in target scales, the TFT's own
+units) from returns at rows ``<= T`` only:
+
+- ``zero``: every quantile 0 (the P50 of a random walk);
+- ``train_quantiles``: the unconditional quantiles of the training targets;
+- ``rolling``: the empirical quantiles of the last ``window`` returns;
+- ``ewma_gauss``: RiskMetrics volatility, ``σ²_{t+1} = λ σ²_t + (1-λ) r_t²``
+  (``λ = 0.94``, started from the training rows' mean square), Gaussian
+  quantiles ``z_q σ_{T+1}``;
+- ``ewma_empirical``: the same ``σ_{T+1}`` times the empirical quantiles of the
+  standardised residuals ``r_t / σ_t`` of the training rows (fat tails, skew).
+
+Horizon: the targets are one-bar returns at steps ``1..D``; RiskMetrics'
+``h``-step forecast of a one-bar variance is ``σ²_{T+1}`` for every ``h`` (no
+mean reversion), so the EWMA quantiles are the same at every step (a
+cumulative ``h``-bar return would scale them by ``√h``). GARCH(1,1), whose
+forecasts revert to the long-run variance with ``h``, is in
+``experiments/forecast_skill.py`` (``arch`` package, not a core dependency).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.signal import lfilter
+from scipy.stats import norm
+
+LAMBDA = 0.94
+ROLLING_WINDOW = 250
+
+NAMES = {
+    "zero": "naive: zero return",
+    "train_quantiles": "naive: train quantiles",
+    "rolling": f"rolling {ROLLING_WINDOW}-bar quantiles",
+    "ewma_gauss": "EWMA vol (0.94), Gaussian",
+    "ewma_empirical": "EWMA vol (0.94), empirical",
+}
+
+
+def ewma_variance(r: np.ndarray, lam: float = LAMBDA, init: float | None = None) -> np.ndarray:
+    """``v[t]``: the RiskMetrics variance forecast of ``r[t+1]`` made at ``t`` (uses
+    ``r[0..t]``): ``v[t] = λ v[t-1] + (1-λ) r[t]²``, ``v[-1] = init`` (default ``r[0]²``)."""
+    r = np.asarray(r, np.float64)
+    init = float(r[0] ** 2) if init is None else float(init)
+    v, _ = lfilter([1.0 - lam], [1.0, -lam], r * r, zi=[lam * init])
+    return v
+
+
+def rolling_quantiles(r: np.ndarray, origins: np.ndarray, quantiles, window: int = ROLLING_WINDOW,
+                      chunk: int = 8192) -> np.ndarray:
+    """Empirical quantiles ``[N, Q]`` of ``r[T-window+1 .. T]`` for each origin ``T``
+    (fewer values where the series is shorter)."""
+    r = np.asarray(r, np.float64)
+    out = np.empty((origins.size, len(quantiles)))
+    pad = np.concatenate([np.full(window - 1, np.nan), r])
+    view = np.lib.stride_tricks.sliding_window_view(pad, window)  # view[T] = r[T-w+1 .. T]
+    for a in range(0, origins.size, chunk):
+        block = view[origins[a : a + chunk]]
+        out[a : a + chunk] = np.nanquantile(block, quantiles, axis=1).T
+    return out
+
+
+def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
+              train_rows: tuple[int, int], *, lam: float = LAMBDA,
+              window: int = ROLLING_WINDOW) -> dict[str, np.ndarray]:
+    """Quantile forecasts ``{name: [N, horizon, Q]}`` of every baseline.
+
+    Args:
+      target: the series' targets (one-bar returns in target scales) ``[n]``.
+      origins: forecast origins ``T`` (last encoder rows) ``[N]``.
+      horizon: decoder steps ``D``; quantiles: ``[Q]``.
+      train_rows: ``[start, stop)`` of the training rows (fits the unconditional and the
+        standardised-residual quantiles and the EWMA's starting variance).
+    """
+    qs = np.asarray(quantiles, np.float64)
+    y = np.asarray(target, np.float64)
+    a, b = train_rows
+    train = y[a:b]
+    v = ewma_variance(y, lam, init=float(np.mean(train * train)))
+    sigma_next = np.sqrt(v)  # sigma_next[t]: forecast of |r[t+1]|'s scale, made at t
+    # standardised residuals on the training rows: r[t] / sigma forecast made at t-1
+    resid = y[a + 1 : b] / np.maximum(sigma_next[a : b - 1], 1e-12)
+    per_origin = {
+        "zero": np.zeros((origins.size, qs.size)),
+        "train_quantiles": np.broadcast_to(np.quantile(train, qs), (origins.size, qs.size)),
+        "rolling": rolling_quantiles(y, origins, qs, window),
+        "ewma_gauss": sigma_next[origins, None] * norm.ppf(qs)[None, :],
+        "ewma_empirical": sigma_next[origins, None] * np.quantile(resid, qs)[None, :],
+    }
+    return {k: np.repeat(p[:, None, :], horizon, axis=1) for k, p in per_origin.items()}

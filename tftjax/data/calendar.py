@@ -1,0 +1,359 @@
+"""Calendar time: the bar interval, time zones, exchange sessions, and the times of future bars.
+
+Known-future inputs must be what the calendar says before the forecast time,
+never what the data later shows. A window whose last encoder bar is at ``T``
+gets, at decoder step ``k`` (``k = 1 .. D``), the calendar features of the
+``k``-th *calendar slot* after ``T``:
+
+- without a calendar, ``T + k·Δ`` (``Δ`` the nominal bar interval);
+- with an exchange calendar (``--calendar CMES``, ``XNYS``, ``24/7`` …), the
+  ``k``-th slot of the calendar's sessions after ``T``: intraday bars step
+  through each session's open ``+ j·Δ`` (skipping a session's break), daily
+  bars through the sessions themselves. Weekends, holidays, breaks and early
+  closes are therefore known in advance, as they are to a trader.
+
+Which bars actually arrived (a quiet minute has no trade-built bar) is
+observed information: it enters the model only through the historical
+``miss_L`` features (slots without a bar among the last ``L``), computed from
+bars ``<= t`` like every other historical feature.
+
+``Δ`` is ``--bar-interval`` when given, else the median step of the training
+rows (fitted once with the feature statistics and saved with them, so that no
+later bar can change it).
+
+Time zones: time-zone-aware timestamps are instants; calendar features use
+the wall clock of ``--timezone`` (default: the data's own zone). Naive
+timestamps are wall clock already (of ``--timezone`` or, with a calendar and
+no ``--timezone``, of the calendar's zone); without either there is one clock
+and no daylight saving.
+
+Exchange calendars come from the ``exchange_calendars`` package (optional
+extra ``calendars``); ``24/7`` (UTC days) needs nothing. ``XCME`` is accepted
+for CME Globex (``CMES`` in that package).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tftjax.errors import ConfigError
+
+NS_SEC = 10**9
+NS_MIN = 60 * NS_SEC
+NS_HOUR = 60 * NS_MIN
+NS_DAY = 24 * NS_HOUR
+DAILY = 12 * NS_HOUR
+"""Intervals from this length up are daily bars: one slot per session, stamped with its date."""
+
+ALIASES = {"XCME": "CMES", "CME": "CMES", "GLOBEX": "CMES", "NYSE": "XNYS", "24/7": "24/7"}
+
+_UNITS = {"s": NS_SEC, "sec": NS_SEC, "min": NS_MIN, "m": NS_MIN, "t": NS_MIN, "minute": NS_MIN, "h": NS_HOUR,
+          "hr": NS_HOUR, "hour": NS_HOUR, "d": NS_DAY, "day": NS_DAY, "w": 7 * NS_DAY}
+
+
+def parse_interval(text: str) -> int:
+    """``"1min"``, ``"5m"``, ``"1h"``, ``"1d"``, ``"30s"`` → nanoseconds.
+
+    Raises:
+      ConfigError: not such a duration.
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*", str(text))
+    unit = None
+    if m:
+        u = m.group(2).lower()
+        unit = _UNITS.get(u) or (_UNITS.get(u[:-1]) if u.endswith("s") else None)
+    if not m or unit is None or float(m.group(1)) <= 0:
+        raise ConfigError(f"--bar-interval {text!r} is not a duration like 1min, 5min, 1h or 1d")
+    return int(round(float(m.group(1)) * unit))
+
+
+def format_interval(ns: int) -> str:
+    for unit, size in (("d", NS_DAY), ("h", NS_HOUR), ("min", NS_MIN), ("s", NS_SEC)):
+        if ns % size == 0:
+            return f"{ns // size}{unit}"
+    return f"{ns}ns"
+
+
+def check_zone(zone: str) -> str:
+    """A valid IANA zone name, or ConfigError."""
+    try:
+        pc.local_timestamp(pa.array([0], pa.timestamp("ns", tz=zone)))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowKeyError):
+        raise ConfigError(f"--timezone {zone!r} is not a time zone name (e.g. America/Chicago, "
+                          "Europe/London, UTC)") from None
+    return zone
+
+
+def to_wall(utc: np.ndarray, zone: str | None) -> np.ndarray:
+    """Instants (ns since the epoch, UTC) → the wall clock of ``zone`` (ns, naive)."""
+    if zone is None:
+        return np.asarray(utc, np.int64)
+    arr = pa.array(np.asarray(utc, np.int64).ravel(), pa.int64()).cast(pa.timestamp("ns", tz=zone))
+    return pc.local_timestamp(arr).cast(pa.int64()).to_numpy().reshape(np.shape(utc))
+
+
+def to_utc(wall: np.ndarray, zone: str | None, source: str = "data") -> np.ndarray:
+    """Wall clock of ``zone`` → instants; a time that does not exist or is ambiguous there
+    (the daylight-saving change) is a DataError naming it."""
+    from tftjax.data.bars import DataError
+
+    if zone is None:
+        return np.asarray(wall, np.int64)
+    arr = pa.array(np.asarray(wall, np.int64).ravel(), pa.int64()).cast(pa.timestamp("ns"))
+    try:
+        out = pc.assume_timezone(arr, timezone=zone, ambiguous="raise", nonexistent="raise")
+    except pa.ArrowInvalid as e:
+        raise DataError(f"{source}: naive timestamps read as {zone} wall clock: {e} (store "
+                        "time-zone-aware timestamps, or pass --timezone UTC)") from None
+    return out.cast(pa.int64()).to_numpy().reshape(np.shape(wall))
+
+
+# ------------------------------------------------------------------------------ sessions
+@dataclasses.dataclass(frozen=True)
+class Sessions:
+    """An exchange's sessions, sorted: instants (UTC ns) and their dates (wall-clock midnight)."""
+
+    name: str
+    zone: str
+    label: np.ndarray  # [S] session date, wall-clock midnight (ns)
+    open: np.ndarray  # [S] UTC ns
+    close: np.ndarray  # [S]
+    break_start: np.ndarray  # [S] (== close when the session has no break)
+    break_end: np.ndarray  # [S]
+
+
+def resolve_calendar_name(name: str) -> str:
+    return ALIASES.get(name.upper(), ALIASES.get(name, name))
+
+
+def sessions(name: str, first_utc: int, last_utc: int) -> Sessions:
+    """The sessions of calendar ``name`` covering ``[first_utc, last_utc]`` plus a margin.
+
+    Raises:
+      ConfigError: unknown calendar, the package missing, or a span the calendar lacks.
+    """
+    real = resolve_calendar_name(name)
+    lo = np.datetime64(int(first_utc) - 10 * NS_DAY, "ns").astype("datetime64[D]")
+    hi = np.datetime64(int(last_utc) + 400 * NS_DAY, "ns").astype("datetime64[D]")
+    if real == "24/7":
+        days = np.arange(lo, hi + 1).astype("datetime64[ns]").astype(np.int64)
+        return Sessions("24/7", "UTC", days, days, days + NS_DAY, days + NS_DAY, days + NS_DAY)
+    try:
+        import exchange_calendars as xc
+    except ImportError:
+        raise ConfigError(f"--calendar {name}: install the calendars extra "
+                          "(pip install 'tftjax[calendars]', i.e. exchange_calendars); "
+                          "--calendar 24/7 needs nothing") from None
+    try:
+        cal = xc.get_calendar(real, start=str(lo), end=str(hi))
+    except xc.errors.InvalidCalendarName:
+        raise ConfigError(f"--calendar {name!r} is not an exchange calendar (e.g. XCME, XNYS, "
+                          "XLON, 24/7; exchange_calendars.get_calendar_names())") from None
+    except (ValueError, xc.errors.DateOutOfBounds) as e:  # pragma: no cover - span limits
+        raise ConfigError(f"--calendar {name}: cannot cover {lo} to {hi} ({e})") from None
+    s = cal.schedule
+
+    def ns(col):
+        return s[col].to_numpy(dtype="datetime64[ns]").astype(np.int64)
+
+    close = ns("close")
+    if "break_start" in s and s["break_start"].notna().any():
+        bs = np.where(s["break_start"].isna(), close, 0)
+        be = np.where(s["break_end"].isna(), close, 0)
+        bs[s["break_start"].notna().to_numpy()] = ns("break_start")[s["break_start"].notna()]
+        be[s["break_end"].notna().to_numpy()] = ns("break_end")[s["break_end"].notna()]
+    else:
+        bs = be = close
+    label = s.index.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    return Sessions(real, str(cal.tz), label, ns("open"), close, np.asarray(bs, np.int64),
+                    np.asarray(be, np.int64))
+
+
+def slots(sess: Sessions, interval: int) -> np.ndarray:
+    """Every calendar slot (UTC ns, sorted): ``open + j·interval`` inside each session,
+    outside its break; for daily intervals, one slot per session (its open)."""
+    if interval >= DAILY:
+        return sess.open.copy()
+    counts = -(-(sess.close - sess.open) // interval)
+    total = int(counts.sum())
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    t = np.repeat(sess.open, counts) + (np.arange(total) - first) * interval
+    brk_s = np.repeat(sess.break_start, counts)
+    brk_e = np.repeat(sess.break_end, counts)
+    return t[~((t >= brk_s) & (t < brk_e))]
+
+
+# ------------------------------------------------------------------------------ the clock
+@dataclasses.dataclass(frozen=True)
+class Clock:
+    """Everything needed to place a bar in calendar time (fitted once; saved with the
+    feature statistics)."""
+
+    interval: int
+    """Nominal bar interval (ns)."""
+    zone: str | None
+    """Wall-clock zone of the calendar features (None: naive data as stored)."""
+    data_zone: str | None
+    """The zone of the data's own timestamps (None: naive)."""
+    calendar: str | None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Clock":
+        return cls(int(d["interval"]), d.get("zone"), d.get("data_zone"), d.get("calendar"))
+
+    @property
+    def daily(self) -> bool:
+        return self.interval >= DAILY
+
+
+def make_clock(ts: np.ndarray, data_zone: str | None, train_rows: tuple[int, int], *,
+               bar_interval: str | None = None, timezone: str | None = None,
+               calendar: str | None = None) -> Clock:
+    """The clock of a series: ``Δ`` from ``bar_interval`` or the median step of the
+    training rows, the wall-clock zone from ``timezone``, the data, or the calendar."""
+    if bar_interval:
+        interval = parse_interval(bar_interval)
+    else:
+        a, b = train_rows
+        steps = np.diff(ts[a:b])
+        interval = int(np.median(steps)) if steps.size else NS_MIN
+    if timezone:
+        zone = check_zone(timezone)
+    elif data_zone:
+        zone = data_zone
+    elif calendar:
+        zone = sessions(calendar, int(ts[0]), int(ts[0])).zone if resolve_calendar_name(
+            calendar) != "24/7" else "UTC"
+    else:
+        zone = None
+    return Clock(max(interval, 1), zone, data_zone, calendar)
+
+
+class Timeline:
+    """Bars placed in calendar time: the instants and wall clock of every bar, and the
+    calendar slots (with an exchange calendar)."""
+
+    def __init__(self, ts: np.ndarray, clock: Clock, future: int, source: str = "data"):
+        self.clock = clock
+        if clock.data_zone is not None:  # instants
+            self.utc = np.asarray(ts, np.int64)
+            self.wall = to_wall(self.utc, clock.zone)
+        else:  # wall clock as stored
+            self.wall = np.asarray(ts, np.int64)
+            self.utc = to_utc(self.wall, clock.zone, source)
+        self.sess = None
+        if clock.calendar:
+            horizon = (future + 2) * max(clock.interval, NS_DAY)
+            self.sess = sessions(clock.calendar, int(self.utc[0]), int(self.utc[-1]) + horizon)
+            if clock.daily:  # compare dates: a daily bar is stamped with its session's date
+                self.slot_key = self.sess.label
+            else:
+                self.slot_key = slots(self.sess, clock.interval)
+
+    # -- positions
+    def _key(self, utc: np.ndarray, wall: np.ndarray) -> np.ndarray:
+        if self.clock.daily:
+            return wall - wall % NS_DAY
+        return utc
+
+    def slot_index(self) -> np.ndarray:
+        """Position of every bar on the slot grid (for the ``miss_L`` features): the latest
+        calendar slot at or before the bar, or ``round((t - t_0) / Δ)`` without a calendar."""
+        if self.sess is None:
+            base = self.wall if self.clock.daily else self.utc
+            return np.rint((base - base[0]) / self.clock.interval).astype(np.int64)
+        key = self._key(self.utc, self.wall)
+        return np.searchsorted(self.slot_key, key, side="right").astype(np.int64) - 1
+
+    def off_calendar(self) -> int:
+        """How many bars fall outside every session of the calendar."""
+        if self.sess is None:
+            return 0
+        if self.clock.daily:
+            key = self._key(self.utc, self.wall)
+            return int(np.count_nonzero(~np.isin(key, self.sess.label)))
+        i = np.searchsorted(self.sess.open, self.utc, side="right") - 1
+        i = np.clip(i, 0, None)
+        inside = (self.utc >= self.sess.open[i]) & (self.utc < self.sess.close[i])
+        inside &= ~((self.utc >= self.sess.break_start[i]) & (self.utc < self.sess.break_end[i]))
+        return int(np.count_nonzero(~inside))
+
+    # -- future slots
+    def future(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(utc, wall)`` ``[n, steps]``: the ``k``-th calendar slot after every bar."""
+        k = np.arange(1, steps + 1, dtype=np.int64)
+        if self.sess is None:
+            if self.clock.daily:  # calendar days of the wall clock
+                wall = self.wall[:, None] + k * self.clock.interval
+                return to_utc(wall, self.clock.zone), wall
+            utc = self.utc[:, None] + k * self.clock.interval
+            return utc, to_wall(utc, self.clock.zone)
+        p = self.slot_index()
+        idx = p[:, None] + k
+        if idx.max() >= self.slot_key.size:  # pragma: no cover - the margin covers it
+            raise ConfigError("calendar span too short for the forecast horizon")
+        if self.clock.daily:
+            wall = self.slot_key[idx]
+            return self.sess.open[idx], wall
+        utc = self.slot_key[idx]
+        return utc, to_wall(utc, self.clock.zone)
+
+
+KNOWN_NAMES = (
+    "tod_sin", "tod_cos", "dow_sin", "dow_cos", "doy_sin", "doy_cos",
+    "dom", "session_elapsed", "session_left", "sched_gap",
+)  # fmt: skip
+"""The 10 known-future inputs, all functions of calendar time:
+
+time of day, day of week and day of year (sin/cos of the wall clock), day of
+month (centred); with a calendar: days since the session opened and days until
+it closes (both clipped to [0, 1]; an early close shows as less time left;
+for daily bars ``session_elapsed`` is 0 and ``session_left`` the session's
+length), and ``sched_gap``, the log of the scheduled time since the previous
+slot in bar intervals (0 inside a session; overnight, weekends and holidays
+show here, before they happen). Without a calendar the last three are 0."""
+
+
+def calendar_features(utc: np.ndarray, wall: np.ndarray, timeline: Timeline) -> np.ndarray:
+    """The known inputs at instants ``utc`` with wall clock ``wall`` (any shape) →
+    ``[..., 10]`` float32."""
+    shape = np.shape(wall)
+    utc, wall = np.asarray(utc, np.int64).ravel(), np.asarray(wall, np.int64).ravel()
+    out = np.zeros((wall.size, len(KNOWN_NAMES)), np.float32)
+    two_pi = 2.0 * np.pi
+    tod = (wall % NS_DAY) / NS_DAY
+    days = wall // NS_DAY
+    dow = ((days + 3) % 7 + tod) / 7.0  # 1970-01-01 was a Thursday; Monday = 0
+    d = wall.astype("datetime64[ns]").astype("datetime64[D]")
+    doy = (d - d.astype("datetime64[Y]")).astype(np.int64) / 365.25
+    dom = (d - d.astype("datetime64[M]")).astype(np.int64)
+    out[:, 0], out[:, 1] = np.sin(two_pi * tod), np.cos(two_pi * tod)
+    out[:, 2], out[:, 3] = np.sin(two_pi * dow), np.cos(two_pi * dow)
+    out[:, 4], out[:, 5] = np.sin(two_pi * doy), np.cos(two_pi * doy)
+    out[:, 6] = dom / 30.0 - 0.5
+    sess = timeline.sess
+    if sess is not None:
+        iv = timeline.clock.interval
+        key = timeline._key(utc, wall)
+        if timeline.clock.daily:
+            i = np.clip(np.searchsorted(sess.label, key, side="right") - 1, 0, None)
+            out[:, 8] = np.clip((sess.close[i] - sess.open[i]) / NS_DAY, 0.0, 1.0)
+            prev = sess.label[np.clip(i - 1, 0, None)]
+            gap = np.where(i > 0, sess.label[i] - prev, iv)
+        else:
+            i = np.clip(np.searchsorted(sess.open, utc, side="right") - 1, 0, None)
+            out[:, 7] = np.clip((utc - sess.open[i]) / NS_DAY, 0.0, 1.0)
+            out[:, 8] = np.clip((sess.close[i] - utc) / NS_DAY, 0.0, 1.0)
+            grid = timeline.slot_key
+            p = np.clip(np.searchsorted(grid, key, side="right") - 1, 0, None)
+            gap = np.where(p > 0, grid[p] - grid[np.clip(p - 1, 0, None)], iv)
+        out[:, 9] = np.log(np.maximum(gap, iv) / iv)
+    return out.reshape(shape + (len(KNOWN_NAMES),))
