@@ -35,7 +35,10 @@ def signal_dataset(n=2264, seed=0) -> Dataset:
     known = rng.normal(size=(n, 10)).astype(np.float32)
     target = (1.5 * known[:, 0] + 0.3 * rng.normal(size=n)).astype(np.float32)
     stats = FeatureStats(np.zeros(210), np.ones(210), 1.0, np.zeros(5), (0, n))
-    fs = FeatureSet(rng.normal(size=(n, 210)).astype(np.float32), known,
+    # decoder step k of a window ending at row t sees row t+1+k's known inputs (a gap-free grid)
+    d = CFG.decoder_steps
+    future = known[np.minimum(np.arange(n)[:, None] + 1 + np.arange(d), n - 1)]
+    fs = FeatureSet(rng.normal(size=(n, 210)).astype(np.float32), known, future,
                     np.zeros(5, np.float32), target, stats)
     return Dataset(bars, fs, make_splits(n, CFG.data), CFG.data)
 

@@ -124,6 +124,11 @@ class TFTConfig:
     # The CLIs take --remat themselves (it also accepts `auto`).
     remat: tyro.conf.Suppress[str] = "off"
     """Rematerialisation tier (tftjax.remat.TIERS)."""
+    lstm_forget_bias: float = 0.0
+    """Initial bias of the LSTMs' forget gates (1.0: remember by default, Jozefowicz et al.)."""
+    monotone_quantiles: bool = False
+    """Non-crossing quantiles: the head predicts the median and softplus gaps to its
+    neighbours, so that the forecast quantiles are increasing by construction."""
     qat: bool = False
     """Quantization-aware training: int8 fake-quant weights (per output channel) and
     activations (moving-average min/max observers) in the layers --qat-layers names."""
@@ -210,6 +215,8 @@ class TFTConfig:
 
 PRESETS = {
     "tft225": TFTConfig(),
+    # for a few thousand training windows (daily bars over decades, a few months of hours)
+    "small": TFTConfig(hidden=32, d_v=4, heads=2, dropout=0.2),
     "tiny": TFTConfig(encoder_steps=20, decoder_steps=5, hidden=16, d_v=4, heads=2,
                       quantiles=(0.1, 0.5, 0.9), vsn_chunk=64),
 }
@@ -234,6 +241,13 @@ class TrainConfig:
     """AdamW learning rate."""
     weight_decay: float = 1e-4
     """AdamW weight decay."""
+    decay_all: bool = True
+    """Weight decay on every parameter; --no-decay-all keeps it off LayerNorms, biases and the
+    per-variable input embeddings (decay on weight matrices only)."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """Learning rate over the run: constant, or cosine decay to 0 over all steps of --epochs."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up from 0 over this many steps."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
     seed: int = 0
@@ -264,6 +278,7 @@ class TrainConfig:
             f"max_steps_per_epoch must be >= 1, got {self.max_steps_per_epoch}":
                 self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1,
             f"eval_batch_size must be >= 1, got {self.eval_batch_size}": self.eval_batch_size >= 1,
+            f"warmup_steps must be >= 0, got {self.warmup_steps}": self.warmup_steps >= 0,
         }, "training config")  # fmt: skip
 
     def to_json(self) -> dict:

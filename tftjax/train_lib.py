@@ -55,15 +55,42 @@ class TrainState(train_state.TrainState):
         return {"params": self.params, "quant_stats": self.quant_stats}
 
 
-def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
-    return _optimizer(tc.learning_rate, tc.weight_decay, tc.grad_clip)
+def make_optimizer(tc: TrainConfig, total_steps: int | None = None) -> optax.GradientTransformation:
+    """AdamW with global-norm clipping, the learning-rate schedule of ``tc`` over
+    ``total_steps`` (only a cosine schedule needs it) and weight decay on every parameter or
+    on weight matrices only (``tc.decay_all``)."""
+    total = int(total_steps or 1)
+    if tc.lr_schedule == "constant" and not tc.warmup_steps:
+        total = 0  # the schedule does not depend on it: one cached optimizer
+    return _optimizer(tc.learning_rate, tc.weight_decay, tc.grad_clip, tc.lr_schedule,
+                      tc.warmup_steps, total, tc.decay_all)
+
+
+def decay_mask(params):
+    """True for the weight matrices (kernels, stacked and LSTM weights), False for biases,
+    LayerNorm scales/offsets and the per-variable input embeddings (``emb_k``, ``emb_b``)."""
+    def keep(path, x):
+        name = str(getattr(path[-1], "key", path[-1]))
+        return name in ("kernel", "w_i", "w_h") or (name.endswith("_k") and name != "emb_k")
+    return jax.tree_util.tree_map_with_path(keep, params)
 
 
 # The optimizer and apply_fn are static fields of TrainState: reusing the same
 # objects for equal settings lets every run in a process hit jit's cache.
 @functools.lru_cache(maxsize=None)
-def _optimizer(lr: float, weight_decay: float, clip: float) -> optax.GradientTransformation:
-    return optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr, weight_decay=weight_decay))
+def _optimizer(lr: float, weight_decay: float, clip: float, schedule: str = "constant",
+               warmup: int = 0, total: int = 0, decay_all: bool = True
+               ) -> optax.GradientTransformation:
+    if schedule == "cosine":
+        rate = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total, warmup + 1), 0.0)
+    elif warmup:
+        rate = optax.join_schedules([optax.linear_schedule(0.0, lr, warmup),
+                                     optax.constant_schedule(lr)], [warmup])
+    else:
+        rate = lr
+    mask = None if decay_all else decay_mask
+    return optax.chain(optax.clip_by_global_norm(clip),
+                       optax.adamw(rate, weight_decay=weight_decay, mask=mask))
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,10 +98,13 @@ def _apply_fn(cfg: TFTConfig):
     return TFT(cfg).apply
 
 
-def create_train_state(cfg: TFTConfig, tc: TrainConfig, key: Array) -> TrainState:
+def create_train_state(cfg: TFTConfig, tc: TrainConfig, key: Array,
+                       total_steps: int | None = None) -> TrainState:
+    """A fresh state; ``total_steps``: the run's optimizer steps (for a cosine schedule)."""
     variables = init_variables(cfg, key)
     return TrainState.create(apply_fn=_apply_fn(cfg), params=variables["params"],
-                             quant_stats=variables.get("quant_stats", {}), tx=make_optimizer(tc))
+                             quant_stats=variables.get("quant_stats", {}),
+                             tx=make_optimizer(tc, total_steps))
 
 
 def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key):
@@ -232,6 +262,10 @@ class TFTTask:
                                   "named like " + ", ".join(layer_names(shapes["params"])[:4])
                                   + ", … (tftjax.quant.layer_names)")
         self.epochs, self.patience = tc.epochs, tc.patience
+        per_epoch = -(-ds.splits.train.size // tc.batch_size)
+        if tc.max_steps_per_epoch:
+            per_epoch = min(per_epoch, tc.max_steps_per_epoch)
+        self.total_steps = per_epoch * tc.epochs
         self.progress, self.profile_dir = progress, profile_dir
         self.trainer = Trainer(cfg, tc, to_device(ds.features))
         self._identity = {"data": ds.identity(workdir), "model": cfg.to_json(),
@@ -248,7 +282,8 @@ class TFTTask:
         return {"feature_stats": self.ds.features.stats.to_json()}
 
     def init_state(self) -> TrainState:
-        state = create_train_state(self.cfg, self.tc, jax.random.key(self.tc.seed))
+        state = create_train_state(self.cfg, self.tc, jax.random.key(self.tc.seed),
+                                   self.total_steps)
         if self.init is not None:
             self.log(self.init.note)
             # uncommitted, like the fresh state's leaves: restored (committed) arrays would make
@@ -261,7 +296,7 @@ class TFTTask:
         return state
 
     def abstract_state(self):
-        return jax.eval_shape(lambda k: create_train_state(self.cfg, self.tc, k),
+        return jax.eval_shape(lambda k: create_train_state(self.cfg, self.tc, k, self.total_steps),
                               jax.random.key(self.tc.seed))
 
     def restore(self, checkpointer, epoch: int) -> TrainState:

@@ -309,13 +309,19 @@ class LSTM(nn.Module):
     remat: bool = False
     policy: Policy = None
     quant: QuantSpec | None = None
+    forget_bias: float = 0.0
+    """Initial forget-gate bias (gates are laid out i, f, g, o)."""
 
     @nn.compact
     def __call__(self, carry: tuple[Array, Array], xs: Array) -> tuple[tuple[Array, Array], Array]:
         d = self.features
         w_i = self.param("w_i", nn.initializers.lecun_normal(), (xs.shape[-1], 4 * d))
         w_h = self.param("w_h", nn.initializers.orthogonal(), (d, 4 * d))
-        b = self.param("b", nn.initializers.zeros, (4 * d,))
+
+        def bias_init(key, shape, dtype=jnp.float32):
+            return jnp.zeros(shape, dtype).at[d : 2 * d].set(self.forget_bias)
+
+        b = self.param("b", bias_init, (4 * d,))
         xp = jnp.swapaxes(qt.dense(self, "w_i", xs, w_i, self.quant), 0, 1) + b  # [T, B, 4d]
 
         recurrent, stats = self._recurrent(w_h)

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from tftjax.config import TFTConfig
@@ -103,9 +104,9 @@ class TFT(nn.Module):
         xi_dec, fut_w = vsn(cfg.num_known, "decoder_vsn")(known[:, te:], c_s[:, None, :], det)
 
         # 4. LSTM encoder seeded by the static context, decoder from its final state.
-        carry, h_enc = LSTM(d, plan.lstm, plan.policy, quant, name="lstm_encoder")(
+        carry, h_enc = LSTM(d, plan.lstm, plan.policy, quant, cfg.lstm_forget_bias, name="lstm_encoder")(
             (c_c, c_h), xi_enc)
-        _, h_dec = LSTM(d, plan.lstm, plan.policy, quant, name="lstm_decoder")(carry, xi_dec)
+        _, h_dec = LSTM(d, plan.lstm, plan.policy, quant, cfg.lstm_forget_bias, name="lstm_decoder")(carry, xi_dec)
         phi = checkpoint_name(jnp.concatenate([h_enc, h_dec], axis=1), "lstm_out")  # [B, T, d]
         xi = jnp.concatenate([xi_enc, xi_dec], axis=1)
 
@@ -123,7 +124,18 @@ class TFT(nn.Module):
         psi = enc_grn(d, d, p, name="positionwise")(delta, None, det)
         psi_t = GateAddNorm(d, 0.0, quant, name="output_gate")(phi_t[:, te:], psi, det)
         pred = Dense(len(cfg.quantiles), quant=quant, name="quantiles")(psi_t)  # [B, T_d, Q]
+        if cfg.monotone_quantiles:
+            pred = monotone(pred, int(np.argmin(np.abs(np.asarray(cfg.quantiles) - 0.5))))
         return pred, Interpretation(static_w, hist_w, fut_w, attn_w)
+
+
+def monotone(raw: Array, m: int) -> Array:
+    """Non-crossing quantiles from raw head outputs ``[..., Q]``: ``raw[m]`` is the median,
+    the others sit softplus gaps above or below their inner neighbour."""
+    base = raw[..., m : m + 1]
+    up = base + jnp.cumsum(jax.nn.softplus(raw[..., m + 1 :]), axis=-1)
+    down = base - jnp.cumsum(jax.nn.softplus(raw[..., :m][..., ::-1]), axis=-1)[..., ::-1]
+    return jnp.concatenate([down, base, up], axis=-1)
 
 
 def init_params(cfg: TFTConfig, key: Array, batch_size: int = 2) -> dict:
