@@ -229,6 +229,7 @@ def full_run(tmp_path_factory):
     return tmp, _run(tmp, "full", cfg)
 
 
+@pytest.mark.xdist_group("dqn_full_run")
 def test_checkpoint_names_after_a_full_run(full_run):
     tmp, (summary, calls) = full_run
     wd = tmp / "full"
@@ -253,6 +254,7 @@ def test_checkpoint_names_after_early_stop(tmp_path):
     assert [(e, f) for e, f, _ in calls] == [(1, False), (2, False), (3, True)]
 
 
+@pytest.mark.xdist_group("dqn_full_run")
 def test_interrupted_run_resumes_exactly(tmp_path, full_run):
     _, (_, full_calls) = full_run
     cfg = dataclasses.replace(TINY, epochs=4)
@@ -276,6 +278,7 @@ def test_interrupted_run_resumes_exactly(tmp_path, full_run):
     assert_kept(tmp_path / "r" / "checkpoints", (3, 4), "dqn_final_epoch4", best)
 
 
+@pytest.mark.xdist_group("dqn_full_run")
 def test_resume_refuses_other_settings(tmp_path, full_run):
     tmp, _ = full_run
     with pytest.raises(ConfigError, match="config.window: 4 in the checkpoint, 8 now"):

@@ -34,6 +34,7 @@ def analysed():
     return {b: memory.analyse(CFG, b) for b in (16, 32)}
 
 
+@pytest.mark.xdist_group("memory_analysed")
 def test_compiled_bytes_grow_with_batch(analysed):
     a16, a32 = analysed[16], analysed[32]
     assert a32.temp_bytes > a16.temp_bytes > 0
@@ -42,11 +43,13 @@ def test_compiled_bytes_grow_with_batch(analysed):
     assert a32.argument_bytes - 16 <= memory.min_bytes(CFG, 32, 2264) <= a32.argument_bytes
 
 
+@pytest.mark.xdist_group("memory_analysed")
 def test_full_tier_holds_less_temp_memory_than_off(analysed):
     full = memory.analyse(dataclasses.replace(CFG, remat="full", vsn_chunk=20), 32)
     assert full.temp_bytes < analysed[32].temp_bytes
 
 
+@pytest.mark.xdist_group("memory_analysed")
 def test_auto_grows_the_batch_when_off_fits(analysed):
     budget = 1.5 * analysed[32].total_bytes
     tier, batch = memory.plan_auto(CFG, budget, 32, rows=2264, log=lambda *a: None)
@@ -120,8 +123,10 @@ def test_memory_cli_bad_tier_exit_2():
 
 @pytest.mark.slow
 def test_memory_cli_writes_report(tmp_path):
+    # --no-verify: the plan from the linear fit (largest_batch's compile check is tested
+    # through test_auto_grows_the_batch_when_off_fits)
     p = _run("--preset", "tiny", "--tiers", "off", "--batch-sizes", "16,32", "--steps", "1",
-             "--budgets", "0.2", "--out", str(tmp_path))
+             "--budgets", "0.2", "--no-verify", "--out", str(tmp_path))
     assert p.returncode == 0, p.stderr
     import json
 
@@ -132,6 +137,6 @@ def test_memory_cli_writes_report(tmp_path):
         assert r["step_time_s"] > 0
     plan = json.loads((tmp_path / "batch_plan.json").read_text())["plan"]
     assert plan[0]["budget_gb"] == 0.2 and plan[0]["max_batch"] > 32
-    assert plan[0]["checked_total_bytes"] <= 0.2e9
+    assert plan[0]["checked_total_bytes"] is None
     assert (tmp_path / "memory.png").stat().st_size > 1000
     assert (tmp_path / "memory_off_b32.prof").stat().st_size > 0

@@ -80,6 +80,7 @@ def random_inputs(seed):
             jax.random.normal(k3, (B, t, CFG.num_known)))
 
 
+@pytest.mark.xdist_group("model_model")
 def test_output_shapes_and_weights_sum_to_one(model):
     params, apply = model
     pred, interp = apply(params, *random_inputs(1))
@@ -96,6 +97,7 @@ def test_output_shapes_and_weights_sum_to_one(model):
     assert np.isfinite(np.asarray(pred)).all()
 
 
+@pytest.mark.xdist_group("model_model")
 def test_attention_is_causal(model):
     params, apply = model
     _, interp = apply(params, *random_inputs(2))
@@ -111,6 +113,7 @@ def test_causal_mask_by_hand():
     np.testing.assert_array_equal(m, [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
 
 
+@pytest.mark.xdist_group("model_model")
 @pytest.mark.parametrize("k", [0, 2])
 def test_changing_future_inputs_after_step_k_leaves_predictions_up_to_k(model, k):
     params, apply = model

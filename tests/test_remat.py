@@ -48,6 +48,7 @@ def reference(inputs):
     return params, float(loss), grads
 
 
+@pytest.mark.xdist_group("remat_reference")
 @pytest.mark.parametrize("tier", TIERS)
 def test_tier_gradients_equal_off_for_every_leaf(tier, inputs, reference):
     params, ref_loss, ref_grads = reference
@@ -68,6 +69,7 @@ def test_tier_gradients_equal_off_for_every_leaf(tier, inputs, reference):
         assert np.abs(g - g_ref).max() <= max(1e-5 * scale, floor), f"{tier}: {name}"
 
 
+@pytest.mark.xdist_group("remat_reference")
 def test_off_gradients_reach_every_leaf(reference):
     _, _, grads = reference
     for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:

@@ -69,6 +69,7 @@ def base(tmp_path_factory):
     return root, root / "run"
 
 
+@pytest.mark.xdist_group("runloop_base")
 def test_resume_refuses_what_would_mix_runs(base, tmp_path, capsys):
     _, wd = base
     before = snapshot(wd)
@@ -101,6 +102,7 @@ def test_resume_without_a_checkpoint_is_an_error(tmp_path, capsys):
     assert not (tmp_path / "missing").exists() and not list(tmp_path.iterdir())
 
 
+@pytest.mark.xdist_group("runloop_base")
 def test_resume_through_the_cli_equals_the_uninterrupted_run(base, tmp_path):
     root, straight = base
     copy = tmp_path / "copy"
@@ -137,6 +139,7 @@ def early(tmp_path_factory):
     return root, summary, seen
 
 
+@pytest.mark.xdist_group("runloop_early")
 def test_early_stop_restores_the_best_weights(early, capsys):
     root, summary, seen = early
     hist = [json.loads(x) for x in (root / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -155,6 +158,7 @@ def test_early_stop_restores_the_best_weights(early, capsys):
     assert f"weights of epoch {best}" in out and "(the training data)" in out
 
 
+@pytest.mark.xdist_group("runloop_early")
 def test_evaluate_checks_the_recorded_data(early, tmp_path, capsys, monkeypatch):
     root, _, _ = early
     final = next((root / "run" / "checkpoints").glob("tft_final_epoch*"))
