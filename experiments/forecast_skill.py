@@ -2,7 +2,7 @@
 
     pip install -e ".[experiments]"      # exchange_calendars, arch (GARCH)
     python experiments/forecast_skill.py [--datasets spx,btc,es] [--presets small,tft225]
-        [--seeds 3] [--epochs 12] [--max-steps 120] [--bootstrap 1000]
+        [--seeds 3] [--epochs 6] [--max-steps 60] [--bootstrap 1000] [--hygiene all|none|...]
         [--out experiments/results/forecast_skill]
 
 For each bundled set (with its exchange calendar: ES → XCME, S&P 500 → XNYS,
@@ -112,7 +112,7 @@ def run_dataset(name: str, args, work: Path, log) -> dict:
     out: dict = {"presets": {}, "baselines": {}}
     ds = None
     for pname in args.presets:
-        cfg = dataclasses.replace(preset(pname), calendar=CALENDARS[name])
+        cfg = dataclasses.replace(preset(pname), calendar=CALENDARS[name], remat=args.remat)
         per_seed = []
         for seed in range(args.seeds):
             tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, patience=args.patience,
@@ -191,12 +191,13 @@ def main() -> None:
     ap.add_argument("--datasets", default="spx,btc,es")
     ap.add_argument("--presets", default="small,tft225")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=12)
-    ap.add_argument("--patience", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--patience", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--max-steps", type=int, default=120, help="steps per epoch cap")
+    ap.add_argument("--max-steps", type=int, default=60, help="steps per epoch cap")
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--block", type=int, default=0, help="bootstrap block (0: 2 windows)")
+    ap.add_argument("--remat", default="full", help="remat tier (full: the fastest on CPU)")
     ap.add_argument("--hygiene", default="all",
                     help=f"training hygiene: all, none, or a comma list of {', '.join(HYGIENE)}")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/forecast_skill"))

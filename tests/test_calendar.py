@@ -113,6 +113,15 @@ def test_xnys_early_close_holiday_and_weekend_by_hand():
     assert feat(f[1, 1], "session_left") == pytest.approx(6.5 / 24, rel=1e-5)
 
 
+def test_a_session_break_restarts_the_grid():
+    # Hong Kong, 2020-01-06: 09:30-12:00 and 13:00-16:00 local (01:30-04:00, 05:00-08:00 UTC)
+    utc = np.array([ns("2020-01-06T03:30")])
+    tl = Timeline(utc, Clock(60 * NS_MIN, "Asia/Hong_Kong", "UTC", "XHKG"), future=3)
+    _, wall = tl.future(3)
+    np.testing.assert_array_equal(wall[0], [ns("2020-01-06T13:00"), ns("2020-01-06T14:00"),
+                                            ns("2020-01-06T15:00")])
+
+
 def test_xnys_daily_sessions_by_hand():
     wall = np.array([ns("2013-11-26"), ns("2013-11-27")])
     tl = Timeline(wall, Clock(NS_DAY, NY, None, "XNYS"), future=3)

@@ -8,7 +8,8 @@ gets, at decoder step ``k`` (``k = 1 .. D``), the calendar features of the
 - without a calendar, ``T + k·Δ`` (``Δ`` the nominal bar interval);
 - with an exchange calendar (``--calendar CMES``, ``XNYS``, ``24/7`` …), the
   ``k``-th slot of the calendar's sessions after ``T``: intraday bars step
-  through each session's open ``+ j·Δ`` (skipping a session's break), daily
+  through each session's open ``+ j·Δ`` (a session with a break restarts
+  the grid when it reopens), daily
   bars through the sessions themselves. Weekends, holidays, breaks and early
   closes are therefore known in advance, as they are to a trader.
 
@@ -162,11 +163,10 @@ def sessions(name: str, first_utc: int, last_utc: int) -> Sessions:
         return s[col].to_numpy(dtype="datetime64[ns]").astype(np.int64)
 
     close = ns("close")
-    if "break_start" in s and s["break_start"].notna().any():
-        bs = np.where(s["break_start"].isna(), close, 0)
-        be = np.where(s["break_end"].isna(), close, 0)
-        bs[s["break_start"].notna().to_numpy()] = ns("break_start")[s["break_start"].notna()]
-        be[s["break_end"].notna().to_numpy()] = ns("break_end")[s["break_end"].notna()]
+    if "break_start" in s and "break_end" in s:
+        has = (s["break_start"].notna() & s["break_end"].notna()).to_numpy()
+        bs = np.where(has, ns("break_start"), close)
+        be = np.where(has, ns("break_end"), close)
     else:
         bs = be = close
     label = s.index.to_numpy(dtype="datetime64[ns]").astype(np.int64)
@@ -175,17 +175,19 @@ def sessions(name: str, first_utc: int, last_utc: int) -> Sessions:
 
 
 def slots(sess: Sessions, interval: int) -> np.ndarray:
-    """Every calendar slot (UTC ns, sorted): ``open + j·interval`` inside each session,
-    outside its break; for daily intervals, one slot per session (its open)."""
+    """Every calendar slot (UTC ns, sorted): ``start + j·interval`` inside each trading
+    segment (a session, or its two halves around a break); for daily intervals, one slot
+    per session (its open)."""
     if interval >= DAILY:
         return sess.open.copy()
-    counts = -(-(sess.close - sess.open) // interval)
-    total = int(counts.sum())
+    brk = sess.break_start < sess.break_end
+    starts = np.concatenate([sess.open, sess.break_end[brk]])
+    ends = np.concatenate([np.where(brk, sess.break_start, sess.close), sess.close[brk]])
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    counts = np.maximum(-(-(ends - starts) // interval), 0)
     first = np.repeat(np.cumsum(counts) - counts, counts)
-    t = np.repeat(sess.open, counts) + (np.arange(total) - first) * interval
-    brk_s = np.repeat(sess.break_start, counts)
-    brk_e = np.repeat(sess.break_end, counts)
-    return t[~((t >= brk_s) & (t < brk_e))]
+    return np.repeat(starts, counts) + (np.arange(int(counts.sum())) - first) * interval
 
 
 # ------------------------------------------------------------------------------ the clock
