@@ -39,12 +39,13 @@ def feat(row, name):
 
 # ------------------------------------------------------------------ intervals and zones
 @pytest.mark.parametrize("text,want", [("1min", NS_MIN), ("5m", 5 * NS_MIN), ("1h", 60 * NS_MIN),
-                                       ("1d", NS_DAY), ("30s", 30 * 10**9), ("2hours", 120 * NS_MIN)])
+                                       ("1d", NS_DAY), ("30s", 30 * 10**9), ("2hours", 120 * NS_MIN),
+                                       ("500ms", 5 * 10**8), ("1T", NS_MIN)])
 def test_parse_interval(text, want):
     assert parse_interval(text) == want
 
 
-@pytest.mark.parametrize("bad", ["", "5", "fast", "-1min", "0h", "3 parsecs"])
+@pytest.mark.parametrize("bad", ["", "5", "fast", "-1min", "0h", "3 parsecs", "1M"])
 def test_bad_interval_and_zone_are_config_errors(bad):
     with pytest.raises(ConfigError, match="--bar-interval"):
         parse_interval(bad)
@@ -136,10 +137,11 @@ def test_xnys_daily_sessions_by_hand():
 
 
 def test_without_calendar_decoder_steps_are_interval_steps():
-    bars = random_bars(400, seed=2)
+    bars = random_bars(401, seed=2)
     fs = build_features(bars, DataConfig(encoder_steps=E, decoder_steps=D), train_rows=(0, 300))
     assert fs.stats.clock.interval == NS_MIN and fs.stats.clock.calendar is None
     t = 399  # the bar before a 2-hour gap: its decoder steps are still the next minutes
+    assert bars.ts[t + 1] - bars.ts[t] == 120 * NS_MIN
     tod = (bars.ts[t] % NS_DAY + np.arange(1, D + 1) * NS_MIN) / NS_DAY
     np.testing.assert_allclose(fs.future[t, :, 0], np.sin(2 * np.pi * tod), atol=1e-6)
     fixed = build_features(bars, DataConfig(encoder_steps=E, decoder_steps=D, bar_interval="5min"),
@@ -207,13 +209,11 @@ def test_realised_gaps_are_historical_not_known():
     fs = build_features(bars, DataConfig(encoder_steps=E, decoder_steps=D), train_rows=(0, 1000))
     miss = [HISTORICAL_NAMES.index(f"miss_{L}") for L in (2, 3, 5)]
     assert fs.historical[WARMUP:, miss].std(0).min() > 0.5  # the gaps are seen, as history
-    # the decoder's time of day after two bars at the same clock time agree, whatever
-    # followed either of them
-    by_clock = {}
-    for t in range(len(bars)):
-        by_clock.setdefault(int(bars.ts[t] % NS_DAY), []).append(t)
-    t1, t2 = next((v[0], v[1]) for v in by_clock.values() if len(v) > 1)
-    np.testing.assert_array_equal(fs.future[t1, :, :2], fs.future[t2, :, :2])
+    # and the decoder never sees them: its inputs are those of ts[t] + k minutes
+    t = int(np.flatnonzero(np.diff(bars.ts) > NS_MIN)[5])  # a bar followed by a gap
+    tl = Timeline(bars.ts[t : t + 1], fs.stats.clock, D)
+    fut = bars.ts[t] + np.arange(1, D + 1) * NS_MIN
+    np.testing.assert_array_equal(fs.future[t], calendar_features(fut, fut, tl))
 
 
 # ------------------------------------------------------------------ input checks
@@ -229,6 +229,21 @@ def test_clashing_columns_are_refused(tmp_path, cols):
     rc = train_cli.main(["--parquet-file", path, "--preset", "tiny", "--workdir",
                          str(tmp_path / "run")])
     assert rc == 2 and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_integer_epochs_are_instants_and_weekly_bars_take_no_calendar(tmp_path, cols):
+    path = write_table(tmp_path / "epoch.parquet", {**cols, "ts": cols["ts"].cast(pa.int64())})
+    assert read_bars(path).tz == "UTC"
+    with pytest.raises(ConfigError, match="longer than a session"):
+        make_clock(np.arange(3) * 7 * NS_DAY, None, (0, 3), calendar="XNYS")
+
+
+def test_a_futures_roll_is_one_series(tmp_path, cols):
+    sym = np.where(np.arange(300) < 120, "ESZ3", "ESH4")
+    path = write_table(tmp_path / "roll.parquet", {**cols, "symbol": sym})
+    bars = read_bars(path)
+    w = quality_warnings(bars, NS_MIN)
+    assert any("column 'symbol' changes 1 time(s)" in x and "from row 120" in x for x in w)
 
 
 def test_interleaved_instruments_are_refused(tmp_path, cols):
@@ -272,3 +287,15 @@ def test_a_100x_price_spike_cannot_set_the_target_scale():
     w = quality_warnings(bad, NS_MIN, fs.stats.target_scale)
     assert any("2 returns beyond 50 target scales" in x and ("row 600" in x or "row 601" in x)
                for x in w)
+
+
+def test_the_clock_is_fitted_on_training_rows_only():
+    bars = random_bars(1200, seed=9)
+    cfg = DataConfig(encoder_steps=E, decoder_steps=D)
+    a = build_features(bars, cfg, train_rows=(0, 600)).stats.clock
+    ts = bars.ts.copy()
+    ts[600:] = ts[599] + np.cumsum(np.full(600, 5 * NS_MIN))  # later bars every 5 minutes
+    b = build_features(bars.replace(ts=ts), cfg, train_rows=(0, 600)).stats.clock
+    assert a == b and a.interval == NS_MIN
+    c = build_features(bars.replace(ts=ts), cfg, train_rows=(0, 1200)).stats.clock
+    assert c.interval == 5 * NS_MIN  # (the median of the whole file would be fooled)

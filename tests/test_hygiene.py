@@ -3,6 +3,7 @@ warm-up + cosine schedule, the LSTM forget-gate bias and non-crossing quantiles.
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,10 +88,30 @@ def test_lstm_forget_gate_bias():
     b = np.asarray(lstm.init(jax.random.key(0), carry, jnp.zeros((2, 3, 4)))["params"]["b"])
     np.testing.assert_array_equal(b[d : 2 * d], 1.0)  # gates i, f, g, o
     np.testing.assert_array_equal(np.delete(b, np.s_[d : 2 * d]), 0.0)
-    # and the TFT passes its config through (shapes only)
-    tft = jax.eval_shape(lambda k: init_params(dataclasses.replace(CFG, lstm_forget_bias=1.0),
-                                               k), jax.random.key(0))
-    assert tft["lstm_encoder"]["b"].shape == (4 * CFG.hidden,)
+    # and the TFT builds both of its LSTMs with the configured bias (traced, not compiled)
+    seen = {}
+
+    def spy(next_fun, args, kwargs, context):
+        if isinstance(context.module, LSTM):
+            seen[context.module.name] = context.module.forget_bias
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(spy):
+        jax.eval_shape(lambda k: init_params(dataclasses.replace(CFG, lstm_forget_bias=1.0), k),
+                       jax.random.key(0))
+    assert seen == {"lstm_encoder": 1.0, "lstm_decoder": 1.0}
+
+
+def test_the_tft_applies_monotone_quantiles_when_asked(monkeypatch):
+    import tftjax.models.tft as tft
+
+    calls = []
+    real = tft.monotone
+    monkeypatch.setattr(tft, "monotone", lambda raw, m: calls.append(m) or real(raw, m))
+    for flag in (False, True):
+        cfg = dataclasses.replace(CFG, monotone_quantiles=flag)
+        jax.eval_shape(lambda k, c=cfg: init_params(c, k), jax.random.key(0))
+    assert calls == [CFG.quantiles.index(0.5)]
 
 
 def test_monotone_quantiles_never_cross():

@@ -38,8 +38,9 @@ class Args:
     dataset: Literal["es", "spx", "btc"] | None = None
     """A bundled set instead of --parquet-file: es (ES futures, 1 min, 2,264 bars), spx (S&P 500
     daily, 5,031), btc (BTC/USD hourly, 20,111); sources in tftjax/data/bundled/SOURCES.md."""
-    preset: Literal["tft225", "tiny"] = "tft225"
-    """Model sizes: tft225 (the default) or tiny; the flags below override single fields."""
+    preset: Literal["tft225", "small", "tiny"] = "tft225"
+    """Model sizes: tft225 (the default), small (d=32: a few thousand training windows) or tiny;
+    the flags below override single fields."""
     workdir: Path = Path("runs/tft/run_001")
     """Checkpoints, metrics.jsonl, summary.json and plots go here (default: a new
     runs/tft/run_NNN; with --resume, the newest of them)."""
@@ -63,7 +64,9 @@ def defaults(argv: list[str] | None) -> Args:
 
     pre = peek(argv, preset=None, resume=False, workdir=None)
     workdir = run_folder(pre.workdir, "runs/tft", pre.resume)
-    name = pre.preset if pre.preset in ("tft225", "tiny") else "tft225"
+    from tftjax.config import PRESETS
+
+    name = pre.preset if pre.preset in PRESETS else "tft225"
     model, train = preset(name), TrainConfig()
     if pre.resume:
         saved = latest_meta(workdir / "checkpoints", "tft")

@@ -266,6 +266,8 @@ class TFTTask:
         if tc.max_steps_per_epoch:
             per_epoch = min(per_epoch, tc.max_steps_per_epoch)
         self.total_steps = per_epoch * tc.epochs
+        if tc.lr_schedule == "cosine":  # the schedule spans the run's epochs: they are fixed
+            self.may_change = tuple(f for f in self.may_change if f != "train.epochs")
         self.progress, self.profile_dir = progress, profile_dir
         self.trainer = Trainer(cfg, tc, to_device(ds.features))
         self._identity = {"data": ds.identity(workdir), "model": cfg.to_json(),

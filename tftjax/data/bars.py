@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 TIME_COLUMNS = ("ts", "ts_event", "timestamp", "datetime", "date")
 VALUE_COLUMNS = ("open", "high", "low", "close", "volume")
 SYMBOL_COLUMNS = ("symbol", "ticker", "instrument", "instrument_id", "asset", "contract",
-                  "security", "sym", "code")
+                  "security")
 
 
 class DataError(ValueError):
@@ -53,6 +53,8 @@ class Bars:
     tz: str | None = None
     """The timestamps' zone when they were time-zone aware (``ts`` then holds UTC instants);
     None for naive (wall-clock) timestamps."""
+    notes: tuple[str, ...] = ()
+    """What reading noticed that is allowed but worth a word (e.g. a futures roll)."""
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
@@ -86,22 +88,33 @@ def _find_column(table: pa.Table, wanted: str, path: str = "") -> str | None:
     return hits[0] if hits else None
 
 
-def _check_one_instrument(table: pa.Table, path: str) -> None:
+def _check_one_instrument(table: pa.Table, path: str) -> list[str]:
+    """Refuse several instruments interleaved in one file (a symbol that comes back after
+    another began); a sequence of contracts one after another (futures rolls) is one series
+    and only noted. Returns the notes."""
+    notes = []
     for wanted in SYMBOL_COLUMNS:
         name = _find_column(table, wanted, path)
         if name is None:
             continue
-        values = pc.unique(table.column(name).drop_null())
-        if len(values) > 1:
-            shown = ", ".join(str(v) for v in values.to_pylist()[:4])
-            more = f" and {len(values) - 4} more" if len(values) > 4 else ""
-            first = table.column(name)[0].as_py()
-            rows = np.flatnonzero(pc.not_equal(table.column(name), first).to_numpy(
-                zero_copy_only=False))
+        col = table.column(name)
+        values = pc.unique(col.drop_null())
+        if len(values) <= 1:
+            continue
+        codes = pc.index_in(col, value_set=values).to_numpy(zero_copy_only=False)
+        change = np.flatnonzero(codes[1:] != codes[:-1]) + 1
+        runs = change.size + 1
+        shown = ", ".join(str(v) for v in values.to_pylist()[:4])
+        more = f" and {len(values) - 4} more" if len(values) > 4 else ""
+        if runs > len(values):  # some symbol comes back: interleaved
             raise DataError(
                 f"{path}: column '{name}' holds {len(values)} instruments ({shown}{more}), "
-                f"interleaved from row {int(rows[0]) if rows.size else '?'}: one file is one "
-                f"series; keep the rows of one instrument")
+                f"interleaved from row {int(change[0])}: one file is one series; keep the rows "
+                "of one instrument")
+        notes.append(f"{path}: column '{name}' changes {runs - 1} time(s) ({shown}{more}), one "
+                     f"after another from row {int(change[0])}: read as one rolled series (the "
+                     "returns across a roll are the price difference between contracts)")
+    return notes
 
 
 def _time_to_ns(col: pa.ChunkedArray, path: str, name: str) -> np.ndarray:
@@ -224,7 +237,7 @@ def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DataError(f"{path_s}: not a readable parquet file ({type(e).__name__}: {e})") from None
 
-    _check_one_instrument(table, path_s)
+    notes = _check_one_instrument(table, path_s)
     time_name = next((_find_column(table, c, path_s) for c in TIME_COLUMNS
                       if _find_column(table, c, path_s)), None)
     if time_name is None:
@@ -242,9 +255,10 @@ def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
         cols[name] = _numeric(table.column(actual), path_s, actual)
     ts = _time_to_ns(table.column(time_name), path_s, time_name)
     t = table.column(time_name).type
-    tz = t.tz if pa.types.is_timestamp(t) and t.tz else None
+    # an integer epoch counts from 1970-01-01 UTC: instants, not a wall clock
+    tz = t.tz if pa.types.is_timestamp(t) and t.tz else "UTC" if pa.types.is_integer(t) else None
     bars = Bars(path=path_s, ts=np.ascontiguousarray(ts, dtype=np.int64), **cols,
-                sha256=hashlib.sha256(raw).hexdigest(), tz=tz)
+                sha256=hashlib.sha256(raw).hexdigest(), tz=tz, notes=tuple(notes))
     validate(bars, default_min_rows() if min_rows is None else min_rows)
     return bars
 
@@ -312,7 +326,7 @@ def quality_warnings(bars: Bars, interval: int, target_scale: float | None = Non
     """What passes validation but a user should hear about, with counts: steps that are not
     a whole number of bar intervals, zero-volume bars, and (given the target scale) returns
     beyond 50 scales."""
-    out = []
+    out = list(getattr(bars, "notes", ()))
     step = np.diff(bars.ts)
     if step.size:
         off = np.count_nonzero(step % max(interval, 1) != 0)

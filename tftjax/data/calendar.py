@@ -48,27 +48,32 @@ NS_SEC = 10**9
 NS_MIN = 60 * NS_SEC
 NS_HOUR = 60 * NS_MIN
 NS_DAY = 24 * NS_HOUR
-DAILY = 12 * NS_HOUR
-"""Intervals from this length up are daily bars: one slot per session, stamped with its date."""
+DAILY = (20 * NS_HOUR, 36 * NS_HOUR)
+"""Intervals in this band are daily bars: one slot per session, stamped with its date."""
 
 ALIASES = {"XCME": "CMES", "CME": "CMES", "GLOBEX": "CMES", "NYSE": "XNYS", "24/7": "24/7"}
 
-_UNITS = {"s": NS_SEC, "sec": NS_SEC, "min": NS_MIN, "m": NS_MIN, "t": NS_MIN, "minute": NS_MIN, "h": NS_HOUR,
-          "hr": NS_HOUR, "hour": NS_HOUR, "d": NS_DAY, "day": NS_DAY, "w": 7 * NS_DAY}
+_UNITS = {
+    "ns": 1, "us": 10**3, "ms": 10**6,
+    "s": NS_SEC, "sec": NS_SEC, "secs": NS_SEC, "second": NS_SEC, "seconds": NS_SEC,
+    "m": NS_MIN, "min": NS_MIN, "mins": NS_MIN, "t": NS_MIN, "minute": NS_MIN,
+    "minutes": NS_MIN,
+    "h": NS_HOUR, "hr": NS_HOUR, "hrs": NS_HOUR, "hour": NS_HOUR, "hours": NS_HOUR,
+    "d": NS_DAY, "day": NS_DAY, "days": NS_DAY, "w": 7 * NS_DAY, "week": 7 * NS_DAY,
+    "weeks": 7 * NS_DAY,
+}
 
 
 def parse_interval(text: str) -> int:
-    """``"1min"``, ``"5m"``, ``"1h"``, ``"1d"``, ``"30s"`` → nanoseconds.
+    """``"1min"``, ``"5m"``, ``"1h"``, ``"1d"``, ``"30s"``, ``"500ms"`` → nanoseconds
+    (``M``, a month in pandas, is refused: months have no fixed length).
 
     Raises:
       ConfigError: not such a duration.
     """
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*", str(text))
-    unit = None
-    if m:
-        u = m.group(2).lower()
-        unit = _UNITS.get(u) or (_UNITS.get(u[:-1]) if u.endswith("s") else None)
-    if not m or unit is None or float(m.group(1)) <= 0:
+    unit = None if not m or m.group(2) in ("M", "MS", "Y", "Q") else _UNITS.get(m.group(2).lower())
+    if unit is None or float(m.group(1)) <= 0:
         raise ConfigError(f"--bar-interval {text!r} is not a duration like 1min, 5min, 1h or 1d")
     return int(round(float(m.group(1)) * unit))
 
@@ -98,19 +103,14 @@ def to_wall(utc: np.ndarray, zone: str | None) -> np.ndarray:
     return pc.local_timestamp(arr).cast(pa.int64()).to_numpy().reshape(np.shape(utc))
 
 
-def to_utc(wall: np.ndarray, zone: str | None, source: str = "data") -> np.ndarray:
-    """Wall clock of ``zone`` → instants; a time that does not exist or is ambiguous there
-    (the daylight-saving change) is a DataError naming it."""
-    from tftjax.data.bars import DataError
-
+def to_utc(wall: np.ndarray, zone: str | None) -> np.ndarray:
+    """Wall clock of ``zone`` → instants. At a daylight-saving change a repeated wall time
+    takes its first instant and a skipped one moves forward (naive timestamps cannot say
+    more; store time-zone-aware ones to be exact)."""
     if zone is None:
         return np.asarray(wall, np.int64)
     arr = pa.array(np.asarray(wall, np.int64).ravel(), pa.int64()).cast(pa.timestamp("ns"))
-    try:
-        out = pc.assume_timezone(arr, timezone=zone, ambiguous="raise", nonexistent="raise")
-    except pa.ArrowInvalid as e:
-        raise DataError(f"{source}: naive timestamps read as {zone} wall clock: {e} (store "
-                        "time-zone-aware timestamps, or pass --timezone UTC)") from None
+    out = pc.assume_timezone(arr, timezone=zone, ambiguous="earliest", nonexistent="latest")
     return out.cast(pa.int64()).to_numpy().reshape(np.shape(wall))
 
 
@@ -140,7 +140,7 @@ def sessions(name: str, first_utc: int, last_utc: int) -> Sessions:
     """
     real = resolve_calendar_name(name)
     lo = np.datetime64(int(first_utc) - 10 * NS_DAY, "ns").astype("datetime64[D]")
-    hi = np.datetime64(int(last_utc) + 400 * NS_DAY, "ns").astype("datetime64[D]")
+    hi = np.datetime64(int(last_utc) + 60 * NS_DAY, "ns").astype("datetime64[D]")
     if real == "24/7":
         days = np.arange(lo, hi + 1).astype("datetime64[ns]").astype(np.int64)
         return Sessions("24/7", "UTC", days, days, days + NS_DAY, days + NS_DAY, days + NS_DAY)
@@ -178,7 +178,7 @@ def slots(sess: Sessions, interval: int) -> np.ndarray:
     """Every calendar slot (UTC ns, sorted): ``start + j·interval`` inside each trading
     segment (a session, or its two halves around a break); for daily intervals, one slot
     per session (its open)."""
-    if interval >= DAILY:
+    if DAILY[0] <= interval <= DAILY[1]:
         return sess.open.copy()
     brk = sess.break_start < sess.break_end
     starts = np.concatenate([sess.open, sess.break_end[brk]])
@@ -213,7 +213,7 @@ class Clock:
 
     @property
     def daily(self) -> bool:
-        return self.interval >= DAILY
+        return DAILY[0] <= self.interval <= DAILY[1]
 
 
 def make_clock(ts: np.ndarray, data_zone: str | None, train_rows: tuple[int, int], *,
@@ -236,6 +236,10 @@ def make_clock(ts: np.ndarray, data_zone: str | None, train_rows: tuple[int, int
             calendar) != "24/7" else "UTC"
     else:
         zone = None
+    if calendar and interval > DAILY[1]:
+        raise ConfigError(f"--calendar {calendar}: bars of {format_interval(interval)} are longer "
+                          "than a session; a calendar works with intraday or daily bars (leave "
+                          "--calendar out for weekly bars)")
     return Clock(max(interval, 1), zone, data_zone, calendar)
 
 
@@ -250,7 +254,7 @@ class Timeline:
             self.wall = to_wall(self.utc, clock.zone)
         else:  # wall clock as stored
             self.wall = np.asarray(ts, np.int64)
-            self.utc = to_utc(self.wall, clock.zone, source)
+            self.utc = to_utc(self.wall, clock.zone)
         self.sess = None
         if clock.calendar:
             horizon = (future + 2) * max(clock.interval, NS_DAY)
@@ -331,7 +335,8 @@ def calendar_features(utc: np.ndarray, wall: np.ndarray, timeline: Timeline) -> 
     utc, wall = np.asarray(utc, np.int64).ravel(), np.asarray(wall, np.int64).ravel()
     out = np.zeros((wall.size, len(KNOWN_NAMES)), np.float32)
     two_pi = 2.0 * np.pi
-    tod = (wall % NS_DAY) / NS_DAY
+    # daily bars carry no time of day (a date, whatever hour it is stamped with)
+    tod = np.zeros(wall.shape) if timeline.clock.daily else (wall % NS_DAY) / NS_DAY
     days = wall // NS_DAY
     dow = ((days + 3) % 7 + tod) / 7.0  # 1970-01-01 was a Thursday; Monday = 0
     d = wall.astype("datetime64[ns]").astype("datetime64[D]")

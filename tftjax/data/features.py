@@ -157,18 +157,16 @@ def historical_raw(bars, slot: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-def grid_slots(ts: np.ndarray) -> np.ndarray:
-    """Slot index of each bar on a plain grid of the median step (no calendar)."""
-    step = np.diff(ts)
-    interval = max(int(np.median(step)), 1) if step.size else 1
-    return np.rint((ts - ts[0]) / interval).astype(np.int64)
+def grid_slots(ts: np.ndarray, interval: int = NS_MIN) -> np.ndarray:
+    """Slot index of each bar on a plain grid of ``interval`` from the first bar."""
+    return np.rint((ts - ts[0]) / max(int(interval), 1)).astype(np.int64)
 
 
 def historical_columns(bars, slot: np.ndarray | None = None):
     """Yield ``(column index, float64 values [n])`` for the 210 historical features.
 
     ``slot``: each bar's index on the calendar grid (:meth:`Timeline.slot_index`; default
-    a plain grid of the median step), for the ``miss`` family."""
+    a plain 1-minute grid), for the ``miss`` family."""
     n = len(bars)
     slot = grid_slots(bars.ts) if slot is None else np.asarray(slot, np.int64)
     c, o, h, lo, v = bars.close, bars.open, bars.high, bars.low, bars.volume
@@ -280,9 +278,11 @@ class FeatureStats:
     def from_json(cls, d: dict) -> "FeatureStats":
         if (list(d.get("historical_names", ())) != list(HISTORICAL_NAMES)
                 or list(d.get("known_names", ())) != list(KNOWN_NAMES) or "clock" not in d):
-            raise ValueError("feature statistics were saved for a different feature set (an "
-                             "older tftjax: calendar-true known inputs, the miss_L features); "
-                             "train the model again")
+            from tftjax.data.bars import DataError
+
+            raise DataError("feature statistics were saved for a different feature set (an "
+                            "older tftjax: calendar-true known inputs, the miss_L features); "
+                            "train the model again")
         return cls(
             hist_mean=np.asarray(d["hist_mean"], dtype=np.float64),
             hist_std=np.asarray(d["hist_std"], dtype=np.float64),
@@ -404,7 +404,8 @@ def build_features(bars, cfg: DataConfig = DataConfig(), *,
     else:
         mean, std = stats.hist_mean, stats.hist_std
         # the trained clock; whether these timestamps are instants is this file's own business
-        clock = dataclasses.replace(stats.clock, data_zone=getattr(bars, "tz", None))
+        tz = getattr(bars, "tz", None)
+        clock = dataclasses.replace(stats.clock, data_zone=tz, zone=stats.clock.zone or tz)
     known, future, timeline = known_inputs(bars.ts, clock, cfg.decoder_steps, str(bars.path))
     for j, col in historical_columns(bars, timeline.slot_index()):
         if fit:
