@@ -76,3 +76,33 @@ def test_ewma_beats_constant_quantiles_on_volatility_clusters():
     m = {k: losses.numpy_metrics(y, p, QS) for k, p in preds.items()}
     assert m["ewma_gauss"]["loss"] < 0.97 * m["train_quantiles"]["loss"]
     assert abs(m["ewma_gauss"]["coverage_80"] - 0.8) < 0.03
+
+
+def test_garch_baseline_follows_the_garch_recursion_by_hand():
+    pytest.importorskip("arch")
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "forecast_skill", Path(__file__).parents[1] / "experiments" / "forecast_skill.py")
+    fs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fs)
+    rng = np.random.default_rng(5)
+    n, v, r = 1500, 1.0, np.empty(1500)
+    for t in range(n):
+        v = 0.05 + 0.1 * (r[t - 1] ** 2 if t else 1.0) + 0.85 * v
+        r[t] = np.sqrt(v) * rng.standard_normal()
+    origins = np.arange(1100, 1200)
+    q = fs.garch_forecasts(r, origins, 4, QS, (0, 1000))  # [N, 4, Q]
+    var = (q[..., 2] / norm.ppf(0.9)) ** 2  # Gaussian: q = z sigma
+    from arch import arch_model
+
+    p = arch_model(r, mean="Zero", vol="GARCH", p=1, q=1, rescale=False).fit(
+        last_obs=1000, disp="off").params
+    w, a, b = p["omega"], p["alpha[1]"], p["beta[1]"]
+    # one step ahead: origin T uses r[T] and the previous origin's one-step variance
+    np.testing.assert_allclose(var[1:, 0], w + a * r[origins[1:]] ** 2 + b * var[:-1, 0],
+                               rtol=1e-6)
+    # h steps ahead: mean reversion at rate alpha + beta
+    np.testing.assert_allclose(var[:, 1:], w + (a + b) * var[:, :-1], rtol=1e-6)
+    np.testing.assert_allclose(q[..., 0], -q[..., 2], rtol=1e-9)
