@@ -95,3 +95,54 @@ def test_tier_order_is_documented():
     assert [remat.plan(t).vsn for t in remat.ORDER] == [False, False, False, True]
     # aggressive keeps every VSN residual (no recompute), only chunks the computation.
     assert remat.plan("aggressive").vsn_scan and not remat.plan("aggressive").vsn
+
+
+# What each tier saves for the backward pass, read from the jaxpr of its VJP (the data of
+# jax.ad_checkpoint.print_saved_residuals). Equal gradients alone cannot tell a tier from a
+# no-op; these counts can: a tier that checkpointed nothing would save what `off` saves.
+def saved_shapes(tier, params, inputs):
+    from collections import Counter
+
+    from jax._src.ad_checkpoint import saved_residuals
+
+    cfg = config(tier)
+    s, h, k, y = inputs
+
+    def loss(p):
+        pred, _ = TFT(cfg).apply({"params": p}, s, h, k, False,
+                                 rngs={"dropout": jax.random.key(7, impl="rbg")})
+        return losses.quantile_loss(y, pred, cfg.quantiles)
+
+    return Counter(tuple(a.shape) for a, src in saved_residuals(loss, params)
+                   if not src.startswith("from the argument"))
+
+
+@pytest.mark.xdist_group("remat_reference")
+@pytest.mark.parametrize("tier", remat.ORDER)
+def test_tier_saves_what_it_says(tier, inputs, reference):
+    cfg = config(tier)
+    te, td, d, m = cfg.encoder_steps, cfg.decoder_steps, cfg.hidden, cfg.num_historical + cfg.num_known
+    shapes = saved_shapes(tier, reference[0], inputs)
+    per_step_lstm = shapes[(te, B, d)]  # gates/activations stacked over encoder steps
+    attention_weights = shapes[(B, cfg.heads, td, te + td)]
+    static_contexts = shapes[(B, d)]  # inside the four static encoder GRNs
+    vsn_per_variable = sum(n for s, n in shapes.items() if np.prod(s) >= m * B * te * d)
+    p = remat.plan(tier)
+    # LSTM: remat per step keeps only the (c, h) carries.
+    assert (per_step_lstm <= 2) == p.lstm, (tier, per_step_lstm)
+    assert (per_step_lstm >= 8) == (not p.lstm), (tier, per_step_lstm)
+    # Attention and the encoder GRNs: nothing of theirs survives when rematerialised.
+    assert (attention_weights == 0) == p.attention, (tier, attention_weights)
+    assert (static_contexts <= 1) == p.encoders, (tier, static_contexts)
+    assert (static_contexts >= 20) == (not p.encoders), (tier, static_contexts)
+    # VSN: full keeps no [m, N, d] activation of the per-variable GRNs; the others keep several.
+    assert (vsn_per_variable == 0) == p.vsn, (tier, vsn_per_variable)
+    assert (vsn_per_variable >= 5) == (not p.vsn), (tier, vsn_per_variable)
+
+
+@pytest.mark.xdist_group("remat_reference")
+def test_tiers_save_less_and_less(inputs, reference):
+    sizes = [sum(int(np.prod(s)) * n for s, n in saved_shapes(t, reference[0], inputs).items())
+             for t in remat.ORDER]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == len(sizes), sizes
+    assert sizes[-1] < sizes[0] / 4, sizes

@@ -90,7 +90,8 @@ class TFT(nn.Module):
             chunked = plan.vsn or plan.vsn_scan
             policy = plan.policy if plan.vsn else jax.checkpoint_policies.everything_saveable
             return VariableSelection(m, cfg.d_v, d, p, chunk=cfg.vsn_chunk if chunked else None,
-                                     policy=policy, remat_weights=plan.vsn, quant=quant, name=name)
+                                     policy=policy, remat_weights=plan.vsn, quant=quant,
+                                     fused=plan.vsn, name=name)
 
         # 1-2. Static covariates and their four contexts.
         zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]

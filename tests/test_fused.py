@@ -1,0 +1,104 @@
+"""The fused VSN kernel, the folded selection-weight GRN and the dropout mask, each against
+an independent reference: autodiff of the plain stacked computation, the GRN on the
+materialised flat embeddings, and the binomial law."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.ad_checkpoint import saved_residuals  # print_saved_residuals' data
+
+from tftjax.models import fused
+from tftjax.models.layers import GRN, EmbeddedGRN, _stacked_grn, keep_mask, keep_prob
+
+M, N, DV, D = 7, 45, 4, 12
+
+
+def stacked_params(key, m=M, dv=DV, d=D):
+    ks = jax.random.split(key, 12)
+    shapes = {"emb_k": (m, dv), "emb_b": (m, dv), "fc2_k": (m, dv, dv), "fc2_b": (m, dv),
+              "fc1_k": (m, dv, dv), "fc1_b": (m, dv), "glu_k": (m, dv, 2 * d), "glu_b": (m, 2 * d),
+              "skip_k": (m, dv, d), "skip_b": (m, d), "ln_scale": (m, d), "ln_bias": (m, d)}
+    p = {k: 0.5 * jax.random.normal(kk, s) for kk, (k, s) in zip(ks, shapes.items())}
+    p["ln_scale"] = 1.0 + p["ln_scale"]
+    return p
+
+
+def assert_close(a, b, rtol=2e-5):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.abs(a - b).max() <= rtol * max(np.abs(b).max(), 1e-30), np.abs(a - b).max()
+
+
+@pytest.mark.parametrize("dropout,row_block,unroll", [(0.0, 4096, 1), (0.3, 4096, 2),
+                                                      (0.3, 16, 1)])
+def test_fused_value_and_every_gradient_equal_autodiff_of_the_stacked_grns(
+        dropout, row_block, unroll):
+    # row_block 16 < N = 45: three row blocks with padding.
+    ks = jax.random.split(jax.random.key(0), 5)
+    p = stacked_params(ks[0])
+    x = jax.random.normal(ks[1], (M, N))
+    w = jax.nn.softmax(jax.random.normal(ks[2], (M, N)), axis=0)
+    keep = keep_mask(ks[3], dropout, (M, N, DV)) if dropout else None
+    r = jax.random.normal(ks[4], (N, D))
+
+    def ref(p, x, w):
+        return jnp.sum(_stacked_grn(p, x, w, keep, dropout)[0] * r)
+
+    def fus(p, x, w):
+        return jnp.sum(fused.weighted_grn_sum(p, x, w, keep, dropout, unroll, row_block) * r)
+
+    v_ref, g_ref = jax.value_and_grad(ref, argnums=(0, 1, 2))(p, x, w)
+    v, g = jax.jit(jax.value_and_grad(fus, argnums=(0, 1, 2)))(p, x, w)
+    assert_close(v, v_ref)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g), jax.tree.leaves(g_ref)):
+        assert np.any(np.asarray(a) != 0), jax.tree_util.keystr(path)
+        assert_close(a, b)
+
+
+def test_fused_saves_only_its_inputs():
+    # What the backward pass keeps: x, w, the mask and parameters; nothing [m, N, d].
+    p = stacked_params(jax.random.key(0))
+    x = jnp.ones((M, N))
+    keep = keep_mask(jax.random.key(1), 0.2, (M, N, DV))
+    saved = saved_residuals(lambda p, x: fused.weighted_grn_sum(p, x, x / M, keep, 0.2).sum(), p, x)
+    biggest = max(int(np.prod(a.shape)) for a, _ in saved)
+    assert biggest <= M * N * DV < M * N * D
+
+
+def test_embedded_grn_equals_the_grn_on_flat_embeddings():
+    ks = jax.random.split(jax.random.key(2), 5)
+    n, m, dv, hidden = 30, 9, 3, 8
+    x = jax.random.normal(ks[0], (n, m))
+    emb_k, emb_b = jax.random.normal(ks[1], (m, dv)), jax.random.normal(ks[2], (m, dv))
+    ctx = jax.random.normal(ks[3], (n, 5))
+    flat = lambda x, k, b: (x[:, :, None] * k + b).reshape(n, m * dv)  # noqa: E731
+    params = GRN(hidden, m).init(ks[4], flat(x, emb_k, emb_b), ctx)
+    folded = EmbeddedGRN(hidden, m).init(ks[4], x, emb_k, emb_b, ctx)
+    assert jax.tree.map(jnp.shape, folded) == jax.tree.map(jnp.shape, params)
+    r = jax.random.normal(ks[0], (n, m))
+
+    def ref(p, x, k, b):
+        return jnp.sum(GRN(hidden, m).apply(p, flat(x, k, b), ctx) * r)
+
+    def fol(p, x, k, b):
+        return jnp.sum(EmbeddedGRN(hidden, m).apply(p, x, k, b, ctx) * r)
+
+    a = jax.value_and_grad(fol, argnums=(0, 1, 2, 3))(params, x, emb_k, emb_b)
+    b = jax.value_and_grad(ref, argnums=(0, 1, 2, 3))(params, x, emb_k, emb_b)
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert_close(u, v, 1e-5)
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_keep_mask_is_bernoulli_with_its_stated_probability(impl):
+    rate = 0.1
+    mask = np.asarray(keep_mask(jax.random.key(3, impl=impl), rate, (101, 37, 9)))
+    n = mask.size
+    p = keep_prob(rate)
+    assert abs(p - (1 - rate)) <= 2 ** -17
+    # Binomial: the observed fraction within 5 standard deviations of p.
+    assert abs(mask.mean() - p) <= 5 * np.sqrt(p * (1 - p) / n)
+    # Different keys, different masks; odd sizes work.
+    other = np.asarray(keep_mask(jax.random.key(4, impl=impl), rate, (101, 37, 9)))
+    assert (mask != other).mean() > 0.1
+    assert keep_mask(jax.random.key(0), 0.5, (3, 5, 1)).shape == (3, 5, 1)
