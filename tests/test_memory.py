@@ -6,12 +6,13 @@ import jax
 import numpy as np
 import pytest
 
-from tftjax import memory
+from tftjax import memory, remat
 from tftjax.config import ConfigError, preset
 from tftjax.data import epoch_batches, load_dataset, to_device
 from tftjax.train_lib import Trainer, TrainConfig, create_train_state
 
 CFG = preset("tiny")
+ROWS = 2264  # the bundled ES file's rows: the data arrays' size in the analysed steps
 
 
 def test_parse_bytes():
@@ -31,7 +32,7 @@ def test_linear_fit_by_hand():
 @pytest.fixture(scope="module")
 def analysed():
     # Batch 32 of the tiny preset is also what test_train compiles: one shared compile.
-    return {b: memory.analyse(CFG, b) for b in (16, 32)}
+    return {b: memory.analyse(CFG, b, ROWS) for b in (16, 32)}
 
 
 @pytest.mark.xdist_group("memory_analysed")
@@ -40,46 +41,98 @@ def test_compiled_bytes_grow_with_batch(analysed):
     assert a32.temp_bytes > a16.temp_bytes > 0
     assert a16.argument_bytes == a32.argument_bytes - 16 * 4  # only the index vector grows
     # The floor counts state, data and indices (not the 16-byte RNG key).
-    assert a32.argument_bytes - 16 <= memory.min_bytes(CFG, 32, 2264) <= a32.argument_bytes
+    assert a32.argument_bytes - 16 <= memory.min_bytes(CFG, 32, ROWS) <= a32.argument_bytes
 
 
 @pytest.mark.xdist_group("memory_analysed")
 def test_full_tier_holds_less_temp_memory_than_off(analysed):
-    full = memory.analyse(dataclasses.replace(CFG, remat="full", vsn_chunk=20), 32)
+    full = memory.analyse(dataclasses.replace(CFG, remat="full", vsn_chunk=20), 32, ROWS)
     assert full.temp_bytes < analysed[32].temp_bytes
 
 
 @pytest.mark.xdist_group("memory_analysed")
 def test_auto_grows_the_batch_when_off_fits(analysed):
     budget = 1.5 * analysed[32].total_bytes
-    tier, batch = memory.plan_auto(CFG, budget, 32, rows=2264, log=lambda *a: None)
+    tier, batch = memory.plan_auto(CFG, budget, 32, rows=ROWS, log=lambda *a: None,
+                                   backend="modelled")  # off is the fastest there
     assert tier == "off" and batch > 32
-    assert memory.analyse(CFG, batch).total_bytes <= budget
+    assert memory.analyse(CFG, batch, ROWS).total_bytes <= budget
 
 
-def test_auto_picks_the_first_tier_that_fits(monkeypatch):
-    # Synthetic compiled sizes: 1 GB fixed plus per-sample bytes that fall by tier.
-    per_sample = {"off": 100e6, "minimal": 90e6, "aggressive": 80e6, "full": 20e6}
+PER_SAMPLE = {"off": 100e6, "minimal": 100e6, "aggressive": 80e6, "full": 20e6}
 
-    def fake(cfg, b, rows=2264, compiled=None):
-        return memory.Compiled(cfg.remat, b, int(1e9), 0, 0, int(per_sample[cfg.remat] * b), 0)
 
-    monkeypatch.setattr(memory, "analyse", fake)
+def fake_analyse(cfg, b, rows, compiled=None):
+    """Synthetic compiled sizes: 1 GB fixed plus per-sample bytes by tier."""
+    return memory.Compiled(cfg.remat, b, int(1e9), 0, 0, int(PER_SAMPLE[cfg.remat] * b), 0)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(memory, "analyse", fake_analyse)
     monkeypatch.setattr(memory, "min_bytes", lambda *a: int(1e9))
+    monkeypatch.setattr(memory, "device_limit", lambda *a: None)
+    return monkeypatch
+
+
+def test_auto_picks_the_fastest_tier_that_fits_not_the_first(fake):
     lines = []
-    tier, batch = memory.plan_auto(CFG, 5e9, 64, rows=2264, log=lines.append)
-    # At batch 64: off 7.4 GB, minimal 6.76, aggressive 6.12 do not fit; full 2.28 GB does,
-    # and full fits (5e9 - 1e9) / 20e6 = 200 samples.
-    assert (tier, batch) == ("full", 200)
+    # On CPU `full` is measured fastest: chosen though every tier fits 20 GB at batch 64.
+    tier, batch = memory.plan_auto(CFG, 20e9, 64, rows=ROWS, log=lines.append, backend="cpu")
+    assert tier == "full" and batch == int((20e9 - 1e9) / 20e6)
     assert any("chose remat=full" in x for x in lines)
+    # Modelled elsewhere: off is fastest when it fits ...
+    assert memory.plan_auto(CFG, 20e9, 64, rows=ROWS, log=lines.append, backend="gpu",
+                            grow_batch=False) == ("off", 64)
+    # ... minimal has off's bytes and is slower: it can never help, and says so.
+    assert any("minimal" in x and "a faster tier needs no more memory" in x for x in lines)
+    # At batch 64 only full fits 5 GB (off 7.4, aggressive 6.1), and it takes 200 samples.
+    assert memory.plan_auto(CFG, 5e9, 64, rows=ROWS, log=lines.append,
+                            backend="gpu") == ("full", 200)
     # A resumed run keeps its batch: only the tier is chosen.
-    assert memory.plan_auto(CFG, 5e9, 64, rows=2264, log=lines.append,
+    assert memory.plan_auto(CFG, 5e9, 64, rows=ROWS, log=lines.append, grow_batch=False,
+                            backend="gpu") == ("full", 64)
+
+
+def test_auto_respects_the_device_limit_and_the_eval_step(fake):
+    lines = []
+    fake.setattr(memory, "device_limit", lambda *a: int(6e9))
+    # --memory-budget 20GB on a device that allows 6 GB: plans for 5.4 GB.
+    tier, batch = memory.plan_auto(CFG, 20e9, 64, rows=ROWS, log=lines.append, backend="gpu")
+    assert (tier, batch) == ("full", int((0.9 * 6e9 - 1e9) / 20e6))
+    assert any("device's limit of 6.00 GB" in x for x in lines)
+    # No budget given: the device's limit is the budget.
+    assert memory.plan_auto(CFG, None, 64, rows=ROWS, log=lines.append, backend="gpu",
                             grow_batch=False) == ("full", 64)
+    fake.setattr(memory, "analyse_eval", lambda cfg, b, rows: fake_analyse(cfg, 40 * b, rows))
+    with pytest.raises(ConfigError, match="eval step at --eval-batch-size 256"):
+        memory.plan_auto(CFG, None, 64, rows=ROWS, log=lines.append, eval_batch_size=256)
+    fake.setattr(memory, "device_limit", lambda *a: None)
+    with pytest.raises(ConfigError, match="needs --memory-budget"):
+        memory.plan_auto(CFG, None, 64, rows=ROWS, log=lines.append)
+
+
+@pytest.mark.parametrize("fit", [(0.0, 5e6), (0.0, 80e6), (3e9, 20e6)])
+def test_largest_batch_bisects_from_a_wrong_fit_in_both_directions(fake, fit):
+    # True answer for full at 5 GB: (5e9 - 1e9) / 20e6 = 200. The fits guess 1000, 50, 100.
+    seen = []
+    fake.setattr(memory, "analyse",
+                 lambda cfg, b, rows, compiled=None: seen.append(b) or fake_analyse(cfg, b, rows))
+    cfg = dataclasses.replace(CFG, remat="full")
+    best, checked = memory.largest_batch(cfg, 5e9, fit, ROWS)
+    assert 200 * 0.98 <= best <= 200 and checked.total_bytes <= 5e9
+    assert len(seen) <= 14, seen
+    assert memory.largest_batch(cfg, 5e9, fit, ROWS, verify=False)[1] is None
 
 
 def test_auto_refuses_an_impossible_budget():
     with pytest.raises(ConfigError, match="no remat tier fits"):
-        memory.plan_auto(CFG, 1e6, 8, rows=2264, log=lambda *a: None)
+        memory.plan_auto(CFG, 1e6, 8, rows=ROWS, log=lambda *a: None)
+
+
+def test_default_tier_is_the_fastest():
+    assert remat.default_tier("cpu") == "full"
+    assert remat.default_tier("gpu") == "off"  # modelled: recompute only costs there
 
 
 def live_bytes():
@@ -123,10 +176,10 @@ def test_memory_cli_bad_tier_exit_2():
 
 @pytest.mark.slow
 def test_memory_cli_writes_report(tmp_path):
-    # --no-verify: the plan from the linear fit (largest_batch's compile check is tested
-    # through test_auto_grows_the_batch_when_off_fits)
+    # Without --verify: the plan from the linear fit (largest_batch's compile check is
+    # tested through test_auto_grows_the_batch_when_off_fits); rows from --dataset.
     p = _run("--preset", "tiny", "--tiers", "off", "--batch-sizes", "16,32", "--steps", "1",
-             "--budgets", "0.2", "--no-verify", "--out", str(tmp_path))
+             "--budgets", "0.2", "--dataset", "spx", "--out", str(tmp_path))
     assert p.returncode == 0, p.stderr
     import json
 

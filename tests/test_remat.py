@@ -146,3 +146,16 @@ def test_tiers_save_less_and_less(inputs, reference):
              for t in remat.ORDER]
     assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == len(sizes), sizes
     assert sizes[-1] < sizes[0] / 4, sizes
+
+
+def test_offload_moves_the_vsn_chunk_residuals_on_a_device_with_host_memory(inputs, reference):
+    p = remat.plan("offload", backend="gpu")
+    assert p.vsn_scan and not p.vsn and p.note == ""
+    # The per-variable GRN's big intermediates carry the names the offload policy moves.
+    assert {"vsn_glu", "vsn_y"} <= set(remat.OFFLOAD_NAMES)
+    cfg = config("aggressive")
+    s, h, k, _ = inputs
+    jaxpr = str(jax.make_jaxpr(lambda prm: TFT(cfg).apply({"params": prm}, s, h, k))(
+        reference[0]))
+    for name in ("vsn_glu", "vsn_y", "lstm_gates", "attention_weights", "grn_hidden"):
+        assert f"name={name}" in jaxpr, name

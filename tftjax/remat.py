@@ -26,14 +26,17 @@ that only carries the ``[N, d]`` weighted sum).
                rematerialising the other blocks alone lowers nothing)
 ``full``       ``aggressive`` plus the VSNs (per-variable GRNs in checkpointed
                scan chunks, selection-weight GRNs rematerialised)
-``offload``    ``aggressive``, but the tagged intermediates inside the
-               rematerialised blocks (:data:`OFFLOAD_NAMES`) are moved to
-               pinned host memory instead of being recomputed (GPU/TPU); on
+``offload``    ``aggressive``, but the tagged intermediates (:data:`OFFLOAD_NAMES`:
+               inside the VSN chunks and the rematerialised blocks) are moved
+               to pinned host memory and the rest recomputed (GPU/TPU), so it
+               can go below ``aggressive`` on the device; on
                CPU there is no separate host memory space and it *is*
                ``aggressive`` (the CLI says so)
 ``auto``       not a plan: ``python -m tftjax.train --remat auto
-               --memory-budget 24GB`` picks the first tier of this table and
-               the largest batch that fit the budget (tftjax.memory.plan_auto)
+               [--memory-budget 24GB]`` picks, among the tiers whose train and
+               eval steps fit the budget (and the device's own limit), the one
+               of least :data:`STEP_TIME`, and the largest batch that fits it
+               (tftjax.memory.plan_auto)
 =============  ===============================================================
 """
 
@@ -44,8 +47,10 @@ import dataclasses
 import jax
 from jax import checkpoint_policies as cp
 
-# checkpoint_name tags used in the model (tftjax/models/*.py).
-OFFLOAD_NAMES = ("grn_hidden", "lstm_gates", "attention_weights")
+# checkpoint_name tags used in the model (tftjax/models/*.py): the per-variable GRN's GLU
+# output and pre-norm sum inside each VSN chunk (most of the step's residuals), the GRN
+# hidden layers, LSTM gates and attention weights.
+OFFLOAD_NAMES = ("vsn_glu", "vsn_y", "grn_hidden", "lstm_gates", "attention_weights")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +87,30 @@ TIERS: dict[str, RematPlan] = {
             offload_src="device", offload_dst="pinned_host")),
 }
 ORDER = ("off", "minimal", "aggressive", "full")
-"""Tiers from fastest/most memory to slowest/least memory (``offload`` aside)."""
+"""Tiers from most to least memory (``offload`` aside)."""
+
+STEP_TIME: dict[str, dict[str, float]] = {
+    # Measured: TFT-225 step time relative to `off` at batch 64 on XLA:CPU (2 cores),
+    # experiments/throughput.py --remat off,minimal,aggressive,full. `full` is *fastest*
+    # there: its VSNs run the fused recomputing kernel (tftjax.models.fused).
+    "cpu": {"off": 1.0, "minimal": 1.0, "aggressive": 1.0, "full": 0.25},
+    # Modelled elsewhere (not measured in this project): a step is ~3 forward passes and
+    # rematerialising a block adds one more of its forward; the VSNs are ~90% of the
+    # forward, the LSTMs ~5%, everything else ~5%.
+    "default": {"off": 1.0, "minimal": 1.017, "aggressive": 1.033, "full": 1.333},
+}
+"""Relative step time per tier and platform, the cost ``--remat auto`` minimises."""
+
+
+def step_time(tier: str, backend: str | None = None) -> float:
+    table = STEP_TIME.get(backend or jax.default_backend(), STEP_TIME["default"])
+    return table["aggressive" if tier == "offload" else tier]
+
+
+def default_tier(backend: str | None = None) -> str:
+    """The tier ``--remat`` defaults to: the fastest on ``backend`` (:data:`STEP_TIME`);
+    on CPU ``full``, which is also the smallest."""
+    return min(ORDER, key=lambda t: (step_time(t, backend), ORDER.index(t)))
 AUTO = "auto"
 CHOICES = tuple(TIERS) + (AUTO,)
 

@@ -46,11 +46,13 @@ class Args:
     runs/tft/run_NNN; with --resume, the newest of them)."""
     resume: bool = False
     """Continue the latest complete checkpoint in --workdir with its own settings and data."""
-    remat: str = "off"
-    """Rematerialisation tier: off, minimal, aggressive, full, offload, or auto (with
-    --memory-budget) -- see tftjax.remat."""
+    remat: str = "full"
+    """Rematerialisation tier: off, minimal, aggressive, full, offload, or auto -- see
+    tftjax.remat. Default: the fastest on this platform (CPU: full, also the smallest);
+    a resumed run keeps its own."""
     memory_budget: str | None = None
-    """Device memory budget for --remat auto, e.g. 24GB or 16GiB."""
+    """Device memory budget for --remat auto, e.g. 24GB or 16GiB (capped at 90% of the
+    device's own limit where it reports one; needed where it does not, e.g. on CPU)."""
     profile: Path | None = None
     """Write a jax.profiler trace of a few steps here (TensorBoard / XProf)."""
     no_progress: bool = False
@@ -73,7 +75,10 @@ def defaults(argv: list[str] | None) -> Args:
         train = TrainConfig.from_json(saved["identity"]["train"])
         if pre.preset is None:
             model = TFTConfig.from_json(saved["identity"]["model"])
-    return Args(model=model, train=train, preset=name, remat=model.remat, workdir=workdir)
+    from tftjax.remat import default_tier
+
+    remat = model.remat if pre.resume else default_tier()
+    return Args(model=model, train=train, preset=name, remat=remat, workdir=workdir)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -117,12 +122,13 @@ def plan_auto_tier(cfg: TFTConfig, tc: TrainConfig, args: Args):
     from tftjax.data import default_parquet, find_data_file, read_bars
     from tftjax.memory import parse_bytes, plan_auto
 
-    if not args.memory_budget:
-        raise ConfigError("--remat auto needs --memory-budget (e.g. --memory-budget 24GB)")
-    try:
-        budget = parse_bytes(args.memory_budget)
-    except ValueError:
-        raise ConfigError(f"--memory-budget {args.memory_budget!r} is not a size like 24GB") from None
+    budget = None
+    if args.memory_budget:
+        try:
+            budget = parse_bytes(args.memory_budget)
+        except ValueError:
+            raise ConfigError(f"--memory-budget {args.memory_budget!r} is not a size like "
+                              "24GB") from None
     path = args.parquet_file
     if path is None and args.resume:
         from tftjax.runloop import latest_meta
@@ -131,7 +137,7 @@ def plan_auto_tier(cfg: TFTConfig, tc: TrainConfig, args: Args):
         path = find_data_file(saved["identity"]["data"], args.workdir)
     rows = len(read_bars(path or default_parquet()))
     tier, batch = plan_auto(dataclasses.replace(cfg, remat="off"), budget, tc.batch_size, rows,
-                            grow_batch=not args.resume)
+                            grow_batch=not args.resume, eval_batch_size=tc.eval_batch_size)
     return dataclasses.replace(cfg, remat=tier), dataclasses.replace(tc, batch_size=batch)
 
 

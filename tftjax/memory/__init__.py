@@ -8,7 +8,8 @@ and ``--remat auto``.
 each tier and batch size and reports XLA's argument, output, temp and
 generated-code bytes, the measured step time and its ratio to ``off``, the
 largest batch that fits 4, 12, 24, 48, 80 and 141 GB (a linear fit of bytes
-against batch size, checked by compiling at the predicted batch), and writes
+against batch size; ``--verify`` checks it by compiling, bisecting in both
+directions from the fit's guess), and writes
 a ``jax.profiler`` device memory profile (pprof ``.prof``) per tier. On a GPU
 it also records ``device.memory_stats()`` peaks next to the prediction.
 
@@ -47,6 +48,8 @@ class Compiled:
     alias_bytes: int
     temp_bytes: int
     generated_code_bytes: int
+    host_temp_bytes: int = 0
+    """Temporaries XLA placed in host memory (the ``offload`` tier's residuals on GPU/TPU)."""
 
     @property
     def total_bytes(self) -> int:
@@ -69,7 +72,7 @@ def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig 
     return state, data, idx, key
 
 
-def compile_step(cfg: TFTConfig, batch_size: int, rows: int = 2264):
+def compile_step(cfg: TFTConfig, batch_size: int, rows: int):
     """The compiled train step of ``cfg`` at ``batch_size`` (no arrays allocated)."""
     return make_train_step(cfg).lower(*abstract_inputs(cfg, batch_size, rows)).compile()
 
@@ -85,12 +88,13 @@ def release_executables() -> None:
     jax.clear_caches()
 
 
-def analyse(cfg: TFTConfig, batch_size: int, rows: int = 2264, compiled=None) -> Compiled:
+def analyse(cfg: TFTConfig, batch_size: int, rows: int, compiled=None) -> Compiled:
     c = compiled if compiled is not None else compile_step(cfg, batch_size, rows)
     m = c.memory_analysis()
     out = Compiled(cfg.remat, batch_size, int(m.argument_size_in_bytes),
                    int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
-                   int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes))
+                   int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes),
+                   int(getattr(m, "host_temp_size_in_bytes", 0) or 0))
     if compiled is None:
         del c
         release_executables()
@@ -107,55 +111,141 @@ def fit_linear(points: list[Compiled]) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def largest_batch(cfg: TFTConfig, budget_bytes: float, fit: tuple[float, float], rows: int = 2264,
-                  verify: bool = True, max_batch: int = 1 << 16) -> tuple[int, Compiled | None]:
-    """Largest batch whose compiled step fits ``budget_bytes``: from the fit, then checked
-    by compiling at the predicted batch (stepping down 5% until it fits)."""
+def largest_batch(cfg: TFTConfig, budget_bytes: float, fit: tuple[float, float], rows: int,
+                  verify: bool = True, max_batch: int = 1 << 16, rel_tol: float = 0.02,
+                  log=None) -> tuple[int, Compiled | None]:
+    """Largest batch whose compiled step fits ``budget_bytes``.
+
+    From the linear fit alone (``verify=False``: no compile), or checked by compiling:
+    from the fit's guess, step up or down by 25% until the fit boundary is bracketed,
+    then bisect to within ``rel_tol`` (a few compiles instead of a walk).
+    """
     a, b = fit
     guess = int(min(max((budget_bytes - a) // max(b, 1.0), 0), max_batch))
-    if guess < 1:
-        return 0, None
     if not verify:
         return guess, None
-    while guess >= 1:
-        c = analyse(cfg, guess, rows)
-        if c.total_bytes <= budget_bytes:
-            return guess, c
-        guess = int(guess * 0.95) if guess > 20 else guess - 1
-    return 0, None
+    tried: dict[int, Compiled] = {}
+
+    def fits(n: int) -> bool:
+        if n not in tried:
+            tried[n] = analyse(cfg, n, rows)
+            if log:
+                log(f"  {cfg.remat} batch {n}: {tried[n].total_bytes / GB:.2f} GB")
+        return tried[n].total_bytes <= budget_bytes
+
+    lo, hi = 0, max_batch + 1  # lo fits (0: nothing), hi does not
+    n = max(guess, 1)
+    if fits(n):
+        lo = n
+        while lo < max_batch:
+            n = min(max(lo + 1, int(lo * 1.25)), max_batch)
+            if not fits(n):
+                hi = n
+                break
+            lo = n
+    else:
+        hi = n
+        while hi > 1:
+            n = max(int(hi / 1.25), 1) if hi > 4 else hi - 1
+            if fits(n):
+                lo = n
+                break
+            hi = n
+    while hi - lo > max(1, int(lo * rel_tol)) and hi <= max_batch:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, tried.get(lo)
 
 
-def plan_auto(cfg: TFTConfig, budget_bytes: float, batch_size: int, rows: int,
-              log=print, grow_batch: bool = True) -> tuple[str, int]:
-    """The fastest tier (table order) whose step at ``batch_size`` fits the budget, and (with
-    ``grow_batch``) the largest batch that fits with it; from compile-time analysis only.
+HEADROOM = 0.9
+"""Share of the device's ``bytes_limit`` that ``--remat auto`` plans for."""
+
+
+def device_limit(device=None) -> int | None:
+    """The bytes JAX may allocate on ``device`` (``memory_stats()["bytes_limit"]``: the
+    preallocated fraction on a GPU), or None where the backend does not say (CPU)."""
+    device = device or jax.devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - backends without the API
+        return None
+    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
+
+
+def compile_eval_step(cfg: TFTConfig, batch_size: int, rows: int):
+    from tftjax.train_lib import make_eval_step
+
+    state, data, _, _ = abstract_inputs(cfg, batch_size, rows)
+    idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
+    return make_eval_step(cfg).lower(state.params, data, idx).compile()
+
+
+def analyse_eval(cfg: TFTConfig, batch_size: int, rows: int) -> Compiled:
+    return analyse(cfg, batch_size, rows, compiled=compile_eval_step(cfg, batch_size, rows))
+
+
+def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows: int,
+              log=print, grow_batch: bool = True, eval_batch_size: int | None = None,
+              backend: str | None = None) -> tuple[str, int]:
+    """``--remat auto``: among the tiers whose train step at ``batch_size`` fits the budget,
+    the one of least modelled step time (:data:`tftjax.remat.STEP_TIME`; a tier that needs
+    at least the bytes of a faster one is skipped: it cannot help), and (with
+    ``grow_batch``) the largest batch that fits with it, checked by compiling. The budget
+    is ``budget_bytes`` capped at :data:`HEADROOM` of the device's real limit (or that
+    limit when ``budget_bytes`` is None). The eval step at ``eval_batch_size`` must fit too.
 
     Raises:
-      ConfigError: when no tier fits at ``batch_size``.
+      ConfigError: no budget known, or no tier fits at ``batch_size``.
     """
+    limit = device_limit()
+    if limit is not None and (budget_bytes is None or HEADROOM * limit < budget_bytes):
+        log(f"auto: planning for {HEADROOM:.0%} of the device's limit of {limit / GB:.2f} GB"
+            + (f" (below --memory-budget {budget_bytes / GB:.2f} GB)" if budget_bytes else ""))
+        budget_bytes = HEADROOM * limit
+    if budget_bytes is None:
+        raise ConfigError("--remat auto needs --memory-budget on a device that does not report "
+                          "its memory limit (e.g. --memory-budget 24GB)")
     floor = min_bytes(cfg, batch_size, rows)
     if budget_bytes < floor:
         raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB: parameters, optimizer "
                          f"state and data alone take {floor / GB:.2f} GB")
-    for tier in remat.ORDER:
-        c = dataclasses.replace(cfg, remat=tier)
-        at = analyse(c, batch_size, rows)
-        fits = at.total_bytes <= budget_bytes
-        log(f"auto: {tier:10s} batch {batch_size}: {at.total_bytes / GB:7.2f} GB "
-            f"{'fits' if fits else 'does not fit'} {budget_bytes / GB:.2f} GB")
-        if fits and not grow_batch:
-            log(f"auto: chose remat={tier} (the fastest tier that fits) at batch {batch_size}")
-            return tier, batch_size
-        if fits:
-            small = analyse(c, max(1, batch_size // 2), rows)
-            best, _ = largest_batch(c, budget_bytes, fit_linear([small, at]), rows,
-                                    max_batch=max(batch_size, rows))
-            best = max(best, batch_size)
-            log(f"auto: chose remat={tier} (the fastest tier that fits) and batch {best} "
-                f"(the largest that fits, checked by compiling it)")
-            return tier, best
-    raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB even at batch "
-                     f"{batch_size}; lower --batch-size or raise --memory-budget")
+    sizes = {t: analyse(dataclasses.replace(cfg, remat=t), batch_size, rows) for t in remat.ORDER}
+    fitting = [t for t in remat.ORDER if sizes[t].total_bytes <= budget_bytes]
+    useful = [t for t in fitting if not any(
+        remat.step_time(u, backend) < remat.step_time(t, backend)
+        and sizes[u].total_bytes <= sizes[t].total_bytes for u in fitting)]
+    for t in remat.ORDER:
+        why = ("does not fit" if t not in fitting else
+               "fits" if t in useful else "fits, but a faster tier needs no more memory")
+        log(f"auto: {t:10s} batch {batch_size}: {sizes[t].total_bytes / GB:7.2f} GB, "
+            f"modelled time {remat.step_time(t, backend):.2f}× off: {why} "
+            f"({budget_bytes / GB:.2f} GB)")
+    if not useful:
+        raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB even at batch "
+                          f"{batch_size}; lower --batch-size or raise --memory-budget")
+    tier = min(useful, key=lambda t: (remat.step_time(t, backend), sizes[t].total_bytes))
+    c = dataclasses.replace(cfg, remat=tier)
+    if eval_batch_size:
+        ev = analyse_eval(c, eval_batch_size, rows)
+        if ev.total_bytes > budget_bytes:
+            raise ConfigError(f"the eval step at --eval-batch-size {eval_batch_size} needs "
+                              f"{ev.total_bytes / GB:.2f} GB, over {budget_bytes / GB:.2f} GB; "
+                              "lower --eval-batch-size")
+        log(f"auto: the eval step at batch {eval_batch_size} needs {ev.total_bytes / GB:.2f} GB: fits")
+    if not grow_batch:
+        log(f"auto: chose remat={tier} (least modelled step time among the tiers that fit) "
+            f"at batch {batch_size}")
+        return tier, batch_size
+    small = analyse(c, max(1, batch_size // 2), rows)
+    best, _ = largest_batch(c, budget_bytes, fit_linear([small, sizes[tier]]), rows,
+                            max_batch=max(batch_size, rows))
+    best = max(best, batch_size)
+    log(f"auto: chose remat={tier} (least modelled step time among the tiers that fit) and "
+        f"batch {best} (the largest that fits, checked by compiling it)")
+    return tier, best
 
 
 def min_bytes(cfg: TFTConfig, batch_size: int, rows: int) -> int:
@@ -202,12 +292,15 @@ def time_step(cfg: TFTConfig, batch_size: int, data, starts: np.ndarray, steps: 
 
 def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
            budgets_gb=BUDGETS_GB, steps: int = 3, time_limit_bytes: float | None = None,
-           verify: bool = True, log=print) -> list[dict]:
-    """Measure, print and write ``memory.json``, ``memory.png`` and ``.prof`` files."""
+           verify: bool = False, log=print, parquet_file=None) -> list[dict]:
+    """Measure, print and write ``memory.json``, ``memory.png`` and ``.prof`` files.
+
+    The data arrays have the rows of ``parquet_file`` (default: the bundled ES bars).
+    ``steps=0`` compiles and analyses without running steps."""
     from tftjax.data import load_dataset, to_device
 
     out.mkdir(parents=True, exist_ok=True)
-    ds = load_dataset(None, cfg.data)
+    ds = load_dataset(parquet_file, cfg.data)
     data = to_device(ds.features)
     rows = len(ds.features)
     dev = jax.devices()[0]
@@ -225,7 +318,7 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
             points.append(a)
             rec = {"tier": tier, **{k: v for k, v in dataclasses.asdict(a).items() if k != "tier"},
                    "total_bytes": a.total_bytes, "step_time_s": None, "device": dev.device_kind}
-            if a.total_bytes <= budget_for_timing:
+            if steps > 0 and a.total_bytes <= budget_for_timing:
                 t, compiled, state = time_step(c, b, data, ds.splits.train, steps, compiled)
                 rec["step_time_s"] = t
                 stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
@@ -247,7 +340,8 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
     for tier in tiers:
         c = dataclasses.replace(cfg, remat=tier)
         for g in budgets_gb:
-            bmax, checked = largest_batch(c, g * GB, fits[tier], rows, verify=verify)
+            bmax, checked = largest_batch(c, g * GB, fits[tier], rows, verify=verify,
+                                          max_batch=1 << 20)
             plan_rows.append({"tier": tier, "budget_gb": g, "max_batch": bmax,
                               "checked_total_bytes": checked.total_bytes if checked else None})
     (out / "memory.json").write_text(json.dumps(records, indent=2))
@@ -268,14 +362,15 @@ def _host_budget() -> float:
 
 
 def format_table(records: list[dict], base: str) -> str:
-    lines = [f"| tier | batch | argument | output | temp | code | step time | vs {base} |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| tier | batch | argument | output | temp | host temp | code | step time | "
+             f"vs {base} |", "|---|---|---|---|---|---|---|---|---|"]
     mib = lambda x: f"{x / 2**20:,.0f} MiB"  # noqa: E731
     for r in records:
         t = f"{r['step_time_s']:.2f} s" if r["step_time_s"] else "not run"
         ratio = r.get(f"time_ratio_to_{base}")
         lines.append(f"| {r['tier']} | {r['batch_size']} | {mib(r['argument_bytes'])} | "
                      f"{mib(r['output_bytes'])} | {mib(r['temp_bytes'])} | "
+                     f"{mib(r.get('host_temp_bytes', 0))} | "
                      f"{r['generated_code_bytes'] / 2**10:,.0f} KiB | {t} | "
                      f"{f'{ratio:.2f}×' if ratio else '–'} |")
     return "\n".join(lines)
@@ -289,8 +384,10 @@ def format_plan(rows: list[dict], tiers, budgets) -> str:
     for tier in tiers:
         cells = [str(r["max_batch"]) for r in rows if r["tier"] == tier]
         lines.append(f"| {tier} | " + " | ".join(cells) + " |")
-    return "largest batch that fits (fit, checked by compiling at the predicted batch):\n" + \
-        "\n".join(lines)
+    checked = any(r["checked_total_bytes"] is not None for r in rows)
+    how = ("linear fit, checked by compiling (bisection)" if checked else
+           "linear fit of compiled bytes against batch; --verify checks it by compiling")
+    return f"largest batch that fits ({how}):\n" + "\n".join(lines)
 
 
 def plot(records: list[dict], fits: dict, path: Path, tiers: list[str]) -> None:

@@ -23,8 +23,13 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per point")
     ap.add_argument("--budgets", default=",".join(str(g) for g in BUDGETS_GB),
                     help="memory budgets in GB for the batch plan")
-    ap.add_argument("--no-verify", action="store_true",
-                    help="skip compiling at each predicted batch")
+    ap.add_argument("--verify", action="store_true",
+                    help="check each budget's largest batch by compiling (bisection: a few "
+                         "compiles per tier and budget); default: the linear fit only")
+    ap.add_argument("--no-verify", action="store_true", help=argparse.SUPPRESS)  # the default now
+    ap.add_argument("--parquet-file", type=Path, default=None,
+                    help="the bars whose row count sizes the data arrays (default: bundled ES)")
+    ap.add_argument("--dataset", default=None, help="a bundled set instead: es, spx or btc")
     args = ap.parse_args(argv)
     try:
         cfg = preset(args.preset)
@@ -37,9 +42,12 @@ def run(argv: list[str] | None = None) -> int:
             raise ValueError("--batch-sizes must be >= 1")
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    from tftjax.train import data_file
+
     report(cfg, tiers, batch_sizes, args.out, budgets_gb=[g if not g.is_integer() else int(g)
                                                          for g in budgets],
-           steps=args.steps, verify=not args.no_verify)
+           steps=args.steps, verify=args.verify,
+           parquet_file=data_file(args.parquet_file, args.dataset))
     print(f"wrote {args.out}/memory.json, batch_plan.json, memory.png and memory_*.prof")
     return 0
 

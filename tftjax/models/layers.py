@@ -249,8 +249,9 @@ def _stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
     h = bmm("fc1_k", h) + p["fc1_b"][:, None, :]  # η_1 [m, N, d_v]
     if keep is not None:
         h = jnp.where(keep, h / keep_prob(rate), 0.0)
-    value, gate = jnp.split(bmm("glu_k", h) + p["glu_b"][:, None, :], 2, axis=-1)
-    y = skip + nn.sigmoid(gate) * value  # [m, N, d]
+    z = checkpoint_name(bmm("glu_k", h) + p["glu_b"][:, None, :], "vsn_glu")  # [m, N, 2d]
+    value, gate = jnp.split(z, 2, axis=-1)
+    y = checkpoint_name(skip + nn.sigmoid(gate) * value, "vsn_y")  # [m, N, d]
     mean = y.mean(-1, keepdims=True)
     var = jnp.square(y - mean).mean(-1, keepdims=True)
     y = (y - mean) * lax.rsqrt(var + 1e-6) * p["ln_scale"][:, None, :] + p["ln_bias"][:, None, :]

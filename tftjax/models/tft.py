@@ -87,8 +87,12 @@ class TFT(nn.Module):
         def vsn(m, name):
             # vsn: chunks recomputed in the backward pass; vsn_scan: chunks with every
             # residual saved (no recompute, smaller backward transients).
+            # offload (on a backend with host memory): chunks keep nothing on the device,
+            # their tagged intermediates go to the host and the rest is recomputed.
             chunked = plan.vsn or plan.vsn_scan
-            policy = plan.policy if plan.vsn else jax.checkpoint_policies.everything_saveable
+            offload = plan.name == "offload" and plan.note == ""
+            policy = (plan.policy if plan.vsn or offload
+                      else jax.checkpoint_policies.everything_saveable)
             return VariableSelection(m, cfg.d_v, d, p, chunk=cfg.vsn_chunk if chunked else None,
                                      policy=policy, remat_weights=plan.vsn, quant=quant,
                                      fused=plan.vsn, name=name)
