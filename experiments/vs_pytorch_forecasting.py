@@ -3,6 +3,9 @@
     pip install -e ".[bench]"   # torch==2.13.0 (a CPU build here), pytorch-forecasting, lightning
     python experiments/vs_pytorch_forecasting.py [--batch-sizes 64,256] [--steps 6]
 
+A batch the peer cannot hold (killed by the OOM killer) is reported and halved until
+it fits; tftjax then runs at that batch too.
+
 Both models are TFT-225 sized: 5 static reals, 210 historical + 10 known encoder
 reals, 10 known decoder reals, hidden 128, 4 heads, per-variable embedding 8
 (pytorch-forecasting's ``hidden_continuous_size`` = tftjax's ``d_v``), 7 quantiles,
@@ -57,7 +60,9 @@ def run_tftjax(args) -> dict:
     from tftjax.config import preset
     from tftjax.data import epoch_batches, load_dataset, to_device
     from tftjax.train_lib import TrainConfig, Trainer, create_train_state, window_targets
-    cfg = preset("tft225", remat=args.remat) if args.remat else preset("tft225")
+    from tftjax.remat import default_tier
+
+    cfg = preset("tft225", remat=args.remat or default_tier())  # the CLI's default tier
     assert tuple(cfg.quantiles) == QUANTILES, cfg.quantiles
     ds = load_dataset(None, cfg.data)
     data = to_device(ds.features)
@@ -197,10 +202,16 @@ def spawn(side: str, batch: int, args) -> dict:
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode in (-9, 137):  # the kernel's OOM killer
+        return {"side": side, "batch_size": batch, "oom": True}
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
         raise SystemExit(f"{side} at batch {batch} failed (exit {proc.returncode})")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def _ram_gb() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
 
 
 def summary(r: dict) -> dict:
@@ -232,6 +243,12 @@ def main() -> None:
              f"after {args.warmup + args.steps} steps |", "|---|---|---|---|---|---|"]
     for b in (int(x) for x in args.batch_sizes.split(",")):
         peer = spawn("peer", b, args)
+        while peer.get("oom") and b > 1:
+            table.append(f"| {b} | pytorch-forecasting | killed: out of memory "
+                         f"({_ram_gb():.0f} GB machine) | | | |")
+            print(table[-1], flush=True)
+            b //= 2
+            peer = spawn("peer", b, args)
         ours = spawn("tftjax", b, args)
         for r in (peer, ours):
             s = summary(r)

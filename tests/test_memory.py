@@ -193,3 +193,18 @@ def test_memory_cli_writes_report(tmp_path):
     assert plan[0]["checked_total_bytes"] is None
     assert (tmp_path / "memory.png").stat().st_size > 1000
     assert (tmp_path / "memory_off_b32.prof").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_memory_cli_isolated_point_runs_in_its_own_process(tmp_path):
+    # What a GPU does by default (a fresh process per point: its own device peak), forced
+    # on CPU: the point's step time comes back from the child's report.
+    p = _run("--preset", "tiny", "--tiers", "full", "--batch-sizes", "8", "--steps", "1",
+             "--budgets", "", "--isolate", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    import json
+
+    (rec,) = json.loads((tmp_path / "memory.json").read_text())
+    assert rec["isolated"] is True and rec["step_time_s"] > 0
+    assert json.loads((tmp_path / "point_full_b8" / "config.json").read_text())["remat"] == "full"
+    assert (tmp_path / "memory_full_b8.prof").exists()

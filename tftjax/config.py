@@ -120,7 +120,9 @@ class TFTConfig:
     quantiles: tuple[float, ...] = DEFAULT_QUANTILES
     """Forecast quantiles, increasing in (0, 1); must include 0.5 and 0.9 (q-risk)."""
     vsn_chunk: int = 20
-    """Variables per scan step in the variable selection networks (tiers that chunk the VSNs)."""
+    """Variables per scan step in the variable selection networks where they run in chunks
+    (``aggressive``/``offload``, and QAT under ``full``; float ``full`` runs the fused kernel,
+    one variable per step)."""
     # The CLIs take --remat themselves (it also accepts `auto`).
     remat: tyro.conf.Suppress[str] = "off"
     """Rematerialisation tier (tftjax.remat.TIERS)."""

@@ -24,8 +24,11 @@ that only carries the ``[N, d]`` weighted sum).
                chunk by chunk: measured, the peak of the step sits inside
                the VSN backward, after every other residual is freed, so
                rematerialising the other blocks alone lowers nothing)
-``full``       ``aggressive`` plus the VSNs (per-variable GRNs in checkpointed
-               scan chunks, selection-weight GRNs rematerialised)
+``full``       ``aggressive`` plus the VSNs: float per-variable GRNs through
+               the fused kernel (tftjax.models.fused: a ``custom_vjp`` whose
+               backward recomputes each variable from the saved inputs), QAT
+               ones in checkpointed scan chunks with their selection-weight
+               GRNs rematerialised. The default on CPU: fastest and smallest
 ``offload``    ``aggressive``, but the tagged intermediates (:data:`OFFLOAD_NAMES`:
                inside the VSN chunks and the rematerialised blocks) are moved
                to pinned host memory and the rest recomputed (GPU/TPU), so it
@@ -62,7 +65,7 @@ class RematPlan:
     lstm: bool = False  # per-step checkpoint inside the LSTM scans
     encoders: bool = False  # static encoders, gated skip, enrichment, position-wise GRNs
     attention: bool = False
-    vsn: bool = False  # per-variable GRNs in checkpointed scan chunks (recomputed)
+    vsn: bool = False  # per-variable GRNs recomputed (fused kernel; QAT: checkpointed chunks)
     vsn_scan: bool = False  # per-variable GRNs as a scan over chunks, residuals all kept
     policy: object = None
     note: str = ""

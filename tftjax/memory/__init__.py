@@ -292,11 +292,16 @@ def time_step(cfg: TFTConfig, batch_size: int, data, starts: np.ndarray, steps: 
 
 def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
            budgets_gb=BUDGETS_GB, steps: int = 3, time_limit_bytes: float | None = None,
-           verify: bool = False, log=print, parquet_file=None) -> list[dict]:
+           verify: bool = False, log=print, parquet_file=None,
+           isolate: bool | None = None) -> list[dict]:
     """Measure, print and write ``memory.json``, ``memory.png`` and ``.prof`` files.
 
     The data arrays have the rows of ``parquet_file`` (default: the bundled ES bars).
-    ``steps=0`` compiles and analyses without running steps."""
+    ``steps=0`` compiles and analyses without running steps. ``isolate`` (default: on a
+    device that reports memory statistics, i.e. not on CPU) times every point in its own
+    process, so that each point's ``peak_bytes_in_use`` is its own: JAX has no way to
+    reset a device's peak, and in one process every later point would report the
+    largest peak so far."""
     from tftjax.data import load_dataset, to_device
 
     out.mkdir(parents=True, exist_ok=True)
@@ -305,6 +310,8 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
     rows = len(ds.features)
     dev = jax.devices()[0]
     budget_for_timing = time_limit_bytes or _host_budget()
+    if isolate is None:
+        isolate = device_limit(dev) is not None
     records, fits = [], {}
     for tier in tiers:
         c = dataclasses.replace(cfg, remat=tier)
@@ -318,6 +325,12 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
             points.append(a)
             rec = {"tier": tier, **{k: v for k, v in dataclasses.asdict(a).items() if k != "tier"},
                    "total_bytes": a.total_bytes, "step_time_s": None, "device": dev.device_kind}
+            if steps > 0 and isolate:
+                del compiled
+                rec.update(_point_in_subprocess(c, b, steps, out, parquet_file))
+                release_executables()
+                records.append(rec)
+                continue
             if steps > 0 and a.total_bytes <= budget_for_timing:
                 t, compiled, state = time_step(c, b, data, ds.splits.train, steps, compiled)
                 rec["step_time_s"] = t
@@ -350,6 +363,30 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
     log(format_plan(plan_rows, tiers, budgets_gb))
     plot(records, fits, out / "memory.png", tiers)
     return records
+
+
+def _point_in_subprocess(cfg: TFTConfig, batch_size: int, steps: int, out: Path,
+                         parquet_file) -> dict:
+    """Step time and device peak of one point, measured by a fresh process."""
+    import subprocess
+    import sys
+
+    where = out / f"point_{cfg.remat}_b{batch_size}"
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "config.json").write_text(json.dumps(cfg.to_json()))
+    cmd = [sys.executable, "-m", "tftjax.memory", "--point-config", str(where / "config.json"),
+           "--tiers", cfg.remat, "--batch-sizes", str(batch_size), "--steps", str(steps),
+           "--budgets", "", "--no-isolate", "--out", str(where)]
+    if parquet_file is not None:
+        cmd += ["--parquet-file", str(parquet_file)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"step_time_s": None, "isolated_error": (p.stderr or p.stdout)[-400:]}
+    rec = json.loads((where / "memory.json").read_text())[0]
+    for prof in where.glob("*.prof"):
+        prof.replace(out / prof.name)
+    return {k: rec[k] for k in ("step_time_s", "peak_bytes_in_use") if k in rec} | {
+        "isolated": True}
 
 
 def _host_budget() -> float:
@@ -407,7 +444,8 @@ def plot(records: list[dict], fits: dict, path: Path, tiers: list[str]) -> None:
     for ax in (a1, a2):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size")
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # no timed points with --steps 0
+            ax.legend()
     a1.set_yscale("log")
     a1.set_ylabel("XLA temp memory (GiB)")
     a1.set_title("compiled train step: temp bytes")

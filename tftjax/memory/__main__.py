@@ -30,14 +30,26 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--parquet-file", type=Path, default=None,
                     help="the bars whose row count sizes the data arrays (default: bundled ES)")
     ap.add_argument("--dataset", default=None, help="a bundled set instead: es, spx or btc")
+    iso = ap.add_mutually_exclusive_group()
+    iso.add_argument("--isolate", dest="isolate", action="store_true", default=None,
+                     help="time each point in its own process, so that each device peak is "
+                          "its own (default on a GPU/TPU, where JAX cannot reset the peak)")
+    iso.add_argument("--no-isolate", dest="isolate", action="store_false")
+    ap.add_argument("--point-config", type=Path, help=argparse.SUPPRESS)  # an isolated point
     args = ap.parse_args(argv)
     try:
-        cfg = preset(args.preset)
+        if args.point_config:
+            import json
+
+            from tftjax.config import TFTConfig
+            cfg = TFTConfig.from_json(json.loads(args.point_config.read_text()))
+        else:
+            cfg = preset(args.preset)
         tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
         for t in tiers:
             remat.plan(t)
         batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
-        budgets = [float(g) for g in args.budgets.split(",")]
+        budgets = [float(g) for g in args.budgets.split(",") if g.strip()]
         if min(batch_sizes) < 1:
             raise ValueError("--batch-sizes must be >= 1")
     except ValueError as e:
@@ -47,7 +59,7 @@ def run(argv: list[str] | None = None) -> int:
     report(cfg, tiers, batch_sizes, args.out, budgets_gb=[g if not g.is_integer() else int(g)
                                                          for g in budgets],
            steps=args.steps, verify=args.verify,
-           parquet_file=data_file(args.parquet_file, args.dataset))
+           parquet_file=data_file(args.parquet_file, args.dataset), isolate=args.isolate)
     print(f"wrote {args.out}/memory.json, batch_plan.json, memory.png and memory_*.prof")
     return 0
 
