@@ -84,8 +84,8 @@ def test_auto_picks_the_fastest_tier_that_fits_not_the_first(fake):
     # Modelled elsewhere: off is fastest when it fits ...
     assert memory.plan_auto(CFG, 20e9, 64, rows=ROWS, log=lines.append, backend="gpu",
                             grow_batch=False) == ("off", 64)
-    # ... minimal has off's bytes and is slower: it can never help, and says so.
-    assert any("minimal" in x and "a faster tier needs no more memory" in x for x in lines)
+    # ... and then no slower tier is compiled: it could not help.
+    assert not any("auto: minimal" in x for x in lines[-3:])
     # At batch 64 only full fits 5 GB (off 7.4, aggressive 6.1), and it takes 200 samples.
     assert memory.plan_auto(CFG, 5e9, 64, rows=ROWS, log=lines.append,
                             backend="gpu") == ("full", 200)

@@ -191,8 +191,8 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
               log=print, grow_batch: bool = True, eval_batch_size: int | None = None,
               backend: str | None = None) -> tuple[str, int]:
     """``--remat auto``: among the tiers whose train step at ``batch_size`` fits the budget,
-    the one of least modelled step time (:data:`tftjax.remat.STEP_TIME`; a tier that needs
-    at least the bytes of a faster one is skipped: it cannot help), and (with
+    the one of least modelled step time (:data:`tftjax.remat.STEP_TIME`; tiers are compiled
+    fastest first and the first that fits is taken, so a slower tier is never compiled), and (with
     ``grow_batch``) the largest batch that fits with it, checked by compiling. The budget
     is ``budget_bytes`` capped at :data:`HEADROOM` of the device's real limit (or that
     limit when ``budget_bytes`` is None). The eval step at ``eval_batch_size`` must fit too.
@@ -212,21 +212,22 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
     if budget_bytes < floor:
         raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB: parameters, optimizer "
                          f"state and data alone take {floor / GB:.2f} GB")
-    sizes = {t: analyse(dataclasses.replace(cfg, remat=t), batch_size, rows) for t in remat.ORDER}
-    fitting = [t for t in remat.ORDER if sizes[t].total_bytes <= budget_bytes]
-    useful = [t for t in fitting if not any(
-        remat.step_time(u, backend) < remat.step_time(t, backend)
-        and sizes[u].total_bytes <= sizes[t].total_bytes for u in fitting)]
-    for t in remat.ORDER:
-        why = ("does not fit" if t not in fitting else
-               "fits" if t in useful else "fits, but a faster tier needs no more memory")
-        log(f"auto: {t:10s} batch {batch_size}: {sizes[t].total_bytes / GB:7.2f} GB, "
-            f"modelled time {remat.step_time(t, backend):.2f}× off: {why} "
-            f"({budget_bytes / GB:.2f} GB)")
-    if not useful:
+    # Fastest first (ties: the smaller tier): the first that fits is the choice, and a
+    # slower tier is never compiled: it cannot help.
+    tier = None
+    for t in sorted(remat.ORDER, key=lambda t: (remat.step_time(t, backend),
+                                                -remat.ORDER.index(t))):
+        at = analyse(dataclasses.replace(cfg, remat=t), batch_size, rows)
+        fits = at.total_bytes <= budget_bytes
+        log(f"auto: {t:10s} batch {batch_size}: {at.total_bytes / GB:7.2f} GB, modelled time "
+            f"{remat.step_time(t, backend):.2f}× off: {'fits' if fits else 'does not fit'} "
+            f"{budget_bytes / GB:.2f} GB")
+        if fits:
+            tier, sizes = t, {t: at}
+            break
+    if tier is None:
         raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB even at batch "
                           f"{batch_size}; lower --batch-size or raise --memory-budget")
-    tier = min(useful, key=lambda t: (remat.step_time(t, backend), sizes[t].total_bytes))
     c = dataclasses.replace(cfg, remat=tier)
     if eval_batch_size:
         ev = analyse_eval(c, eval_batch_size, rows)
