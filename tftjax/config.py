@@ -261,6 +261,10 @@ class TrainConfig:
     """Cap the steps of an epoch (default: every training window once)."""
     eval_batch_size: int = 256
     """Windows per evaluation batch."""
+    accumulate: int = 1
+    """Gradient accumulation: run each batch as this many micro-batches of batch/K windows
+    inside the jitted step (gradients summed in float32, one optimizer update): the update of
+    the whole batch at the peak memory of one micro-batch."""
     init_from: str | None = None
     """Start from the weights of this checkpoint or run folder (its final checkpoint): the
     same model and data, e.g. a float run to fine-tune with --qat."""
@@ -281,6 +285,9 @@ class TrainConfig:
                 self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1,
             f"eval_batch_size must be >= 1, got {self.eval_batch_size}": self.eval_batch_size >= 1,
             f"warmup_steps must be >= 0, got {self.warmup_steps}": self.warmup_steps >= 0,
+            f"accumulate must be >= 1, got {self.accumulate}": self.accumulate >= 1,
+            f"batch_size {self.batch_size} is not divisible by --accumulate {self.accumulate}":
+                self.accumulate < 1 or self.batch_size % self.accumulate == 0,
         }, "training config")  # fmt: skip
 
     def to_json(self) -> dict:

@@ -26,13 +26,16 @@ def pinball(y: Array, pred: Array, quantiles: Array) -> Array:
     return jnp.maximum(q * err, (q - 1.0) * err)
 
 
-def quantile_loss(y: Array, pred: Array, quantiles, mask: Array | None = None) -> Array:
-    """Mean pinball loss over batch, horizon and quantiles; ``mask [B]`` drops padded rows."""
+def quantile_loss(y: Array, pred: Array, quantiles, mask: Array | None = None,
+                  denom: Array | None = None) -> Array:
+    """Mean pinball loss over batch, horizon and quantiles; ``mask [B]`` drops padded rows.
+    ``denom``: divide the masked sum by this instead of the valid rows of this batch (the
+    valid rows of the whole batch when this is one micro-batch of it)."""
     per_row = pinball(y, pred, quantiles).mean(axis=(-2, -1))  # [B]
     if mask is None:
         return per_row.mean()
     m = mask.astype(per_row.dtype)
-    return jnp.sum(per_row * m) / jnp.maximum(m.sum(), 1.0)
+    return jnp.sum(per_row * m) / (jnp.maximum(m.sum(), 1.0) if denom is None else denom)
 
 
 class MetricSums(NamedTuple):

@@ -78,14 +78,20 @@ def variable_importance(path: Path, static_w: np.ndarray, hist_w: np.ndarray, fu
     plt.close(fig)
 
 
-def training_plots(workdir: Path, history, trainer, params, ds, cfg) -> None:
+def training_plots(workdir: Path, history, trainer, params, ds, cfg, write: bool = True) -> None:
+    """Loss curves, quantile fans and variable importance. ``write=False`` (the other
+    processes of a multi-host run) runs the predictions, in which every process takes part,
+    and draws nothing."""
     from tftjax.data.features import HISTORICAL_NAMES, KNOWN_NAMES, STATIC_NAMES
 
-    if history:
-        loss_curves(workdir / "loss_curves.png", history)
     test = ds.splits.test
     picks = test[np.linspace(0, len(test) - 1, num=min(4, len(test))).astype(int)]
     pred, _ = trainer.predict(params, picks)
+    _, interp = trainer.predict(params, test)
+    if not write:
+        return
+    if history:
+        loss_curves(workdir / "loss_curves.png", history)
     e, d = cfg.encoder_steps, cfg.decoder_steps
     tgt = ds.features.target
     past = tgt[picks[:, None] + np.arange(e)]
@@ -93,7 +99,6 @@ def training_plots(workdir: Path, history, trainer, params, ds, cfg) -> None:
     ts = ds.bars.ts[picks + e]
     titles = [f"test window from {np.datetime64(int(t), 'm')}" for t in ts]
     quantile_fan(workdir / "quantile_fan.png", past, future, pred, cfg.quantiles, titles)
-    _, interp = trainer.predict(params, test)
     hist_names = list(HISTORICAL_NAMES) + [f"{n} (known)" for n in KNOWN_NAMES]
     variable_importance(workdir / "variable_importance.png",
                         interp.static_weights.mean(0), interp.historical_weights.mean((0, 1)),

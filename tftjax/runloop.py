@@ -23,6 +23,8 @@ here, once:
 * **NaN stop.** Tasks raise :class:`TrainingDiverged` within the epoch it
   happens in; nothing of that epoch is saved; the manager is closed in a
   ``finally`` so that an interrupted async save still commits or is ignored.
+* **Several processes** (multi-host): every process runs the loop and takes part in the
+  checkpoints; only process 0 writes ``metrics.jsonl`` and ``summary.json``.
 * **Final checkpoint on resume** when the last run ended between its last
   epoch checkpoint and its final one.
 """
@@ -164,7 +166,9 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
     start = loop["epoch"]
     metrics_path = workdir / "metrics.jsonl"
     history = read_history(metrics_path, upto=start)
-    metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
+    primary = _is_primary()  # the one process of a multi-host run that writes files
+    if primary:
+        metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
     identity = task.identity()
 
     def meta(metrics: dict, is_final: bool, weights_epoch: int) -> dict:
@@ -204,8 +208,9 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
             loop.update(epoch=epoch, stopped_early=stop)
             metrics = {"epoch": epoch, **train_m, **val}
             history.append(metrics)
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(metrics) + "\n")
+            if primary:
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(metrics) + "\n")
             say(f"epoch {epoch}/{task.epochs}: {task.epoch_line(metrics)}"
                 + ("  *best" if improved and score is not None else ""))
             if score is None and epoch == start + 1:
@@ -241,7 +246,8 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
                    weights_epoch=best_epoch, best_score=loop["best_score"], score=task.score,
                    final_checkpoint=str(final), identity=identity, provenance=provenance(),
                    history=history)
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if primary:
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     log(f"weights of epoch {best_epoch} (best {task.score}) from {final}")
     log(text)
     return summary
@@ -275,6 +281,12 @@ def latest_meta(ckpt_dir: str | Path, kind: str | None = None) -> dict:
 
 
 KINDS = ("tft", "dqn")
+
+
+def _is_primary() -> bool:
+    import jax
+
+    return jax.process_index() == 0
 
 
 def _last(ckpt_dir: Path, kind: str) -> str:

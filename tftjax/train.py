@@ -53,6 +53,22 @@ class Args:
     memory_budget: str | None = None
     """Device memory budget for --remat auto, e.g. 24GB or 16GiB (capped at 90% of the
     device's own limit where it reports one; needed where it does not, e.g. on CPU)."""
+    devices: int | None = None
+    """Data parallelism over this many local devices (default: all of them; one on a plain
+    CPU): the batch is sharded over them, parameters replicated. --batch-size (divided by
+    --accumulate) must be a multiple of the devices of the mesh."""
+    feature_layout: Literal["auto", "replicated", "rows"] = "auto"
+    """The feature arrays on a mesh: replicated on every device, or sharded by rows (windows
+    gathered with one reduce-scatter); auto: rows when a replica would take over 25% of a
+    device's memory limit (never on CPU)."""
+    coordinator: str | None = None
+    """Multi-host: HOST:PORT of process 0's coordinator (jax.distributed); or set
+    JAX_COORDINATOR_ADDRESS. Under SLURM or Open MPI JAX reads all three itself."""
+    num_processes: int | None = None
+    """Multi-host: the number of processes (or JAX_NUM_PROCESSES)."""
+    process_id: int | None = None
+    """Multi-host: this process's index, 0..num_processes-1 (or JAX_PROCESS_ID); process 0
+    writes the logs, metrics, summary and plots; all write their part of the checkpoints."""
     profile: Path | None = None
     """Write a jax.profiler trace of a few steps here (TensorBoard / XProf)."""
     no_progress: bool = False
@@ -82,6 +98,16 @@ def defaults(argv: list[str] | None) -> Args:
 
 
 def run(argv: list[str] | None = None) -> int:
+    # before anything touches a JAX backend: multi-host start-up
+    from tftjax import parallel
+
+    pre = peek(argv, coordinator=None, num_processes=None, process_id=None)
+    try:
+        n_proc = None if pre.num_processes is None else int(pre.num_processes)
+        p_id = None if pre.process_id is None else int(pre.process_id)
+    except ValueError:
+        raise ConfigError("--num-processes and --process-id must be integers") from None
+    parallel.initialize(pre.coordinator, n_proc, p_id)
     from tftjax.remat import AUTO, CHOICES
 
     args = parse(Args, argv, defaults(argv), "python -m tftjax.train", __doc__.split("\n\n")[0])
@@ -97,12 +123,28 @@ def run(argv: list[str] | None = None) -> int:
 
     from tftjax.train_lib import train_and_evaluate
 
+    par = make_mesh(args, cfg, tc)
+    primary = parallel.is_primary()
     train_and_evaluate(cfg, tc, args.workdir, parquet_file=args.parquet_file, resume=args.resume,
-                       progress=not args.no_progress,
-                       profile_dir=str(args.profile) if args.profile else None)
-    if args.profile:
+                       progress=not args.no_progress and primary,
+                       profile_dir=str(args.profile) if args.profile else None, par=par,
+                       log=print if primary else (lambda *a, **k: None))
+    if args.profile and primary:
         print(f"profile trace written under {args.profile} (open with TensorBoard/XProf)")
     return 0
+
+
+def make_mesh(args: Args, cfg: TFTConfig, tc: TrainConfig):
+    """The mesh of ``--devices`` (feature layout decided from the data's size), checked
+    against the batch before any data is read."""
+    from tftjax import parallel
+
+    par = parallel.make_parallel(args.devices, layout=args.feature_layout)
+    parallel.check_divisible(tc.batch_size, par.size * tc.accumulate,
+                             "--batch-size" if tc.accumulate == 1 else
+                             f"--batch-size / --accumulate {tc.accumulate} "
+                             f"(= {tc.batch_size // tc.accumulate})")
+    return par  # an ``auto`` feature layout is decided once the data's size is known
 
 
 def data_file(parquet_file: Path | None, dataset: str | None) -> Path | None:

@@ -107,26 +107,79 @@ def create_train_state(cfg: TFTConfig, tc: TrainConfig, key: Array,
                              tx=make_optimizer(tc, total_steps))
 
 
-def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key):
+def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key, denom=None):
     # quant_stats is mutable: the observers move with this batch (once, in the forward
     # pass: a rematerialised block's recomputation only rebuilds residuals) and come back.
     (pred, _), updated = apply_fn({"params": params, "quant_stats": quant_stats},
                                   batch.static, batch.historical, batch.known, False,
                                   rngs={"dropout": dropout_key}, mutable=["quant_stats"])
-    return losses.quantile_loss(batch.target, pred, quantiles, mask), updated.get("quant_stats", {})
+    return (losses.quantile_loss(batch.target, pred, quantiles, mask, denom),
+            updated.get("quant_stats", {}))
+
+
+def _gather_fn(cfg: TFTConfig, par):
+    if par is not None and par.feature_rows_sharded:
+        from tftjax.parallel import gather_rows_sharded
+
+        return lambda data, idx: gather_rows_sharded(par, data, idx, cfg.encoder_steps,
+                                                     cfg.decoder_steps)
+    return lambda data, idx: gather(data, idx, cfg.encoder_steps, cfg.decoder_steps)
 
 
 @functools.lru_cache(maxsize=None)
-def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None) -> Callable:
-    """The jitted ``step(state, data, batch_idx, key) -> (state, metrics)``, state donated."""
+def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
+                    accumulate: int = 1) -> Callable:
+    """The jitted ``step(state, data, batch_idx, key) -> (state, metrics)``, state donated.
+
+    ``par`` (a :class:`tftjax.parallel.Parallel`): compiled for its mesh, the batch sharded
+    over the devices and the state replicated (None: one default device, no shardings).
+    ``accumulate`` K: the batch runs as K micro-batches (micro-batch k holds rows k, k+K,
+    k+2K, … so that every device works on each) in a ``lax.scan``; their gradients are
+    summed in float32 and the optimizer steps once, so the update is the full batch's
+    (to round-off; with dropout, micro-batch k draws its masks from the step's key folded
+    with k) and the peak memory is one micro-batch's. QAT observers see the micro-batches
+    one after another.
+    """
     quantiles = np.asarray(cfg.quantiles, np.float32)
+    take = _gather_fn(cfg, par)
+    k_acc = int(accumulate)
+
+    def grads_of(params, stats, apply_fn, data, idx, dropout_key, denom):
+        batch = take(data, jnp.maximum(idx, 0))
+        return jax.value_and_grad(_loss_fn, has_aux=True)(
+            params, stats, apply_fn, batch, idx >= 0, quantiles, dropout_key, denom)
 
     def step(state: TrainState, data: DeviceData, batch_idx: Array, key: Array):
         mask = batch_idx >= 0
-        batch = gather(data, jnp.maximum(batch_idx, 0), cfg.encoder_steps, cfg.decoder_steps)
         dropout_key = jax.random.fold_in(key, state.step)
-        (loss, stats), grads = jax.value_and_grad(_loss_fn, has_aux=True)(
-            state.params, state.quant_stats, state.apply_fn, batch, mask, quantiles, dropout_key)
+        if k_acc == 1:
+            (loss, stats), grads = grads_of(state.params, state.quant_stats, state.apply_fn, data,
+                                            batch_idx, dropout_key, None)
+        else:
+            denom = jnp.maximum(mask.sum(), 1).astype(jnp.float32)
+            micro = batch_idx.reshape(-1, k_acc).T  # [K, B/K]
+            if par is not None:
+                from jax.sharding import NamedSharding
+                from jax.sharding import PartitionSpec as P
+
+                from tftjax.parallel import AXIS
+
+                micro = jax.lax.with_sharding_constraint(micro,
+                                                         NamedSharding(par.mesh, P(None, AXIS)))
+
+            def body(carry, xs):
+                g_sum, l_sum, stats = carry
+                idx, k = xs
+                (l, stats), g = grads_of(state.params, stats, state.apply_fn, data, idx,
+                                         jax.random.fold_in(dropout_key, k), denom)
+                g_sum = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g)
+                return (g_sum, l_sum + l, stats), None
+
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+            (grads, loss, stats), _ = jax.lax.scan(
+                body, (zeros, jnp.zeros((), jnp.float32), state.quant_stats),
+                (micro, jnp.arange(k_acc)))
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         new_state = state.apply_gradients(grads=grads, quant_stats=stats)
         return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
                            "count": mask.sum()}
@@ -135,24 +188,33 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None) -> Callabl
         import chex
 
         step = chex.assert_max_traces(step, n=max_traces)
-    return jax.jit(step, donate_argnums=(0,))
+    if par is None:
+        return jax.jit(step, donate_argnums=(0,))
+    return jax.jit(step, donate_argnums=(0,),
+                   in_shardings=(par.replicated, par.data_shardings(), par.batch_sharding,
+                                 par.replicated),
+                   out_shardings=(par.replicated, par.replicated))
 
 
 @functools.lru_cache(maxsize=None)
-def make_eval_step(cfg: TFTConfig, mode: str | None = None) -> Callable:
+def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callable:
     """Jitted ``(variables, data, batch_idx) -> (MetricSums, predictions, interpretation)``;
-    ``mode``: float, fake (-quant) or int8 arithmetic (default: the config's own)."""
+    ``mode``: float, fake (-quant) or int8 arithmetic (default: the config's own); ``par``:
+    the batch sharded over its devices like the train step's, outputs replicated."""
     quantiles = np.asarray(cfg.quantiles, np.float32)
     model = TFT(cfg, mode)
+    take = _gather_fn(cfg, par)
 
-    @jax.jit
     def step(variables, data: DeviceData, batch_idx: Array):
         mask = batch_idx >= 0
-        batch = gather(data, jnp.maximum(batch_idx, 0), cfg.encoder_steps, cfg.decoder_steps)
+        batch = take(data, jnp.maximum(batch_idx, 0))
         pred, interp = model.apply(variables, batch.static, batch.historical, batch.known, True)
         return losses.metric_sums(batch.target, pred, quantiles, mask), pred, interp
 
-    return step
+    if par is None:
+        return jax.jit(step)
+    return jax.jit(step, in_shardings=(par.replicated, par.data_shardings(), par.batch_sharding),
+                   out_shardings=par.replicated)
 
 
 class Trainer:
@@ -163,29 +225,46 @@ class Trainer:
     """
 
     def __init__(self, cfg: TFTConfig, tc: TrainConfig, data: DeviceData,
-                 max_traces: int | None = None):
-        self.cfg, self.tc, self.data = cfg, tc, data
-        self._train = make_train_step(cfg, max_traces=max_traces)
+                 max_traces: int | None = None, par=None):
+        self.cfg, self.tc, self.data, self.par = cfg, tc, data, par
+        if par is not None:
+            from tftjax.parallel import check_divisible
+
+            check_divisible(tc.batch_size, par.size * tc.accumulate,
+                            "--batch-size" if tc.accumulate == 1 else
+                            f"--batch-size (with --accumulate {tc.accumulate}: micro-batches of "
+                            f"batch/{tc.accumulate} over {par.size} devices)")
+        self._train = make_train_step(cfg, max_traces=max_traces, par=par,
+                                      accumulate=tc.accumulate)
+        # an eval batch is padded anyway: round it up to a multiple of the devices
+        n = par.size if par is not None else 1
+        self.eval_batch_size = -(-tc.eval_batch_size // n) * n
+
+    def _batch(self, idx) -> Array:
+        idx = np.asarray(idx, np.int32)
+        return self.par.batch(idx) if self.par is not None else jnp.asarray(idx)
 
     def train_step(self, state: TrainState, batch_idx, key):
-        return self._train(state, self.data, jnp.asarray(batch_idx, jnp.int32), key)
+        return self._train(state, self.data, self._batch(batch_idx), key)
 
     def evaluate(self, variables, starts: np.ndarray, mode: str | None = None) -> dict[str, float]:
         """Loss and q-risk over the windows at ``starts``; ``variables``: a Flax variables
         dict (or bare params), ``mode``: see :func:`model_variables`."""
-        step, variables = make_eval_step(self.cfg, mode), model_variables(self.cfg, variables, mode)
+        step = make_eval_step(self.cfg, mode, self.par)
+        variables = model_variables(self.cfg, variables, mode)
         total = None
-        for idx in _eval_batches(starts, self.tc.eval_batch_size):
-            sums, _, _ = step(variables, self.data, idx)
+        for idx in _eval_batches(starts, self.eval_batch_size):
+            sums, _, _ = step(variables, self.data, self._batch(idx))
             total = sums if total is None else losses.add(total, sums)
         return losses.finalize(total)
 
     def predict(self, variables, starts: np.ndarray, mode: str | None = None):
         """Predictions ``[n, T_d, Q]`` and interpretation for windows at ``starts``."""
-        step, variables = make_eval_step(self.cfg, mode), model_variables(self.cfg, variables, mode)
+        step = make_eval_step(self.cfg, mode, self.par)
+        variables = model_variables(self.cfg, variables, mode)
         preds, interps = [], []
-        for idx in _eval_batches(starts, self.tc.eval_batch_size):
-            _, pred, interp = step(variables, self.data, idx)
+        for idx in _eval_batches(starts, self.eval_batch_size):
+            _, pred, interp = step(variables, self.data, self._batch(idx))
             keep = np.asarray(idx) >= 0
             preds.append(np.asarray(pred)[keep])
             interps.append(jax.tree.map(lambda x: np.asarray(x)[keep], interp))
@@ -224,7 +303,7 @@ def _eval_batches(starts: np.ndarray, batch_size: int):
     # One batch shape for every call: one compiled eval step.
     idx, mask = epoch_batches(starts, batch_size, seed=0, epoch=0, shuffle=False)
     for i, m in zip(idx, mask):
-        yield jnp.asarray(np.where(m, i, -1), jnp.int32)
+        yield np.where(m, i, -1).astype(np.int32)
 
 
 def window_targets(ds: Dataset, starts: np.ndarray) -> np.ndarray:
@@ -249,12 +328,20 @@ class TFTTask:
     """The TFT for :func:`tftjax.runloop.run`: an epoch of jitted steps, validation, summary."""
 
     kind, score, mode, epoch_bar = "tft", "val_loss", "min", False
-    may_change = ("train.epochs",) + tuple(f"model.{f}" for f in TFTConfig.EXECUTION_FIELDS)
+    may_change = ("train.epochs", "train.accumulate") + tuple(
+        f"model.{f}" for f in TFTConfig.EXECUTION_FIELDS)
 
     def __init__(self, cfg: TFTConfig, tc: TrainConfig, ds: Dataset, workdir: Path, *,
                  progress: bool = True, profile_dir: str | None = None,
-                 init: "Initial | None" = None, log: Callable = print):
+                 init: "Initial | None" = None, log: Callable = print, par=None):
+        from tftjax.parallel import make_parallel
+
         self.cfg, self.tc, self.ds, self.log, self.init = cfg, tc, ds, log, init
+        # the mesh: all local devices unless told (one on a plain CPU); the batch is sharded
+        # over it, the state replicated
+        f = ds.features
+        self.par = (par if par is not None else make_parallel()).for_features(
+            sum(a.nbytes for a in (f.historical, f.known, f.target, f.future)))
         if cfg.qat:
             shapes = jax.eval_shape(lambda k: init_variables(cfg, k), jax.random.key(0))
             if bad := unmatched(cfg.qat_layers, shapes["params"]):
@@ -269,12 +356,12 @@ class TFTTask:
         if tc.lr_schedule == "cosine":  # the schedule spans the run's epochs: they are fixed
             self.may_change = tuple(f for f in self.may_change if f != "train.epochs")
         self.progress, self.profile_dir = progress, profile_dir
-        self.trainer = Trainer(cfg, tc, to_device(ds.features))
+        self.trainer = Trainer(cfg, tc, self.par.put_data(ds.features), par=self.par)
         self._identity = {"data": ds.identity(workdir), "model": cfg.to_json(),
                           "train": tc.to_json()}
         # Dropout masks from the RBG generator: same quality for dropout, and
         # XLA:CPU compiles it much faster than threefry (17 s → 11 s, tiny preset).
-        self.dropout_key = jax.random.key(tc.seed, impl="rbg")
+        self.dropout_key = self.par.replicate(jax.random.key(tc.seed, impl="rbg"))
         self.compiled = False
 
     def identity(self) -> dict:
@@ -288,18 +375,22 @@ class TFTTask:
                                    self.total_steps)
         if self.init is not None:
             self.log(self.init.note)
-            # uncommitted, like the fresh state's leaves: restored (committed) arrays would make
-            # the first two steps compile the train step twice
-            place = lambda new, old: jnp.asarray(np.asarray(new), old.dtype)  # noqa: E731
+            place = lambda new, old: np.asarray(new, old.dtype)  # noqa: E731
             state = state.replace(
                 params=jax.tree.map(place, self.init.params, state.params),
                 quant_stats=(jax.tree.map(place, self.init.quant_stats, state.quant_stats)
                              if self.init.quant_stats else state.quant_stats))
-        return state
+        # replicated over the mesh, as the train step returns it: one compile
+        return self.par.replicate(state)
 
     def abstract_state(self):
-        return jax.eval_shape(lambda k: create_train_state(self.cfg, self.tc, k, self.total_steps),
-                              jax.random.key(self.tc.seed))
+        """Shapes, dtypes and the replicated sharding of this mesh: a checkpoint written on
+        any number of devices restores onto this run's."""
+        shapes = jax.eval_shape(lambda k: create_train_state(self.cfg, self.tc, k,
+                                                             self.total_steps),
+                                jax.random.key(self.tc.seed))
+        rep = self.par.replicated
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), shapes)
 
     def restore(self, checkpointer, epoch: int) -> TrainState:
         """The state of epoch checkpoint ``epoch``; a float run's checkpoint written before
@@ -339,6 +430,9 @@ class TFTTask:
                 f"train {ds.splits.train.size:,} / val {ds.splits.val.size:,} / test "
                 f"{ds.splits.test.size:,}{cal}; remat={self.cfg.remat}, batch "
                 f"{self.tc.batch_size}"
+                + (f" as {self.tc.accumulate} accumulated micro-batches of "
+                   f"{self.tc.batch_size // self.tc.accumulate}" if self.tc.accumulate > 1 else "")
+                + f"; {self.par.describe()}"
                 + (f"; QAT (int8 fake-quant of {', '.join(self.cfg.qat_layers)}"
                    + (f", observers frozen after {self.cfg.qat_freeze_after} steps)"
                       if self.cfg.qat_freeze_after is not None else ")")
@@ -439,8 +533,10 @@ class TFTTask:
         try:
             from tftjax import plots
 
+            from tftjax.parallel import is_primary
+
             plots.training_plots(workdir, history, self.trainer, state.variables(), self.ds,
-                                 self.cfg)
+                                 self.cfg, write=is_primary())
         except Exception as e:  # plots must never lose a finished run
             self.log(f"warning: plots not written ({type(e).__name__}: {e})")
         return summary, format_summary(summary)
@@ -450,7 +546,7 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
                        parquet_file: str | Path | None = None, dataset: Dataset | None = None,
                        resume: bool = False, progress: bool = True,
                        profile_dir: str | None = None, callback: Callable | None = None,
-                       log: Callable = print) -> dict:
+                       log: Callable = print, par=None) -> dict:
     """Train, validate every epoch, checkpoint, and evaluate the best epoch on the test split.
 
     Args:
@@ -464,6 +560,8 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
       progress: a per-epoch progress bar; profile_dir: a ``jax.profiler``
         trace of steps 2-6 of epoch 1.
       callback: ``(epoch, state, metrics, is_final)`` after each epoch.
+      par: the device mesh (:func:`tftjax.parallel.make_parallel`; default: every local
+        device, features replicated).
 
     Returns:
       The summary dict (also written to ``workdir/summary.json``).
@@ -488,7 +586,7 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
         if saved is None and tc.init_from:  # on resume the run's own checkpoint has them
             init = initial_weights(tc.init_from, cfg, ds)
         return TFTTask(cfg, tc, ds, workdir, progress=progress, profile_dir=profile_dir,
-                       init=init, log=log)
+                       init=init, log=log, par=par)
 
     return runloop.run(make_task, workdir, kind="tft", resume=resume, progress=progress,
                        callback=callback, log=log)
