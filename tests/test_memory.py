@@ -53,18 +53,19 @@ def test_full_tier_holds_less_temp_memory_than_off(analysed):
 @pytest.mark.xdist_group("memory_analysed")
 def test_auto_grows_the_batch_when_off_fits(analysed):
     budget = 1.5 * analysed[32].total_bytes
-    tier, batch = memory.plan_auto(CFG, budget, 32, rows=ROWS, log=lambda *a: None,
-                                   backend="modelled")  # off is the fastest there
-    assert tier == "off" and batch > 32
+    tier, batch, k = memory.plan_auto(CFG, budget, 32, rows=ROWS, log=lambda *a: None,
+                                      backend="modelled")  # off is the fastest there
+    assert tier == "off" and batch > 32 and k == 1
     assert memory.analyse(CFG, batch, ROWS).total_bytes <= budget
 
 
 PER_SAMPLE = {"off": 100e6, "minimal": 100e6, "aggressive": 80e6, "full": 20e6}
 
 
-def fake_analyse(cfg, b, rows, compiled=None):
-    """Synthetic compiled sizes: 1 GB fixed plus per-sample bytes by tier."""
-    return memory.Compiled(cfg.remat, b, int(1e9), 0, 0, int(PER_SAMPLE[cfg.remat] * b), 0)
+def fake_analyse(cfg, b, rows, compiled=None, accumulate=1):
+    """Synthetic compiled sizes: 1 GB fixed plus per-sample bytes by tier (of a micro-batch)."""
+    return memory.Compiled(cfg.remat, b, int(1e9), 0, 0,
+                           int(PER_SAMPLE[cfg.remat] * b // accumulate), 0, 0, accumulate)
 
 
 @pytest.fixture
@@ -78,32 +79,47 @@ def fake(monkeypatch):
 def test_auto_picks_the_fastest_tier_that_fits_not_the_first(fake):
     lines = []
     # On CPU `full` is measured fastest: chosen though every tier fits 20 GB at batch 64.
-    tier, batch = memory.plan_auto(CFG, 20e9, 64, rows=ROWS, log=lines.append, backend="cpu")
-    assert tier == "full" and batch == int((20e9 - 1e9) / 20e6)
+    tier, batch, k = memory.plan_auto(CFG, 20e9, 64, rows=ROWS, log=lines.append, backend="cpu")
+    assert tier == "full" and batch == int((20e9 - 1e9) / 20e6) and k == 1
     assert any("chose remat=full" in x for x in lines)
     # Modelled elsewhere: off is fastest when it fits ...
     assert memory.plan_auto(CFG, 20e9, 64, rows=ROWS, log=lines.append, backend="gpu",
-                            grow_batch=False) == ("off", 64)
+                            grow_batch=False) == ("off", 64, 1)
     # ... and then no slower tier is compiled: it could not help.
     assert not any("auto: minimal" in x for x in lines[-3:])
     # At batch 64 only full fits 5 GB (off 7.4, aggressive 6.1), and it takes 200 samples.
     assert memory.plan_auto(CFG, 5e9, 64, rows=ROWS, log=lines.append,
-                            backend="gpu") == ("full", 200)
+                            backend="gpu") == ("full", 200, 1)
     # A resumed run keeps its batch: only the tier is chosen.
     assert memory.plan_auto(CFG, 5e9, 64, rows=ROWS, log=lines.append, grow_batch=False,
-                            backend="gpu") == ("full", 64)
+                            backend="gpu") == ("full", 64, 1)
+
+
+def test_auto_accumulates_where_no_tier_fits_the_whole_batch(fake):
+    lines = []
+    # 2 GB at batch 64: full needs 2.28 GB whole; as 2 micro-batches of 32 off needs 4.2,
+    # minimal 4.2, aggressive 3.56 and full 1.64: full with 2 micro-batches.
+    assert memory.plan_auto(CFG, 2e9, 64, rows=ROWS, log=lines.append, backend="gpu") == (
+        "full", 64, 2)
+    assert any("as 2 micro-batches of 32" in x for x in lines)
+    assert "as 2 accumulated micro-batches of 32" in lines[-1]
+    # 1.2 GB: full as 8 micro-batches of 8 (1.16 GB)
+    assert memory.plan_auto(CFG, 1.2e9, 64, rows=ROWS, log=lines.append, backend="gpu") == (
+        "full", 64, 8)
+    with pytest.raises(ConfigError, match="even as 64 accumulated micro-batches"):
+        memory.plan_auto(CFG, 1.01e9, 64, rows=ROWS, log=lines.append, backend="gpu")
 
 
 def test_auto_respects_the_device_limit_and_the_eval_step(fake):
     lines = []
     fake.setattr(memory, "device_limit", lambda *a: int(6e9))
     # --memory-budget 20GB on a device that allows 6 GB: plans for 5.4 GB.
-    tier, batch = memory.plan_auto(CFG, 20e9, 64, rows=ROWS, log=lines.append, backend="gpu")
-    assert (tier, batch) == ("full", int((0.9 * 6e9 - 1e9) / 20e6))
+    tier, batch, k = memory.plan_auto(CFG, 20e9, 64, rows=ROWS, log=lines.append, backend="gpu")
+    assert (tier, batch, k) == ("full", int((0.9 * 6e9 - 1e9) / 20e6), 1)
     assert any("device's limit of 6.00 GB" in x for x in lines)
     # No budget given: the device's limit is the budget.
     assert memory.plan_auto(CFG, None, 64, rows=ROWS, log=lines.append, backend="gpu",
-                            grow_batch=False) == ("full", 64)
+                            grow_batch=False) == ("full", 64, 1)
     fake.setattr(memory, "analyse_eval", lambda cfg, b, rows: fake_analyse(cfg, 40 * b, rows))
     with pytest.raises(ConfigError, match="eval step at --eval-batch-size 256"):
         memory.plan_auto(CFG, None, 64, rows=ROWS, log=lines.append, eval_batch_size=256)
@@ -117,7 +133,8 @@ def test_largest_batch_bisects_from_a_wrong_fit_in_both_directions(fake, fit):
     # True answer for full at 5 GB: (5e9 - 1e9) / 20e6 = 200. The fits guess 1000, 50, 100.
     seen = []
     fake.setattr(memory, "analyse",
-                 lambda cfg, b, rows, compiled=None: seen.append(b) or fake_analyse(cfg, b, rows))
+                 lambda cfg, b, rows, compiled=None, accumulate=1:
+                 seen.append(b) or fake_analyse(cfg, b, rows))
     cfg = dataclasses.replace(CFG, remat="full")
     best, checked = memory.largest_batch(cfg, 5e9, fit, ROWS)
     assert 200 * 0.98 <= best <= 200 and checked.total_bytes <= 5e9

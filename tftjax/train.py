@@ -116,14 +116,14 @@ def run(argv: list[str] | None = None) -> int:
                           f"{', '.join(CHOICES)}")
     cfg, tc = args.model, args.train
     args.parquet_file = data_file(args.parquet_file, args.dataset)
+    par = make_mesh(args, cfg, tc)
     if args.remat == AUTO:
-        cfg, tc = plan_auto_tier(cfg, tc, args)
+        cfg, tc = plan_auto_tier(cfg, tc, args, par.size)
     else:
         cfg = dataclasses.replace(cfg, remat=args.remat)
 
     from tftjax.train_lib import train_and_evaluate
 
-    par = make_mesh(args, cfg, tc)
     primary = parallel.is_primary()
     train_and_evaluate(cfg, tc, args.workdir, parquet_file=args.parquet_file, resume=args.resume,
                        progress=not args.no_progress and primary,
@@ -158,9 +158,11 @@ def data_file(parquet_file: Path | None, dataset: str | None) -> Path | None:
     return bundled_path(dataset)
 
 
-def plan_auto_tier(cfg: TFTConfig, tc: TrainConfig, args: Args):
-    """``--remat auto``: the fastest tier that fits the budget, and (on a new run) the largest
-    batch that fits with it; a resumed run keeps its batch size."""
+def plan_auto_tier(cfg: TFTConfig, tc: TrainConfig, args: Args, devices: int = 1):
+    """``--remat auto``: the fastest tier that fits the budget (a device's: each of
+    ``devices`` runs ``1/devices`` of the batch), as accumulated micro-batches where the whole
+    batch fits no tier, and (on a new run without accumulation) the largest batch that fits;
+    a resumed run keeps its batch size."""
     from tftjax.data import default_parquet, find_data_file, read_bars
     from tftjax.memory import parse_bytes, plan_auto
 
@@ -178,9 +180,12 @@ def plan_auto_tier(cfg: TFTConfig, tc: TrainConfig, args: Args):
         saved = latest_meta(args.workdir / "checkpoints", "tft")
         path = find_data_file(saved["identity"]["data"], args.workdir)
     rows = len(read_bars(path or default_parquet()))
-    tier, batch = plan_auto(dataclasses.replace(cfg, remat="off"), budget, tc.batch_size, rows,
-                            grow_batch=not args.resume, eval_batch_size=tc.eval_batch_size)
-    return dataclasses.replace(cfg, remat=tier), dataclasses.replace(tc, batch_size=batch)
+    tier, batch, k = plan_auto(dataclasses.replace(cfg, remat="off"), budget,
+                               tc.batch_size // devices, rows, grow_batch=not args.resume,
+                               eval_batch_size=-(-tc.eval_batch_size // devices),
+                               accumulate=tc.accumulate)
+    return (dataclasses.replace(cfg, remat=tier),
+            dataclasses.replace(tc, batch_size=batch * devices, accumulate=k))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,8 @@ class Compiled:
     generated_code_bytes: int
     host_temp_bytes: int = 0
     """Temporaries XLA placed in host memory (the ``offload`` tier's residuals on GPU/TPU)."""
+    accumulate: int = 1
+    """Micro-batches per step (``--accumulate``): the batch runs as K of ``batch / K``."""
 
     @property
     def total_bytes(self) -> int:
@@ -72,9 +74,11 @@ def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig 
     return state, data, idx, key
 
 
-def compile_step(cfg: TFTConfig, batch_size: int, rows: int):
-    """The compiled train step of ``cfg`` at ``batch_size`` (no arrays allocated)."""
-    return make_train_step(cfg).lower(*abstract_inputs(cfg, batch_size, rows)).compile()
+def compile_step(cfg: TFTConfig, batch_size: int, rows: int, accumulate: int = 1):
+    """The compiled train step of ``cfg`` at ``batch_size`` (no arrays allocated), as
+    ``accumulate`` micro-batches of ``batch_size / accumulate``."""
+    return make_train_step(cfg, accumulate=accumulate).lower(
+        *abstract_inputs(cfg, batch_size, rows)).compile()
 
 
 def release_executables() -> None:
@@ -88,13 +92,14 @@ def release_executables() -> None:
     jax.clear_caches()
 
 
-def analyse(cfg: TFTConfig, batch_size: int, rows: int, compiled=None) -> Compiled:
-    c = compiled if compiled is not None else compile_step(cfg, batch_size, rows)
+def analyse(cfg: TFTConfig, batch_size: int, rows: int, compiled=None,
+            accumulate: int = 1) -> Compiled:
+    c = compiled if compiled is not None else compile_step(cfg, batch_size, rows, accumulate)
     m = c.memory_analysis()
     out = Compiled(cfg.remat, batch_size, int(m.argument_size_in_bytes),
                    int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
                    int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes),
-                   int(getattr(m, "host_temp_size_in_bytes", 0) or 0))
+                   int(getattr(m, "host_temp_size_in_bytes", 0) or 0), accumulate)
     if compiled is None:
         del c
         release_executables()
@@ -189,16 +194,25 @@ def analyse_eval(cfg: TFTConfig, batch_size: int, rows: int) -> Compiled:
 
 def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows: int,
               log=print, grow_batch: bool = True, eval_batch_size: int | None = None,
-              backend: str | None = None) -> tuple[str, int]:
-    """``--remat auto``: among the tiers whose train step at ``batch_size`` fits the budget,
-    the one of least modelled step time (:data:`tftjax.remat.STEP_TIME`; tiers are compiled
-    fastest first and the first that fits is taken, so a slower tier is never compiled), and (with
-    ``grow_batch``) the largest batch that fits with it, checked by compiling. The budget
-    is ``budget_bytes`` capped at :data:`HEADROOM` of the device's real limit (or that
-    limit when ``budget_bytes`` is None). The eval step at ``eval_batch_size`` must fit too.
+              backend: str | None = None, accumulate: int = 1,
+              max_accumulate: int = 64) -> tuple[str, int, int]:
+    """``--remat auto``: three knobs, the remat tier, gradient accumulation and the batch.
+
+    The batch first runs whole (``accumulate`` micro-batches), the tiers tried fastest first
+    by modelled step time (:data:`tftjax.remat.STEP_TIME`; ties: the smaller tier); where
+    none fits, as 2×, 4×, … as many micro-batches (up to ``max_accumulate``): accumulation
+    keeps the update of the whole batch at the memory of one micro-batch, but small
+    micro-batches use an accelerator poorly, so a rematerialising tier comes first. The first
+    fit is the choice (a slower tier is never compiled: it cannot help). With ``grow_batch`` and no accumulation needed,
+    the batch then grows to the largest that fits, checked by compiling. The budget is
+    ``budget_bytes`` capped at :data:`HEADROOM` of the device's real limit (or that limit when
+    ``budget_bytes`` is None). The eval step at ``eval_batch_size`` must fit too.
+
+    Returns:
+      ``(tier, batch_size, accumulate)``.
 
     Raises:
-      ConfigError: no budget known, or no tier fits at ``batch_size``.
+      ConfigError: no budget known, or nothing fits at ``batch_size``.
     """
     limit = device_limit()
     if limit is not None and (budget_bytes is None or HEADROOM * limit < budget_bytes):
@@ -212,22 +226,27 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
     if budget_bytes < floor:
         raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB: parameters, optimizer "
                          f"state and data alone take {floor / GB:.2f} GB")
-    # Fastest first (ties: the smaller tier): the first that fits is the choice, and a
-    # slower tier is never compiled: it cannot help.
-    tier = None
-    for t in sorted(remat.ORDER, key=lambda t: (remat.step_time(t, backend),
-                                                -remat.ORDER.index(t))):
-        at = analyse(dataclasses.replace(cfg, remat=t), batch_size, rows)
-        fits = at.total_bytes <= budget_bytes
-        log(f"auto: {t:10s} batch {batch_size}: {at.total_bytes / GB:7.2f} GB, modelled time "
-            f"{remat.step_time(t, backend):.2f}× off: {'fits' if fits else 'does not fit'} "
-            f"{budget_bytes / GB:.2f} GB")
-        if fits:
-            tier, sizes = t, {t: at}
-            break
-    if tier is None:
-        raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB even at batch "
-                          f"{batch_size}; lower --batch-size or raise --memory-budget")
+    choice, k = None, accumulate
+    tiers = sorted(remat.ORDER, key=lambda t: (remat.step_time(t, backend),
+                                               -remat.ORDER.index(t)))
+    while choice is None and k <= max_accumulate and batch_size % k == 0:
+        for t in tiers:
+            at = analyse(dataclasses.replace(cfg, remat=t), batch_size, rows, accumulate=k)
+            fits = at.total_bytes <= budget_bytes
+            log(f"auto: {t:10s} batch {batch_size}"
+                + (f" as {k} micro-batches of {batch_size // k}" if k > 1 else "")
+                + f": {at.total_bytes / GB:7.2f} GB, modelled time "
+                f"{remat.step_time(t, backend):.2f}× off: {'fits' if fits else 'does not fit'} "
+                f"{budget_bytes / GB:.2f} GB")
+            if fits:
+                choice = (t, k, at)
+                break
+        k *= 2
+    if choice is None:
+        raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB at batch {batch_size}, "
+                          f"even as {max(k // 2, accumulate)} accumulated micro-batches; lower "
+                          "--batch-size or raise --memory-budget")
+    tier, k, at = choice
     c = dataclasses.replace(cfg, remat=tier)
     if eval_batch_size:
         ev = analyse_eval(c, eval_batch_size, rows)
@@ -236,17 +255,18 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
                               f"{ev.total_bytes / GB:.2f} GB, over {budget_bytes / GB:.2f} GB; "
                               "lower --eval-batch-size")
         log(f"auto: the eval step at batch {eval_batch_size} needs {ev.total_bytes / GB:.2f} GB: fits")
-    if not grow_batch:
+    acc = f" as {k} accumulated micro-batches of {batch_size // k}" if k > 1 else ""
+    if not grow_batch or k > 1:
         log(f"auto: chose remat={tier} (least modelled step time among the tiers that fit) "
-            f"at batch {batch_size}")
-        return tier, batch_size
+            f"at batch {batch_size}{acc}")
+        return tier, batch_size, k
     small = analyse(c, max(1, batch_size // 2), rows)
-    best, _ = largest_batch(c, budget_bytes, fit_linear([small, sizes[tier]]), rows,
+    best, _ = largest_batch(c, budget_bytes, fit_linear([small, at]), rows,
                             max_batch=max(batch_size, rows))
     best = max(best, batch_size)
     log(f"auto: chose remat={tier} (least modelled step time among the tiers that fit) and "
         f"batch {best} (the largest that fits, checked by compiling it)")
-    return tier, best
+    return tier, best, 1
 
 
 def min_bytes(cfg: TFTConfig, batch_size: int, rows: int) -> int:
@@ -267,19 +287,20 @@ def parse_bytes(text: str) -> float:
 
 
 def time_step(cfg: TFTConfig, batch_size: int, data, starts: np.ndarray, steps: int = 3,
-              compiled=None):
+              compiled=None, accumulate: int = 1):
     """Median measured step time (real arrays) and the compiled executable.
 
     ``compiled`` may be the executable from :func:`compile_step` (same shapes):
     the analysed program is exactly the one timed, compiled once.
     """
-    tc = TrainConfig(batch_size=batch_size)
+    tc = TrainConfig(batch_size=batch_size, accumulate=accumulate)
     state = create_train_state(cfg, tc, jax.random.key(0))
     key = jax.random.key(1, impl="rbg")
     rng = np.random.default_rng(0)
     idx = [jnp.asarray(rng.choice(starts, batch_size)) for _ in range(steps + 1)]
     if compiled is None:
-        compiled = make_train_step(cfg).lower(state, data, idx[0], key).compile()
+        compiled = make_train_step(cfg, accumulate=accumulate).lower(state, data, idx[0],
+                                                                     key).compile()
     state, m = compiled(state, data, idx[0], key)
     jax.block_until_ready(m)
     times = []
@@ -294,7 +315,7 @@ def time_step(cfg: TFTConfig, batch_size: int, data, starts: np.ndarray, steps: 
 def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
            budgets_gb=BUDGETS_GB, steps: int = 3, time_limit_bytes: float | None = None,
            verify: bool = False, log=print, parquet_file=None,
-           isolate: bool | None = None) -> list[dict]:
+           isolate: bool | None = None, accumulate=(1,)) -> list[dict]:
     """Measure, print and write ``memory.json``, ``memory.png`` and ``.prof`` files.
 
     The data arrays have the rows of ``parquet_file`` (default: the bundled ES bars).
@@ -302,7 +323,8 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
     device that reports memory statistics, i.e. not on CPU) times every point in its own
     process, so that each point's ``peak_bytes_in_use`` is its own: JAX has no way to
     reset a device's peak, and in one process every later point would report the
-    largest peak so far."""
+    largest peak so far. ``accumulate``: each batch size also as K micro-batches for each K
+    given that divides it (``--accumulate 1,4``); the batch plan fits the first K's points."""
     from tftjax.data import load_dataset, to_device
 
     out.mkdir(parents=True, exist_ok=True)
@@ -320,34 +342,37 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
         if note:
             log(note)
         points = []
-        for b in batch_sizes:
-            compiled = compile_step(c, b, rows)
-            a = analyse(c, b, rows, compiled=compiled)
-            points.append(a)
+        for b, k in [(b, k) for b in batch_sizes for k in accumulate if b % k == 0]:
+            compiled = compile_step(c, b, rows, k)
+            a = analyse(c, b, rows, compiled=compiled, accumulate=k)
+            if k == accumulate[0]:
+                points.append(a)
             rec = {"tier": tier, **{k: v for k, v in dataclasses.asdict(a).items() if k != "tier"},
                    "total_bytes": a.total_bytes, "step_time_s": None, "device": dev.device_kind}
             if steps > 0 and isolate:
                 del compiled
-                rec.update(_point_in_subprocess(c, b, steps, out, parquet_file))
+                rec.update(_point_in_subprocess(c, b, steps, out, parquet_file, k))
                 release_executables()
                 records.append(rec)
                 continue
             if steps > 0 and a.total_bytes <= budget_for_timing:
-                t, compiled, state = time_step(c, b, data, ds.splits.train, steps, compiled)
+                t, compiled, state = time_step(c, b, data, ds.splits.train, steps, compiled, k)
                 rec["step_time_s"] = t
                 stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
                 if stats:
                     rec["peak_bytes_in_use"] = int(stats.get("peak_bytes_in_use", 0))
                 # Live device buffers right after a step (pprof; `pprof -http` or XProf).
-                jax.profiler.save_device_memory_profile(str(out / f"memory_{tier}_b{b}.prof"))
+                jax.profiler.save_device_memory_profile(
+                    str(out / f"memory_{tier}_b{b}{f'_k{k}' if k > 1 else ''}.prof"))
                 del state
             del compiled
             release_executables()
             records.append(rec)
-        fits[tier] = fit_linear(points)
-    off_time = {r["batch_size"]: r["step_time_s"] for r in records if r["tier"] == tiers[0]}
+        fits[tier] = fit_linear(points) if points else (0.0, 0.0)
+    off_time = {(r["batch_size"], r["accumulate"]): r["step_time_s"] for r in records
+                if r["tier"] == tiers[0]}
     for r in records:
-        base = off_time.get(r["batch_size"])
+        base = off_time.get((r["batch_size"], r["accumulate"]))
         r["time_ratio_to_" + tiers[0]] = (r["step_time_s"] / base
                                          if r["step_time_s"] and base else None)
     plan_rows = []
@@ -367,17 +392,17 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
 
 
 def _point_in_subprocess(cfg: TFTConfig, batch_size: int, steps: int, out: Path,
-                         parquet_file) -> dict:
+                         parquet_file, accumulate: int = 1) -> dict:
     """Step time and device peak of one point, measured by a fresh process."""
     import subprocess
     import sys
 
-    where = out / f"point_{cfg.remat}_b{batch_size}"
+    where = out / f"point_{cfg.remat}_b{batch_size}_k{accumulate}"
     where.mkdir(parents=True, exist_ok=True)
     (where / "config.json").write_text(json.dumps(cfg.to_json()))
     cmd = [sys.executable, "-m", "tftjax.memory", "--point-config", str(where / "config.json"),
            "--tiers", cfg.remat, "--batch-sizes", str(batch_size), "--steps", str(steps),
-           "--budgets", "", "--no-isolate", "--out", str(where)]
+           "--budgets", "", "--no-isolate", "--accumulate", str(accumulate), "--out", str(where)]
     if parquet_file is not None:
         cmd += ["--parquet-file", str(parquet_file)]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -400,13 +425,16 @@ def _host_budget() -> float:
 
 
 def format_table(records: list[dict], base: str) -> str:
-    lines = [f"| tier | batch | argument | output | temp | host temp | code | step time | "
-             f"vs {base} |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| tier | batch | micro-batches | argument | output | temp | host temp | code | "
+             f"step time | vs {base} |", "|---|---|---|---|---|---|---|---|---|---|"]
     mib = lambda x: f"{x / 2**20:,.0f} MiB"  # noqa: E731
     for r in records:
         t = f"{r['step_time_s']:.2f} s" if r["step_time_s"] else "not run"
         ratio = r.get(f"time_ratio_to_{base}")
-        lines.append(f"| {r['tier']} | {r['batch_size']} | {mib(r['argument_bytes'])} | "
+        k = r.get("accumulate", 1)
+        micro = f"{k} × {r['batch_size'] // k}" if k > 1 else "1"
+        lines.append(f"| {r['tier']} | {r['batch_size']} | {micro} | "
+                     f"{mib(r['argument_bytes'])} | "
                      f"{mib(r['output_bytes'])} | {mib(r['temp_bytes'])} | "
                      f"{mib(r.get('host_temp_bytes', 0))} | "
                      f"{r['generated_code_bytes'] / 2**10:,.0f} KiB | {t} | "

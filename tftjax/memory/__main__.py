@@ -27,6 +27,9 @@ def run(argv: list[str] | None = None) -> int:
                     help="check each budget's largest batch by compiling (bisection: a few "
                          "compiles per tier and budget); default: the linear fit only")
     ap.add_argument("--no-verify", action="store_true", help=argparse.SUPPRESS)  # the default now
+    ap.add_argument("--accumulate", default="1",
+                    help="also each batch as K accumulated micro-batches, e.g. 1,4 (K must "
+                         "divide the batch size)")
     ap.add_argument("--parquet-file", type=Path, default=None,
                     help="the bars whose row count sizes the data arrays (default: bundled ES)")
     ap.add_argument("--dataset", default=None, help="a bundled set instead: es, spx or btc")
@@ -52,6 +55,12 @@ def run(argv: list[str] | None = None) -> int:
         budgets = [float(g) for g in args.budgets.split(",") if g.strip()]
         if min(batch_sizes) < 1:
             raise ValueError("--batch-sizes must be >= 1")
+        accumulate = [int(k) for k in args.accumulate.split(",") if k.strip()]
+        if not accumulate or min(accumulate) < 1:
+            raise ValueError(f"--accumulate {args.accumulate!r}: give integers >= 1, e.g. 1,4")
+        if not any(b % k == 0 for b in batch_sizes for k in accumulate):
+            raise ValueError(f"--accumulate {args.accumulate} divides none of --batch-sizes "
+                             f"{args.batch_sizes}")
     except ValueError as e:
         raise ConfigError(str(e)) from None
     from tftjax.train import data_file
@@ -59,7 +68,8 @@ def run(argv: list[str] | None = None) -> int:
     report(cfg, tiers, batch_sizes, args.out, budgets_gb=[g if not g.is_integer() else int(g)
                                                          for g in budgets],
            steps=args.steps, verify=args.verify,
-           parquet_file=data_file(args.parquet_file, args.dataset), isolate=args.isolate)
+           parquet_file=data_file(args.parquet_file, args.dataset), isolate=args.isolate,
+           accumulate=accumulate)
     print(f"wrote {args.out}/memory.json, batch_plan.json, memory.png and memory_*.prof")
     return 0
 
