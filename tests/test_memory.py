@@ -53,8 +53,9 @@ def test_full_tier_holds_less_temp_memory_than_off(analysed):
 @pytest.mark.xdist_group("memory_analysed")
 def test_auto_grows_the_batch_when_off_fits(analysed):
     budget = 1.5 * analysed[32].total_bytes
+    # (bisected to 25%, not 2%: each compile takes seconds)
     tier, batch, k = memory.plan_auto(CFG, budget, 32, rows=ROWS, log=lambda *a: None,
-                                      backend="modelled")  # off is the fastest there
+                                      backend="modelled", rel_tol=0.25)  # off fastest there
     assert tier == "off" and batch > 32 and k == 1
     assert memory.analyse(CFG, batch, ROWS).total_bytes <= budget
 
@@ -223,5 +224,5 @@ def test_memory_cli_isolated_point_runs_in_its_own_process(tmp_path):
 
     (rec,) = json.loads((tmp_path / "memory.json").read_text())
     assert rec["isolated"] is True and rec["step_time_s"] > 0
-    assert json.loads((tmp_path / "point_full_b8" / "config.json").read_text())["remat"] == "full"
+    assert json.loads((tmp_path / "point_full_b8_k1" / "config.json").read_text())["remat"] == "full"
     assert (tmp_path / "memory_full_b8.prof").exists()

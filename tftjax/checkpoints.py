@@ -32,8 +32,18 @@ def checkpoint_name(prefix: str, epoch: int, is_final: bool) -> str:
 
 
 def abstract(tree: Any) -> Any:
-    """Shape/dtype skeleton of a state pytree, for restoring into."""
-    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+    """Shape/dtype/sharding skeleton of a state pytree, for restoring into. Leaves without a
+    sharding (``jax.eval_shape``'s) restore onto this process's first device, whatever mesh
+    or number of processes wrote the checkpoint."""
+    here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+    def one(x):
+        s = ocp.utils.to_shape_dtype_struct(x)
+        if isinstance(s, jax.ShapeDtypeStruct) and s.sharding is None:
+            s = jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=here)
+        return s
+
+    return jax.tree.map(one, tree)
 
 
 class EpochCheckpointer:

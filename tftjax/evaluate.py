@@ -17,7 +17,6 @@ tftjax.export`` (its int8 model beside its float32 weights).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Literal
 
@@ -65,4 +64,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tftjax.cli import exit as cli_exit
+
+    cli_exit(main())

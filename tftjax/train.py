@@ -17,7 +17,6 @@ refused (only ``--epochs`` may grow).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Literal
 
@@ -140,10 +139,9 @@ def make_mesh(args: Args, cfg: TFTConfig, tc: TrainConfig):
     from tftjax import parallel
 
     par = parallel.make_parallel(args.devices, layout=args.feature_layout)
-    parallel.check_divisible(tc.batch_size, par.size * tc.accumulate,
+    parallel.check_divisible(tc.batch_size // tc.accumulate, par.size,
                              "--batch-size" if tc.accumulate == 1 else
-                             f"--batch-size / --accumulate {tc.accumulate} "
-                             f"(= {tc.batch_size // tc.accumulate})")
+                             f"--batch-size / --accumulate {tc.accumulate} =")
     return par  # an ``auto`` feature layout is decided once the data's size is known
 
 
@@ -193,4 +191,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tftjax.cli import exit as cli_exit
+
+    cli_exit(main())

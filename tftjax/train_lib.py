@@ -230,10 +230,9 @@ class Trainer:
         if par is not None:
             from tftjax.parallel import check_divisible
 
-            check_divisible(tc.batch_size, par.size * tc.accumulate,
+            check_divisible(tc.batch_size // tc.accumulate, par.size,
                             "--batch-size" if tc.accumulate == 1 else
-                            f"--batch-size (with --accumulate {tc.accumulate}: micro-batches of "
-                            f"batch/{tc.accumulate} over {par.size} devices)")
+                            f"--batch-size / --accumulate {tc.accumulate} =")
         self._train = make_train_step(cfg, max_traces=max_traces, par=par,
                                       accumulate=tc.accumulate)
         # an eval batch is padded anyway: round it up to a multiple of the devices
@@ -269,6 +268,46 @@ class Trainer:
             preds.append(np.asarray(pred)[keep])
             interps.append(jax.tree.map(lambda x: np.asarray(x)[keep], interp))
         return np.concatenate(preds), jax.tree.map(lambda *xs: np.concatenate(xs), *interps)
+
+
+def train_epochs(cfg: TFTConfig, tc: TrainConfig, ds: Dataset, epochs: int | None = None,
+                 par=None) -> tuple[TrainState, list[float]]:
+    """``epochs`` (default ``tc.epochs``) epochs of the run loop's training steps (the same
+    batches, initial weights and dropout key from ``tc.seed``) without checkpoints or
+    evaluation: the final state and each epoch's mean training loss. For comparisons of
+    execution settings (remat tiers, meshes, accumulation) trained from one seed."""
+    epochs = tc.epochs if epochs is None else epochs
+    data = par.put_data(ds.features) if par is not None else to_device(ds.features)
+    trainer = Trainer(cfg, tc, data, par=par)
+    per_epoch = -(-ds.splits.train.size // tc.batch_size)
+    if tc.max_steps_per_epoch:
+        per_epoch = min(per_epoch, tc.max_steps_per_epoch)
+    state = create_train_state(cfg, tc, jax.random.key(tc.seed), per_epoch * tc.epochs)
+    key = jax.random.key(tc.seed, impl="rbg")
+    if par is not None:
+        state, key = par.replicate(state), par.replicate(key)
+    history = []
+    for epoch in range(1, epochs + 1):
+        idx, mask = epoch_batches(ds.splits.train, tc.batch_size, seed=tc.seed, epoch=epoch)
+        idx = np.where(mask, idx, -1).astype(np.int32)[: tc.max_steps_per_epoch]
+        total = 0.0
+        for b in idx:
+            state, m = trainer.train_step(state, b, key)
+            total += float(m["loss"]) * int((b >= 0).sum())
+        history.append(total / max(int((idx >= 0).sum()), 1))
+    return state, history
+
+
+def leaf_differences(params, reference) -> dict[str, float]:
+    """Per parameter leaf: ``max |p - r| / max |r|`` (the largest difference relative to the
+    leaf's scale), keyed by the leaf's path."""
+    out = {}
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(params)[0],
+                            jax.tree.leaves(reference)):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        out[jax.tree_util.keystr(path)] = float(np.abs(a - b).max() / max(np.abs(b).max(),
+                                                                          1e-30))
+    return out
 
 
 def model_variables(cfg: TFTConfig, variables: dict, mode: str | None = None) -> dict:

@@ -17,7 +17,6 @@ consistent by construction. The same ``seed`` gives the same file.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -160,4 +159,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tftjax.cli import exit as cli_exit
+
+    cli_exit(main())

@@ -15,7 +15,6 @@ contradicts them is refused (only ``--epochs`` may grow).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Literal
 
@@ -76,4 +75,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tftjax.cli import exit as cli_exit
+
+    cli_exit(main())

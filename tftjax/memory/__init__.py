@@ -195,7 +195,7 @@ def analyse_eval(cfg: TFTConfig, batch_size: int, rows: int) -> Compiled:
 def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows: int,
               log=print, grow_batch: bool = True, eval_batch_size: int | None = None,
               backend: str | None = None, accumulate: int = 1,
-              max_accumulate: int = 64) -> tuple[str, int, int]:
+              max_accumulate: int = 64, rel_tol: float = 0.02) -> tuple[str, int, int]:
     """``--remat auto``: three knobs, the remat tier, gradient accumulation and the batch.
 
     The batch first runs whole (``accumulate`` micro-batches), the tiers tried fastest first
@@ -207,6 +207,7 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
     the batch then grows to the largest that fits, checked by compiling. The budget is
     ``budget_bytes`` capped at :data:`HEADROOM` of the device's real limit (or that limit when
     ``budget_bytes`` is None). The eval step at ``eval_batch_size`` must fit too.
+    ``rel_tol``: how close the grown batch is bisected to the largest that fits.
 
     Returns:
       ``(tier, batch_size, accumulate)``.
@@ -262,7 +263,7 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
         return tier, batch_size, k
     small = analyse(c, max(1, batch_size // 2), rows)
     best, _ = largest_batch(c, budget_bytes, fit_linear([small, at]), rows,
-                            max_batch=max(batch_size, rows))
+                            max_batch=max(batch_size, rows), rel_tol=rel_tol)
     best = max(best, batch_size)
     log(f"auto: chose remat={tier} (least modelled step time among the tiers that fit) and "
         f"batch {best} (the largest that fits, checked by compiling it)")

@@ -3,7 +3,6 @@ the largest batch per memory budget, and ``jax.profiler`` device memory profiles
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from tftjax import remat
@@ -79,4 +78,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tftjax.cli import exit as cli_exit
+
+    cli_exit(main())

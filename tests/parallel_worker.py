@@ -1,0 +1,92 @@
+"""Run by tests/test_parallel.py in a subprocess with 4 simulated CPU devices (XLA_FLAGS must
+be set before jax is imported): trains 3 steps on meshes of 1, 2 and 4 devices, saves and
+restores across meshes, and prints one JSON line of comparisons against the 1-device run."""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = " ".join(
+    [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    + ["--xla_force_host_platform_device_count=4"])
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import tempfile  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tftjax.checkpoints import EpochCheckpointer  # noqa: E402
+from tftjax.config import TrainConfig, preset  # noqa: E402
+from tftjax.data import load_dataset  # noqa: E402
+from tftjax.parallel import make_parallel  # noqa: E402
+from tftjax.train_lib import Trainer, create_train_state  # noqa: E402
+
+STEPS, BATCH = 3, 16
+
+
+def train(cfg, devices, layout="replicated", accumulate=1, evaluate=False):
+    par = make_parallel(devices, layout)
+    tc = TrainConfig(batch_size=BATCH, eval_batch_size=30, accumulate=accumulate)
+    trainer = Trainer(cfg, tc, par.put_data(DS.features), par=par)
+    state = par.replicate(create_train_state(cfg, tc, jax.random.key(0)))
+    key = par.replicate(jax.random.key(1, impl="rbg"))
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(STEPS):
+        state, m = trainer.train_step(state, rng.choice(DS.splits.train, BATCH), key)
+        losses.append(float(m["loss"]))
+    ev = trainer.evaluate(state.variables(), DS.splits.val[:50])["loss"] if evaluate else None
+    return {"losses": losses, "state": state, "eval": ev, "par": par,
+            "replicated": all(x.sharding.is_fully_replicated for x in jax.tree.leaves(state))}
+
+
+def compare(run, ref) -> dict:
+    a = [np.asarray(x, np.float64) for x in jax.tree.leaves(run["state"].params)]
+    b = [np.asarray(x, np.float64) for x in jax.tree.leaves(ref["state"].params)]
+    diff = np.sqrt(sum(((x - y) ** 2).sum() for x, y in zip(a, b)))
+    norm = np.sqrt(sum((y ** 2).sum() for y in b))
+    return {"loss_rel": max(abs(x - y) / abs(y) for x, y in zip(run["losses"], ref["losses"])),
+            "params_rel": float(diff / norm),
+            "params_max_abs": float(max(np.abs(x - y).max() for x, y in zip(a, b))),
+            "leaf_rel_max": float(max(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-12)
+                                      for x, y in zip(a, b))),
+            "eval_rel": (abs(run["eval"] - ref["eval"]) / ref["eval"]
+                         if run["eval"] is not None else None),
+            "replicated": run["replicated"]}
+
+
+def save_and_restore(src, dst_par) -> dict:
+    """Save ``src``'s state with its mesh, restore it onto ``dst_par``'s mesh."""
+    with tempfile.TemporaryDirectory() as d:
+        ck = EpochCheckpointer(d, "tft")
+        ck.save(1, src["state"], {}, {"kind": "tft"}, improved=True)
+        rep = dst_par.replicated
+        like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
+                            src["state"])
+        got = ck.restore(1, like)
+        ck.close()
+    same = all(np.array_equal(np.asarray(x), np.asarray(y))
+               for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(src["state"])))
+    devices = {len(x.sharding.device_set) for x in jax.tree.leaves(got)}
+    return {"equal": same, "devices": sorted(devices)}
+
+
+if __name__ == "__main__":
+    assert len(jax.devices()) == 4, jax.devices()
+    DS = load_dataset(None, preset("tiny").data)
+    with_dropout = preset("tiny")
+    no_dropout = dataclasses.replace(with_dropout, dropout=0.0)
+    out = {}
+    one = train(with_dropout, 1, evaluate=True)
+    four = train(with_dropout, 4, evaluate=True)
+    out["four_vs_one"] = compare(four, one)
+    out["saved_on_4_restored_on_1"] = save_and_restore(four, one["par"])
+    out["saved_on_1_restored_on_4"] = save_and_restore(one, four["par"])
+    # 2 micro-batches of 8 over 4 devices (2 windows each) vs 16 windows on one device, the
+    # feature rows sharded over the 4 devices (the other layout)
+    out["accumulate_2_rows_sharded_vs_whole"] = compare(
+        train(no_dropout, 4, layout="rows", accumulate=2), train(no_dropout, 1))
+    print(json.dumps(out))
+    sys.stdout.flush()

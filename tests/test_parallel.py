@@ -1,0 +1,144 @@
+"""Data parallelism, gradient accumulation and multi-host runs against the 1-device run.
+
+The meshes need simulated CPU devices (``XLA_FLAGS`` before jax is imported), so these run in
+subprocesses: ``parallel_worker.py`` for the in-process comparisons, the CLI for the rest.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+
+
+def env(devices: int | None = None) -> dict:
+    """The subprocesses' environment: ``devices`` simulated CPU devices, and XLA:CPU's LLVM
+    backend at -O0 (compiles about a third faster; every comparison here is between runs
+    compiled alike, float models only)."""
+    e = dict(os.environ, JAX_PLATFORMS="cpu")
+    flags = [f for f in e.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    if not any("backend_optimization_level" in f for f in flags):
+        flags.append("--xla_backend_optimization_level=0")
+    if devices:
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    e["XLA_FLAGS"] = " ".join(flags)
+    return e
+
+
+def cli(*args, devices=None, **kw):
+    return subprocess.run([sys.executable, "-m", "tftjax.train", *args], capture_output=True,
+                          text=True, cwd=ROOT, env=env(devices), timeout=600, **kw)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    p = subprocess.run([sys.executable, str(HERE / "parallel_worker.py")], capture_output=True,
+                       text=True, cwd=ROOT, env=env(), timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def close(r: dict):
+    """Loss, evaluation and parameters equal to float32 round-off (1e-6 relative; every
+    parameter within 1% of one Adam step), and the state replicated on every device."""
+    assert r["loss_rel"] <= 1e-6, r
+    assert r["params_rel"] <= 1e-6, r
+    assert r["params_max_abs"] <= 1e-5, r  # 1% of one Adam step (lr 1e-3)
+    assert r["eval_rel"] is None or r["eval_rel"] <= 1e-6, r
+    assert r["replicated"], r
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("parallel_worker")
+def test_four_devices_train_like_one(worker):
+    # dropout on: the masks do not depend on how the batch is split over devices
+    close(worker["four_vs_one"])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("parallel_worker")
+def test_accumulated_micro_batches_give_the_whole_batch_update(worker):
+    # 2 micro-batches of 8 windows (over 4 devices, feature rows sharded) vs 16 at once
+    close(worker["accumulate_2_rows_sharded_vs_whole"])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("parallel_worker")
+def test_checkpoints_move_between_meshes(worker):
+    assert worker["saved_on_4_restored_on_1"] == {"equal": True, "devices": [1]}
+    assert worker["saved_on_1_restored_on_4"] == {"equal": True, "devices": [4]}
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--batch-size", "18"], "--batch-size 18 is not divisible by the 4 devices of the mesh"),
+    (["--batch-size", "16", "--accumulate", "8"], "--batch-size / --accumulate 8 = 2 is not "
+                                                  "divisible by the 4 devices"),
+    (["--batch-size", "16", "--accumulate", "3"], "batch_size 16 is not divisible by "
+                                                  "--accumulate 3"),
+    (["--devices", "8"], "--devices 8: this process sees 4 CPU devices"),
+    (["--coordinator", "localhost:1234"], "missing: --num-processes, --process-id"),
+    (["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"],
+     "must be HOST:PORT"),
+    (["--feature-layout", "diagonal"], "diagonal"),
+])
+def test_cli_refuses_a_batch_the_mesh_cannot_split(tmp_path, args, expect):
+    p = cli("--preset", "tiny", "--workdir", str(tmp_path / "w"), *args, devices=4)
+    assert p.returncode == 2, p.stderr
+    assert expect in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(tmp_path):
+    """jax.distributed over localhost: 2 processes of 1 CPU device each, each feeding its own
+    half of every batch, give the 1-process run's losses, metrics and weights; only process 0
+    writes logs and files, both write the checkpoints."""
+    args = ["--preset", "tiny", "--epochs", "1", "--batch-size", "32", "--max-steps-per-epoch",
+            "3", "--no-progress"]  # test_train's CLI run: its compiles are in the shared cache
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "tftjax.train", *args, "--workdir",
+                               str(tmp_path / "multi"), "--coordinator", f"localhost:{port}",
+                               "--num-processes", "2", "--process-id", str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=ROOT, env=env()) for i in range(2)]
+    one = cli(*args, "--workdir", str(tmp_path / "one"))
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "2 devices (cpu, 2 processes)" in outs[0][0]
+    assert "q-risk P50" in outs[0][0] and "q-risk P50" not in outs[1][0]  # process 0 logs
+    m_multi = json.loads((tmp_path / "multi" / "metrics.jsonl").read_text())
+    m_one = json.loads((tmp_path / "one" / "metrics.jsonl").read_text())
+    for k in ("train_loss", "val_loss", "val_q_risk_90"):
+        assert m_multi[k] == pytest.approx(m_one[k], rel=1e-6), k
+    s_multi = json.loads((tmp_path / "multi" / "summary.json").read_text())
+    s_one = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert s_multi["model"]["test"]["loss"] == pytest.approx(s_one["model"]["test"]["loss"],
+                                                             rel=1e-6)
+    assert (tmp_path / "multi" / "quantile_fan.png").exists()
+    a, b = (_params(tmp_path / d / "checkpoints" / "tft_final_epoch1") for d in ("multi", "one"))
+    diff = np.sqrt(sum(((x - y) ** 2).sum() for x, y in zip(a, b)))
+    assert diff <= 1e-6 * np.sqrt(sum((y ** 2).sum() for y in b))
+
+
+def _params(path):
+    import jax
+
+    from tftjax.train_lib import open_checkpoint, restore_checkpoint
+
+    state = restore_checkpoint(open_checkpoint(path))
+    return [np.asarray(x, np.float64) for x in jax.tree.leaves(state.params)]
