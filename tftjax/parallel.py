@@ -102,9 +102,11 @@ def is_primary() -> bool:
 
 
 # --------------------------------------------------------------------------- the mesh
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True)
 class Parallel:
-    """A 1-D data-parallel mesh and the shardings of the train and eval steps."""
+    """A 1-D data-parallel mesh and the shardings of the train and eval steps. Equal meshes
+    compare (and hash) equal, so that the steps compiled for one are reused by every run of
+    the process on the same devices."""
 
     mesh: Mesh
     layout: str = "replicated"
