@@ -174,7 +174,15 @@ class Parallel:
         each process places only its own rows."""
         idx = np.asarray(idx)
         check_divisible(idx.shape[0], self.size)
-        return _global(idx, self.batch_sharding)
+        if jax.process_count() == 1:
+            return jax.device_put(idx, self.batch_sharding)
+        # this process's devices hold one contiguous block of rows (the mesh lists the devices
+        # process by process): feed only that block
+        rows = [s[0] for s in self.batch_sharding.addressable_devices_indices_map(
+            idx.shape).values()]
+        lo = min(r.start or 0 for r in rows)
+        hi = max(idx.shape[0] if r.stop is None else r.stop for r in rows)
+        return jax.make_array_from_process_local_data(self.batch_sharding, idx[lo:hi], idx.shape)
 
     def put_data(self, features) -> Any:
         """The feature arrays on the mesh: replicated or sharded by rows (padded to a multiple
