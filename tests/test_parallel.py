@@ -142,3 +142,23 @@ def _params(path):
 
     state = restore_checkpoint(open_checkpoint(path))
     return [np.asarray(x, np.float64) for x in jax.tree.leaves(state.params)]
+
+
+def test_which_environments_start_jax_distributed(monkeypatch):
+    from tftjax import parallel
+
+    for var in ("JAX_COORDINATOR_ADDRESS", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
+                "OMPI_COMM_WORLD_SIZE", "TFTJAX_DISTRIBUTED"):
+        monkeypatch.delenv(var, raising=False)
+    assert not parallel.wants_distributed()
+    assert parallel.wants_distributed("node0:1234", 2, 0)
+    monkeypatch.setenv("SLURM_NTASKS", "4")  # a batch script's own shell: one process
+    assert not parallel.wants_distributed()
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")  # inside `srun -n 4`
+    assert parallel.wants_distributed()
+    monkeypatch.setenv("TFTJAX_DISTRIBUTED", "0")
+    assert not parallel.wants_distributed()
+    monkeypatch.delenv("TFTJAX_DISTRIBUTED")
+    monkeypatch.delenv("SLURM_STEP_NUM_TASKS")
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "node0:1234")
+    assert parallel.wants_distributed()

@@ -12,8 +12,8 @@ One jitted train step serves 1..N devices: the step is compiled with the shardin
 
 Several hosts: :func:`initialize` calls ``jax.distributed.initialize`` from
 ``--coordinator/--num-processes/--process-id``, from ``JAX_COORDINATOR_ADDRESS`` (with
-``JAX_NUM_PROCESSES``/``JAX_PROCESS_ID``), or from a SLURM / Open MPI job, where JAX reads
-the environment itself. Every process computes the same global batch order (same seed)
+``JAX_NUM_PROCESSES``/``JAX_PROCESS_ID``), or inside an ``srun`` step of several tasks or an
+``mpirun`` job, where JAX reads the environment itself (``TFTJAX_DISTRIBUTED=0`` opts out). Every process computes the same global batch order (same seed)
 and feeds only its own rows (:meth:`Parallel.batch`,
 ``jax.make_array_from_process_local_data``), so a run on P processes sees exactly the
 batches of a run on one.
@@ -46,12 +46,23 @@ def wants_distributed(coordinator: str | None = None, num_processes: int | None 
     """Whether flags or the environment ask for a multi-process run."""
     if coordinator or num_processes or process_id is not None:
         return True
-    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        return True
-    for var in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
-        if int(os.environ.get(var, "1") or 1) > 1:
-            return True
-    return False
+    if os.environ.get("TFTJAX_DISTRIBUTED") == "0":  # opt out of the environment's hints
+        return False
+    return bool(os.environ.get("JAX_COORDINATOR_ADDRESS")) or _cluster_tasks() > 1
+
+
+def _cluster_tasks() -> int:
+    """Tasks of the job step this process runs in: ``srun`` sets SLURM_STEP_NUM_TASKS (a
+    batch script's own environment, outside ``srun``, does not: a plain run there stays one
+    process), ``mpirun`` OMPI_COMM_WORLD_SIZE."""
+    for var in ("SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE"):
+        try:
+            n = int(os.environ.get(var, "1") or 1)
+        except ValueError:
+            continue
+        if n > 1:
+            return n
+    return 1
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
@@ -72,9 +83,7 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         process_id = int(os.environ["JAX_PROCESS_ID"])
     given = {"--coordinator": coordinator, "--num-processes": num_processes,
              "--process-id": process_id}
-    cluster = any(int(os.environ.get(v, "1") or 1) > 1
-                  for v in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"))
-    if not cluster and None in given.values():
+    if _cluster_tasks() == 1 and None in given.values():
         missing = [k for k, v in given.items() if v is None]
         raise ConfigError(f"a multi-process run needs --coordinator HOST:PORT, --num-processes "
                           f"and --process-id (missing: {', '.join(missing)}); or run under "
