@@ -60,6 +60,13 @@ def test_auto_grows_the_batch_when_off_fits(analysed):
     assert memory.analyse(CFG, batch, ROWS).total_bytes <= budget
 
 
+@pytest.mark.xdist_group("memory_analysed")
+def test_eval_step_is_analysed_and_smaller_than_the_train_step(analysed):
+    # the check --remat auto makes before it trains (it once crashed on the variables' form)
+    ev = memory.analyse_eval(CFG, 32, ROWS)
+    assert 0 < ev.temp_bytes < analysed[32].temp_bytes
+
+
 PER_SAMPLE = {"off": 100e6, "minimal": 100e6, "aggressive": 80e6, "full": 20e6}
 
 

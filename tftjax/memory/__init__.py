@@ -185,7 +185,10 @@ def compile_eval_step(cfg: TFTConfig, batch_size: int, rows: int):
 
     state, data, _, _ = abstract_inputs(cfg, batch_size, rows)
     idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
-    return make_eval_step(cfg).lower(state.params, data, idx).compile()
+    # the variables the trainer evaluates with (observers too for a QAT model)
+    variables = {"params": state.params, **({"quant_stats": state.quant_stats}
+                                            if state.quant_stats else {})}
+    return make_eval_step(cfg).lower(variables, data, idx).compile()
 
 
 def analyse_eval(cfg: TFTConfig, batch_size: int, rows: int) -> Compiled:
