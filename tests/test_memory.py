@@ -67,6 +67,16 @@ def test_eval_step_is_analysed_and_smaller_than_the_train_step(analysed):
     assert 0 < ev.temp_bytes < analysed[32].temp_bytes
 
 
+@pytest.mark.xdist_group("memory_analysed")
+def test_accumulated_micro_batches_take_the_memory_of_one(analysed):
+    # batch 128 as 4 micro-batches of 32: the temporaries of batch 32 (plus the float32
+    # gradient sum, parameter-sized), not of 128
+    k4 = memory.analyse(CFG, 128, ROWS, accumulate=4)
+    assert k4.accumulate == 4 and k4.batch_size == 128
+    assert 0.8 * analysed[32].temp_bytes <= k4.temp_bytes <= 1.3 * analysed[32].temp_bytes
+    assert k4.temp_bytes < 0.5 * (analysed[32].temp_bytes * 4)
+
+
 PER_SAMPLE = {"off": 100e6, "minimal": 100e6, "aggressive": 80e6, "full": 20e6}
 
 

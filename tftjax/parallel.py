@@ -242,6 +242,9 @@ def make_parallel(devices: int | None = None, layout: str = "auto") -> Parallel:
         for d in jax.devices():
             by_proc.setdefault(d.process_index, []).append(d)
         devs = [d for p in sorted(by_proc) for d in sorted(by_proc[p], key=lambda d: d.id)[:n]]
+    # Mesh, not jax.make_mesh: the device order is ours (each process's devices one
+    # contiguous block of the batch, which Parallel.batch feeds), and the axis stays in
+    # "auto" sharding mode (make_mesh defaults to explicit axes in this JAX)
     return Parallel(Mesh(np.array(devs), (AXIS,)), layout)
 
 
