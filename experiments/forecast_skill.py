@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import tempfile
 import time
 from pathlib import Path
@@ -44,6 +45,20 @@ CALENDARS = {"es": "XCME", "spx": "XNYS", "btc": "24/7"}
 HYGIENE = ("forget", "nodecay", "cosine", "monotone")
 """--hygiene items: LSTM forget-gate bias 1; no weight decay on LayerNorms, biases and
 embeddings; linear warm-up (5% of the steps) and cosine decay; non-crossing quantiles."""
+ITEMS = HYGIENE + ("vol",)
+"""Items of a --variants entry: the hygiene items and ``vol``, the volatility-style target
+(``--vol-target``: returns in units of the EWMA volatility at the forecast time)."""
+
+
+def parse_variant(text: str) -> tuple[str, ...]:
+    """``none``, ``all`` (the four hygiene items) or items joined by ``+`` (``all+vol``)."""
+    items: list[str] = []
+    for part in text.split("+"):
+        items += {"none": [], "all": list(HYGIENE)}.get(part, [part])
+    if bad := set(items) - set(ITEMS):
+        raise SystemExit(f"forecast_skill.py: unknown variant item {', '.join(sorted(bad))} "
+                         f"(known: none, all, {', '.join(ITEMS)})")
+    return tuple(i for i in ITEMS if i in items)
 
 
 def with_hygiene(cfg, tc, items, total_steps):
@@ -51,11 +66,15 @@ def with_hygiene(cfg, tc, items, total_steps):
         cfg = dataclasses.replace(cfg, lstm_forget_bias=1.0)
     if "monotone" in items:
         cfg = dataclasses.replace(cfg, monotone_quantiles=True)
+    if "vol" in items:
+        cfg = dataclasses.replace(cfg, vol_target=True)
     if "nodecay" in items:
         tc = dataclasses.replace(tc, decay_all=False)
     if "cosine" in items:
         tc = dataclasses.replace(tc, lr_schedule="cosine", warmup_steps=max(total_steps // 20, 1))
     return cfg, tc
+
+
 METRICS = ("loss", "q_risk_50", "q_risk_90", "coverage_80")
 
 
@@ -126,14 +145,16 @@ def run_dataset(name: str, args, work: Path, log) -> dict:
     parquet = bundled_path(name)
     out: dict = {"presets": {}, "baselines": {}}
     ds, tft_sums, base_sums = None, {}, {}
-    for pname in args.presets:
-        cfg = dataclasses.replace(preset(pname), calendar=CALENDARS[name], remat=args.remat)
+    for pname, variant in itertools.product(args.presets, args.variants):
+        key = pname if len(args.variants) == 1 else f"{pname} [{variant}]"
+        items = parse_variant(variant)
         per_seed = []
         for seed in range(args.seeds):
+            cfg = dataclasses.replace(preset(pname), calendar=CALENDARS[name], remat=args.remat)
             tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, patience=args.patience,
                              seed=seed, max_steps_per_epoch=args.max_steps, eval_batch_size=512)
-            cfg, tc = with_hygiene(cfg, tc, args.hygiene, args.epochs * args.max_steps)
-            run = work / f"{name}_{pname}_{seed}"
+            cfg, tc = with_hygiene(cfg, tc, items, args.epochs * args.max_steps)
+            run = work / f"{name}_{pname}_{'_'.join(items) or 'none'}_{seed}"
             t0 = time.perf_counter()
             train_and_evaluate(cfg, tc, run, parquet_file=parquet, progress=False,
                                log=lambda *a: None)
@@ -144,18 +165,24 @@ def run_dataset(name: str, args, work: Path, log) -> dict:
             pred, _ = Trainer(cfg, tc, to_device(ds.features)).predict(variables, ds.splits.test)
             y = window_targets(ds, ds.splits.test)
             per_seed.append(window_sums(y, pred, cfg.quantiles))
-            log(f"{pname} seed {seed}: epoch {ck.meta['weights_epoch']}, "
+            log(f"{key} seed {seed}: epoch {ck.meta['weights_epoch']}, "
                 f"{time.perf_counter() - t0:.0f} s, test {from_sums(per_seed[-1])}")
         sums = np.mean(per_seed, axis=0)
-        tft_sums[pname] = sums
+        tft_sums[key] = sums
         seeds = [from_sums(s) for s in per_seed]
-        out["presets"][pname] = {
+        out["presets"][key] = {
+            "preset": pname, "variant": list(items),
             "metrics": {k: float(v) for k, v in from_sums(sums).items()},
             "ci95": bootstrap(sums, args.bootstrap, args.block or 2 * cfg.data.window),
             "seed_range": {k: (min(float(m[k]) for m in seeds), max(float(m[k]) for m in seeds))
                            for k in METRICS},
             "windows": {"train": int(ds.splits.train.size), "test": int(ds.splits.test.size)},
         }
+        ref = f"{pname} [{args.variants[0]}]"
+        if key != pname and key != ref:  # paired: this variant minus the first one
+            out["presets"][key]["vs_first_variant"] = {
+                "variant": args.variants[0], **paired_delta(
+                    sums, tft_sums[ref], args.bootstrap, args.block or 2 * cfg.data.window)}
     # baselines, on the last preset's windows (the same test windows when E, D agree)
     cfg = dataclasses.replace(preset(args.presets[-1]), calendar=CALENDARS[name])
     ds = load_dataset(parquet, cfg.data)
@@ -207,6 +234,10 @@ def table(results: dict) -> str:
             if "vs_best_baseline" in v:
                 d = v["vs_best_baseline"]["q_risk_90"]
                 mark += f" (P90 minus best: {d[0]:+.4f}, 95% CI {d[1]:+.4f} to {d[2]:+.4f})"
+            if "vs_first_variant" in v:
+                d = v["vs_first_variant"]["q_risk_90"]
+                mark += (f" (P90 minus [{v['vs_first_variant']['variant']}]: {d[0]:+.4f}, "
+                         f"95% CI {d[1]:+.4f} to {d[2]:+.4f})")
             lines.append(f"| {name} | {label}{mark} | {m['loss']:.4f} | {m['q_risk_50']:.4f} | "
                          f"{m['q_risk_90']:.4f} ({ci['q_risk_90'][0]:.4f}–{ci['q_risk_90'][1]:.4f})"
                          f" | {m['coverage_80']:.3f} |")
@@ -227,13 +258,22 @@ def main() -> None:
     ap.add_argument("--remat", default="full", help="remat tier (full: the fastest on CPU)")
     ap.add_argument("--hygiene", default="all",
                     help=f"training hygiene: all, none, or a comma list of {', '.join(HYGIENE)}")
+    ap.add_argument("--variants", default="",
+                    help="compare TFT variants (overrides --hygiene): a comma list, each none, "
+                         f"all, or items joined by + ({', '.join(ITEMS)}; vol: the "
+                         "volatility-style target), e.g. none,forget,cosine,vol,all+vol; each "
+                         "is scored against the first with a paired bootstrap")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/forecast_skill"))
     args = ap.parse_args()
     args.presets = args.presets.split(",")
-    args.hygiene = (HYGIENE if args.hygiene == "all" else () if args.hygiene == "none"
-                    else tuple(args.hygiene.split(",")))
-    if bad := set(args.hygiene) - set(HYGIENE):
+    hygiene = (HYGIENE if args.hygiene == "all" else () if args.hygiene == "none"
+               else tuple(args.hygiene.split(",")))
+    if bad := set(hygiene) - set(HYGIENE):
         ap.error(f"--hygiene: unknown {', '.join(sorted(bad))}")
+    args.variants = (args.variants.split(",") if args.variants
+                     else ["+".join(hygiene) or "none"])
+    for v in args.variants:
+        parse_variant(v)
     results: dict = {"datasets": {}, "seeds": list(range(args.seeds)),
                      "settings": {k: v for k, v in vars(args).items() if k != "out"}}
     results["settings"]["out"] = str(args.out)

@@ -160,7 +160,8 @@ def _gappy_bars(n=1500, seed=4):
 
 def _window(fs, s):
     batch = gather(to_device(fs), jnp.asarray([s], jnp.int32), E, D)
-    return [np.asarray(x)[0] for x in (batch.static, batch.historical, batch.known)]
+    # every model input, and the volatility a --vol-target forecast is scaled by
+    return [np.asarray(x)[0] for x in (batch.static, batch.historical, batch.known, batch.scale)]
 
 
 def _edits(bars, t, rng):
@@ -200,7 +201,7 @@ def test_no_input_of_a_window_depends_on_bars_after_its_forecast_time(source, ca
         want = _window(ref, int(s))
         for what, other in _edits(bars, t, rng).items():
             got = _window(build_features(other, cfg, stats=stats), int(s))
-            for name, a, b in zip(("static", "historical", "known"), want, got):
+            for name, a, b in zip(("static", "historical", "known", "scale"), want, got):
                 np.testing.assert_array_equal(a, b, err_msg=f"{name} of window {s}, {what}")
 
 

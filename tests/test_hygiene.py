@@ -1,5 +1,6 @@
 """Training hygiene options against hand computations: the weight-decay mask, the
-warm-up + cosine schedule, the LSTM forget-gate bias and non-crossing quantiles."""
+warm-up + cosine schedule, the LSTM forget-gate bias, non-crossing quantiles and the
+volatility-style target."""
 
 import dataclasses
 
@@ -123,3 +124,81 @@ def test_monotone_quantiles_never_cross():
     np.testing.assert_allclose(q[..., 4], raw[..., 3] + sp[..., 4], rtol=1e-5)
     np.testing.assert_allclose(q[..., 1], raw[..., 3] - sp[..., 2] - sp[..., 1], rtol=1e-5,
                                atol=1e-5)
+
+
+# ------------------------------------------------------------------ volatility-style target
+def _ewma_sigma_by_hand(target, lam=0.94):
+    """RiskMetrics by hand: v_t = λ v_{t-1} + (1-λ) r_t², v_{-1} = 1; σ_t = max(√v_t, 1e-3)."""
+    v, out = 1.0, []
+    for r in np.asarray(target, np.float64):
+        v = lam * v + (1 - lam) * r * r
+        out.append(max(np.sqrt(v), 1e-3))
+    return np.asarray(out)
+
+
+@pytest.fixture(scope="module")
+def regime_data():
+    """Random features whose targets switch from calm (σ 0.3) to wild (σ 3) half-way."""
+    from tftjax.data import FeatureSet, to_device
+    from tftjax.data.features import FeatureStats
+
+    n, d = 400, CFG.decoder_steps
+    rng = np.random.default_rng(5)
+    target = (rng.normal(size=n) * np.where(np.arange(n) < n // 2, 0.3, 3.0)).astype(np.float32)
+    known = rng.normal(size=(n, 10)).astype(np.float32)
+    future = known[np.minimum(np.arange(n)[:, None] + 1 + np.arange(d), n - 1)]
+    stats = FeatureStats(np.zeros(210), np.ones(210), 1.0, np.zeros(5), (0, n))
+    fs = FeatureSet(rng.normal(size=(n, 210)).astype(np.float32), known, future,
+                    np.zeros(5, np.float32), target, stats)
+    return fs, to_device(fs)
+
+
+def test_window_scale_is_the_ewma_volatility_at_the_forecast_time(regime_data):
+    from tftjax.data import gather
+
+    fs, data = regime_data
+    sigma = _ewma_sigma_by_hand(fs.target)
+    np.testing.assert_allclose(data.scale, sigma, rtol=1e-6)
+    starts = np.array([0, 150, 190, 300, 370], np.int32)
+    e = CFG.encoder_steps
+    batch = gather(data, jnp.asarray(starts), e, CFG.decoder_steps)
+    np.testing.assert_allclose(batch.scale, sigma[starts + e - 1], rtol=1e-6)
+    assert sigma[370] > 5 * sigma[150]  # the regimes differ: the scale follows them
+    # causal: rewriting every target after a window's forecast time leaves its scale
+    t = 150 + e - 1
+    later = fs.target.copy()
+    later[t + 1 :] *= 10
+    np.testing.assert_array_equal(_ewma_sigma_by_hand(later)[t], sigma[t])
+
+
+def test_vol_target_loss_is_the_pinball_of_scaled_outputs(regime_data):
+    from tftjax.data import gather
+    from tftjax.train_lib import _loss_fn
+
+    _, data = regime_data
+    starts = jnp.asarray([10, 120, 250, 330], jnp.int32)
+    batch = gather(data, starts, CFG.encoder_steps, CFG.decoder_steps)
+    qs = np.asarray(CFG.quantiles, np.float32)
+    raw = np.random.default_rng(2).normal(size=(4, CFG.decoder_steps, qs.size)).astype(np.float32)
+    fake_apply = lambda v, *a, **k: ((jnp.asarray(raw), None), {})  # noqa: E731
+    mask = jnp.asarray([True, True, True, False])
+    y, s = np.asarray(batch.target, np.float64), np.asarray(batch.scale, np.float64)
+    for vol in (False, True):
+        loss, _ = _loss_fn({}, {}, fake_apply, batch, mask, qs, None, vol_target=vol)
+        pred = raw * (s[:, None, None] if vol else 1.0)
+        err = y[..., None] - pred
+        want = np.maximum(qs * err, (qs - 1) * err).mean(axis=(1, 2))[:3].mean()
+        np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+
+
+def test_vol_target_eval_forecasts_are_raw_outputs_times_scale(regime_data):
+    from tftjax.train_lib import make_eval_step
+
+    fs, data = regime_data
+    variables = {"params": init_params(CFG, jax.random.key(3))}
+    idx = jnp.asarray([5, 160, 240, 320], jnp.int32)
+    _, plain, _ = make_eval_step(CFG)(variables, data, idx)
+    _, scaled, _ = make_eval_step(dataclasses.replace(CFG, vol_target=True))(variables, data, idx)
+    sigma = _ewma_sigma_by_hand(fs.target)[np.asarray(idx) + CFG.encoder_steps - 1]
+    np.testing.assert_allclose(scaled, np.asarray(plain) * sigma[:, None, None], rtol=1e-5,
+                               atol=1e-7)

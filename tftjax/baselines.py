@@ -48,6 +48,18 @@ def ewma_variance(r: np.ndarray, lam: float = LAMBDA, init: float | None = None)
     return v
 
 
+SCALE_FLOOR = 1e-3
+
+
+def ewma_scale(target: np.ndarray, lam: float = LAMBDA) -> np.ndarray:
+    """``σ[t]``: the RiskMetrics volatility forecast of ``target[t+1]`` made at ``t``, in target
+    units (float32, at least :data:`SCALE_FLOOR`), started from 1 (the training targets' scale
+    by construction). The per-window scale of a volatility-style target (``--vol-target``):
+    a window whose last encoder row is ``T`` uses ``σ[T]``, a function of rows ``<= T``."""
+    v = ewma_variance(target, lam, init=1.0)
+    return np.maximum(np.sqrt(v), SCALE_FLOOR).astype(np.float32)
+
+
 def rolling_quantiles(r: np.ndarray, origins: np.ndarray, quantiles, window: int = ROLLING_WINDOW,
                       chunk: int = 8192) -> np.ndarray:
     """Empirical quantiles ``[N, Q]`` of ``r[T-window+1 .. T]`` for each origin ``T``

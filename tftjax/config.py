@@ -131,6 +131,11 @@ class TFTConfig:
     monotone_quantiles: bool = False
     """Non-crossing quantiles: the head predicts the median and softplus gaps to its
     neighbours, so that the forecast quantiles are increasing by construction."""
+    vol_target: bool = False
+    """Volatility-style target: the network forecasts each window's returns in units of the
+    EWMA volatility (RiskMetrics, λ 0.94) at its forecast time and its quantiles are multiplied
+    by that volatility (the loss stays in return units). Default: returns in the training
+    scale only, so the network must learn the level of volatility itself."""
     qat: bool = False
     """Quantization-aware training: int8 fake-quant weights (per output channel) and
     activations (moving-average min/max observers) in the layers --qat-layers names."""

@@ -13,7 +13,9 @@ Writes into ``--out``:
   ``scale = (max − min) / 255``, ``zero_point = −128 − round(min / scale)``, the
   range widened to include 0);
 * ``config.json``: the model config, the feature statistics the inputs must be
-  normalised with, the training data's identity and where the weights came from.
+  normalised with, what the outputs are (``output``: with ``model.vol_target`` the
+  network's outputs are multiplied by the window's EWMA volatility), the training
+  data's identity and where the weights came from.
 
 ``python -m tftjax.evaluate --checkpoint OUT`` evaluates an export (the int8
 model beside the float32 one); :func:`load` reads one back.
@@ -138,6 +140,12 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
         sizes["int8_activation_range_bytes"] = nbytes(files[INT8_FILE], "quant_stats")
     config = {"format": FORMAT, "model": cfg.to_json(), "feature_stats": ck.meta["feature_stats"],
               "data": ck.meta["identity"]["data"], "source": source, "files": sorted(files),
+              "output": ("quantiles of the next decoder_steps one-bar log returns in target "
+                         "scales (feature_stats.target_scale)"
+                         + (", after multiplying the network's outputs by the window's EWMA "
+                            "volatility at its forecast time (model.vol_target: "
+                            "tftjax.baselines.ewma_scale of the targets, row T)"
+                            if cfg.vol_target else "")),
               **sizes}
     out.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT}

@@ -159,7 +159,7 @@ class Parallel:
         from tftjax.data import DeviceData
 
         r = self.rows_sharding if self.feature_rows_sharded else self.replicated
-        return DeviceData(r, r, r, self.replicated, r)
+        return DeviceData(r, r, r, self.replicated, r, r)
 
     def describe(self) -> str:
         kinds = sorted({d.device_kind for d in self.mesh.devices.flat})
@@ -197,10 +197,9 @@ class Parallel:
         """The feature arrays on the mesh: replicated or sharded by rows (padded to a multiple
         of the device count; padding rows are never read)."""
         from tftjax.data import DeviceData
+        from tftjax.data.windows import device_arrays
 
-        arrays = [np.ascontiguousarray(a) for a in (features.historical, features.known,
-                                                      features.target, features.static,
-                                                      features.future)]
+        arrays = device_arrays(features)
         if self.feature_rows_sharded:
             n = arrays[0].shape[0]
             pad = -n % self.size
@@ -265,7 +264,7 @@ def gather_rows_sharded(par: Parallel, data, starts: jax.Array, encoder_steps: i
     temporary is the global batch's windows, never the feature matrix."""
     from tftjax.data import Batch, DeviceData
 
-    spec = DeviceData(P(AXIS), P(AXIS), P(AXIS), P(), P(AXIS))
+    spec = DeviceData(P(AXIS), P(AXIS), P(AXIS), P(), P(AXIS), P(AXIS))
 
     def local(d: DeviceData, s):
         everyone = jax.lax.all_gather(s, AXIS, tiled=True)  # [B] window starts
@@ -281,12 +280,13 @@ def gather_rows_sharded(par: Parallel, data, starts: jax.Array, encoder_steps: i
             return jnp.where(own.reshape(own.shape + (1,) * (x.ndim - own.ndim)), x, 0)
 
         parts = (take(d.historical, rows[:, :e]), take(d.known, rows[:, :e]),
-                 take(d.future, last)[:, :decoder_steps], take(d.target, rows[:, e:]))
-        hist, known_e, known_d, target = (jax.lax.psum_scatter(p, AXIS, scatter_dimension=0,
+                 take(d.future, last)[:, :decoder_steps], take(d.target, rows[:, e:]),
+                 take(d.scale, last))
+        hist, known_e, known_d, target, scale = (jax.lax.psum_scatter(p, AXIS, scatter_dimension=0,
                                                                tiled=True) for p in parts)
         static = jnp.broadcast_to(d.static, (s.shape[0], d.static.shape[0]))
-        return Batch(static, hist, jnp.concatenate([known_e, known_d], axis=1), target)
+        return Batch(static, hist, jnp.concatenate([known_e, known_d], axis=1), target, scale)
 
-    out = Batch(P(AXIS), P(AXIS), P(AXIS), P(AXIS))
+    out = Batch(P(AXIS), P(AXIS), P(AXIS), P(AXIS), P(AXIS))
     return jax.shard_map(local, mesh=par.mesh, in_specs=(spec, P(AXIS)), out_specs=out,
                          check_vma=False)(data, starts)

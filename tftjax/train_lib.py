@@ -107,14 +107,22 @@ def create_train_state(cfg: TFTConfig, tc: TrainConfig, key: Array,
                              tx=make_optimizer(tc, total_steps))
 
 
-def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key, denom=None):
+def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key, denom=None,
+             vol_target=False):
     # quant_stats is mutable: the observers move with this batch (once, in the forward
     # pass: a rematerialised block's recomputation only rebuilds residuals) and come back.
     (pred, _), updated = apply_fn({"params": params, "quant_stats": quant_stats},
                                   batch.static, batch.historical, batch.known, False,
                                   rngs={"dropout": dropout_key}, mutable=["quant_stats"])
+    pred = forecast(pred, batch, vol_target)
     return (losses.quantile_loss(batch.target, pred, quantiles, mask, denom),
             updated.get("quant_stats", {}))
+
+
+def forecast(raw: Array, batch, vol_target: bool) -> Array:
+    """The quantile forecasts ``[B, D, Q]`` in target units from the network's outputs: as
+    they are, or (``vol_target``) times each window's EWMA volatility at its forecast time."""
+    return raw * batch.scale[:, None, None] if vol_target else raw
 
 
 def _gather_fn(cfg: TFTConfig, par):
@@ -147,7 +155,8 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
     def grads_of(params, stats, apply_fn, data, idx, dropout_key, denom):
         batch = take(data, jnp.maximum(idx, 0))
         return jax.value_and_grad(_loss_fn, has_aux=True)(
-            params, stats, apply_fn, batch, idx >= 0, quantiles, dropout_key, denom)
+            params, stats, apply_fn, batch, idx >= 0, quantiles, dropout_key, denom,
+            cfg.vol_target)
 
     def step(state: TrainState, data: DeviceData, batch_idx: Array, key: Array):
         mask = batch_idx >= 0
@@ -209,6 +218,7 @@ def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callabl
         mask = batch_idx >= 0
         batch = take(data, jnp.maximum(batch_idx, 0))
         pred, interp = model.apply(variables, batch.static, batch.historical, batch.known, True)
+        pred = forecast(pred, batch, cfg.vol_target)
         return losses.metric_sums(batch.target, pred, quantiles, mask), pred, interp
 
     if par is None:

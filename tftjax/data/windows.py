@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tftjax.baselines import ewma_scale
 from tftjax.config import DataConfig
 from tftjax.data.bars import DataError
 from tftjax.data.features import WARMUP, FeatureSet
@@ -106,6 +107,7 @@ class DeviceData(NamedTuple):
     target: jax.Array  # [n] float32
     static: jax.Array  # [5] float32
     future: jax.Array  # [n, D, 10] float32, at the D calendar slots after each bar
+    scale: jax.Array  # [n] float32, EWMA volatility forecast made at each row (target units)
 
 
 class Batch(NamedTuple):
@@ -115,13 +117,19 @@ class Batch(NamedTuple):
     historical: jax.Array  # [B, E, 210]
     known: jax.Array  # [B, E+D, 10]
     target: jax.Array  # [B, D]
+    scale: jax.Array  # [B], the EWMA volatility at the forecast time (``--vol-target``)
+
+
+def device_arrays(features: FeatureSet) -> list[np.ndarray]:
+    """The host arrays of :class:`DeviceData`, in its field order."""
+    return [np.ascontiguousarray(a) for a in (
+        features.historical, features.known, features.target, features.static,
+        features.future, ewma_scale(features.target))]
 
 
 def to_device(features: FeatureSet, device=None) -> DeviceData:
     """Copy the feature arrays to the device (once per run)."""
-    put = lambda x: jax.device_put(np.ascontiguousarray(x), device)  # noqa: E731
-    return DeviceData(put(features.historical), put(features.known), put(features.target),
-                      put(features.static), put(features.future))
+    return DeviceData(*[jax.device_put(a, device) for a in device_arrays(features)])
 
 
 def gather(data: DeviceData, starts: jax.Array, encoder_steps: int, decoder_steps: int) -> Batch:
@@ -144,4 +152,5 @@ def gather(data: DeviceData, starts: jax.Array, encoder_steps: int, decoder_step
             jnp.take(data.known, rows[:, :encoder_steps], axis=0, mode="clip"),
             jnp.take(data.future, last, axis=0, mode="clip")[:, :decoder_steps]], axis=1),
         target=jnp.take(data.target, rows[:, encoder_steps:], axis=0, mode="clip"),
+        scale=jnp.take(data.scale, last, axis=0, mode="clip"),
     )

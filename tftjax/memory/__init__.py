@@ -68,7 +68,8 @@ def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig 
                       jax.ShapeDtypeStruct((rows, cfg.num_known), f32),
                       jax.ShapeDtypeStruct((rows,), f32),
                       jax.ShapeDtypeStruct((cfg.num_static,), f32),
-                      jax.ShapeDtypeStruct((rows, cfg.decoder_steps, cfg.num_known), f32))
+                      jax.ShapeDtypeStruct((rows, cfg.decoder_steps, cfg.num_known), f32),
+                      jax.ShapeDtypeStruct((rows,), f32))
     idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0, impl="rbg"))
     return state, data, idx, key
