@@ -390,7 +390,7 @@ class TFTTask:
         # over it, the state replicated
         f = ds.features
         self.par = (par if par is not None else make_parallel()).for_features(
-            sum(a.nbytes for a in (f.historical, f.known, f.target, f.future)))
+            sum(a.nbytes for a in (f.historical, f.known, f.target, f.future)) + f.target.nbytes)
         if cfg.qat:
             shapes = jax.eval_shape(lambda k: init_variables(cfg, k), jax.random.key(0))
             if bad := unmatched(cfg.qat_layers, shapes["params"]):

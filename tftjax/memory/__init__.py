@@ -276,7 +276,10 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
 
 def min_bytes(cfg: TFTConfig, batch_size: int, rows: int) -> int:
     """Bytes of the step's arguments (state, data, indices): a floor no tier can go under."""
-    leaves = jax.tree.leaves(abstract_inputs(cfg, batch_size, rows)[:3])
+    state, data, idx, _ = abstract_inputs(cfg, batch_size, rows)
+    if not cfg.vol_target:  # jit drops the unused window-scale argument
+        data = data._replace(scale=None)
+    leaves = jax.tree.leaves((state, data, idx))
     return int(sum(x.size * x.dtype.itemsize for x in leaves))
 
 
