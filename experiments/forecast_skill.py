@@ -3,7 +3,7 @@
     pip install -e ".[experiments]"      # exchange_calendars, arch (GARCH)
     python experiments/forecast_skill.py [--datasets spx,btc,es] [--presets small,tft225]
         [--seeds 3] [--epochs 6] [--max-steps 60] [--bootstrap 1000] [--hygiene all|none|...]
-        [--out experiments/results/forecast_skill]
+        [--variants none,vol,forget,...] [--out experiments/results/forecast_skill]
 
 For each bundled set (with its exchange calendar: ES → XCME, S&P 500 → XNYS,
 BTC → 24/7), each preset and each seed, a TFT is trained with the usual loop
@@ -270,10 +270,14 @@ def main() -> None:
                else tuple(args.hygiene.split(",")))
     if bad := set(hygiene) - set(HYGIENE):
         ap.error(f"--hygiene: unknown {', '.join(sorted(bad))}")
+    args.hygiene = list(hygiene)
     args.variants = (args.variants.split(",") if args.variants
                      else ["+".join(hygiene) or "none"])
-    for v in args.variants:
-        parse_variant(v)
+    seen: dict[tuple, str] = {}
+    for v in args.variants:  # two spellings of one variant would share a run folder
+        if (items := parse_variant(v)) in seen:
+            ap.error(f"--variants: {v!r} is the same variant as {seen[items]!r}")
+        seen[items] = v
     results: dict = {"datasets": {}, "seeds": list(range(args.seeds)),
                      "settings": {k: v for k, v in vars(args).items() if k != "out"}}
     results["settings"]["out"] = str(args.out)

@@ -144,7 +144,8 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
                          "scales (feature_stats.target_scale)"
                          + (", after multiplying the network's outputs by the window's EWMA "
                             "volatility at its forecast time (model.vol_target: "
-                            "tftjax.baselines.ewma_scale of the targets, row T)"
+                            "tftjax.baselines.ewma_scale of the targets, row T; the EWMA "
+                            "starts from 1 at the series' first row)"
                             if cfg.vol_target else "")),
               **sizes}
     out.mkdir(parents=True, exist_ok=True)
