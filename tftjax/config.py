@@ -126,8 +126,9 @@ class TFTConfig:
     # The CLIs take --remat themselves (it also accepts `auto`).
     remat: tyro.conf.Suppress[str] = "off"
     """Rematerialisation tier (tftjax.remat.TIERS)."""
-    lstm_forget_bias: float = 0.0
-    """Initial bias of the LSTMs' forget gates (1.0: remember by default, Jozefowicz et al.)."""
+    lstm_forget_bias: float = 1.0
+    """Initial bias of the LSTMs' forget gates (1.0, Jozefowicz et al.: remember by default;
+    it lowered the P90 q-risk on S&P daily and BTC hourly in experiments/forecast_skill.py)."""
     monotone_quantiles: bool = False
     """Non-crossing quantiles: the head predicts the median and softplus gaps to its
     neighbours, so that the forecast quantiles are increasing by construction."""
