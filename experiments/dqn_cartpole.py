@@ -27,7 +27,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from tftjax.config import DQN_PRESETS
+from tftjax.dqn.config import DQN_PRESETS
 from tftjax.dqn.env import EVAL_EPISODES, greedy_episodes, make_cartpole
 from tftjax.dqn.train import iterations_per_epoch, make_train
 from tftjax.provenance import write_result

@@ -38,8 +38,8 @@ from tftjax import baselines, losses
 from tftjax.config import TrainConfig, preset
 from tftjax.data import bundled_path, load_dataset, to_device
 from tftjax.provenance import write_result
-from tftjax.train_lib import (Trainer, open_checkpoint, restore_checkpoint, train_and_evaluate,
-                              window_targets)
+from tftjax.training import (Trainer, open_checkpoint, restore_checkpoint, train_and_evaluate,
+                             window_targets)
 
 CALENDARS = {"es": "XCME", "spx": "XNYS", "btc": "24/7"}
 HYGIENE = ("forget", "nodecay", "cosine", "monotone")

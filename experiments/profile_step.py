@@ -31,7 +31,8 @@ from tftjax.data import epoch_batches, load_dataset, to_device
 from tftjax.data.windows import gather
 from tftjax.models.tft import TFT
 from tftjax.provenance import write_result
-from tftjax.train_lib import TrainConfig, create_train_state, make_train_step
+from tftjax.config import TrainConfig
+from tftjax.training import create_train_state, make_train_step
 
 GROUPS = {  # block name → row of the table
     "static_vsn": "static VSN", "encoder_vsn": "encoder VSN", "decoder_vsn": "decoder VSN",

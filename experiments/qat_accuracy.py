@@ -35,8 +35,8 @@ from tftjax.data import default_parquet, load_dataset, to_device
 from tftjax.data.synthetic import generate
 from tftjax.data.bars import write_bars
 from tftjax.provenance import write_result
-from tftjax.train_lib import (Trainer, calibrate, create_train_state, model_variables,
-                              open_checkpoint, restore_checkpoint, train_and_evaluate)
+from tftjax.training import (Trainer, calibrate, create_train_state, model_variables,
+                             open_checkpoint, restore_checkpoint, train_and_evaluate)
 
 
 def metrics(m: dict) -> dict:

@@ -5,7 +5,7 @@
 
 Each tier (off, minimal, aggressive, full, offload) trains the same epochs of the same
 batches on the bundled ES bars from the same seed (dropout on) with
-:func:`tftjax.train_lib.train_epochs`; the script prints, per tier, each epoch's training
+:func:`tftjax.training.train_epochs`; the script prints, per tier, each epoch's training
 loss, the largest per-leaf difference of the final weights from ``off`` (``max |Δ| / max |θ|``
 of the leaf, with the leaf's name), the global ``‖Δ‖ / ‖θ‖`` and the validation loss, and writes
 them as JSON. The original system asked for "±5% loss"; equality to float32 round-off is
@@ -26,7 +26,7 @@ from tftjax import remat
 from tftjax.config import TrainConfig, preset
 from tftjax.data import load_dataset, to_device
 from tftjax.provenance import write_result
-from tftjax.train_lib import Trainer, leaf_differences, train_epochs
+from tftjax.training import Trainer, leaf_differences, train_epochs
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ the table shows that the sharded step is correct and what the mesh costs, not a 
 a GPU host the same script uses the real devices (``--devices`` up to the local count).
 
 Every mesh trains the same global batches from the same initial weights with
-:class:`tftjax.train_lib.Trainer` (the run loop's step: batch sharded over ``data``,
+:class:`tftjax.training.Trainer` (the run loop's step: batch sharded over ``data``,
 state replicated); the table gives the compile time, the median step time over ``--steps``
 timed steps (after one untimed), steps/s, samples/s, the ratio to one device, and the
 largest relative difference of the losses from the 1-device run.
@@ -51,7 +51,7 @@ def main() -> None:
     from tftjax.parallel import make_parallel
     from tftjax.provenance import write_result
     from tftjax.remat import default_tier
-    from tftjax.train_lib import Trainer, create_train_state
+    from tftjax.training import Trainer, create_train_state
 
     cfg = dataclasses.replace(preset(args.preset), remat=args.remat or default_tier())
     tc = TrainConfig(batch_size=args.batch_size, accumulate=args.accumulate)

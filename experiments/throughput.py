@@ -22,7 +22,9 @@ import numpy as np
 
 from tftjax.config import preset
 from tftjax.data import epoch_batches, load_dataset, to_device
-from tftjax.train_lib import TrainConfig, create_train_state, make_train_step
+from tftjax.config import TrainConfig
+from tftjax.training import create_train_state, make_train_step
+from tftjax.memory.report import timed_steps
 from tftjax.provenance import write_result
 
 
@@ -38,14 +40,7 @@ def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data) -> d
     compiled = step.lower(state, data, batches[0], key).compile()
     compile_s = time.perf_counter() - t0
     temp = compiled.memory_analysis().temp_size_in_bytes
-    state, m = compiled(state, data, batches[0], key)  # warm-up
-    jax.block_until_ready(m)
-    times = []
-    for b in batches[1:]:
-        t0 = time.perf_counter()
-        state, m = compiled(state, data, b, key)
-        jax.block_until_ready(m)
-        times.append(time.perf_counter() - t0)
+    times, state, m = timed_steps(compiled, state, data, batches, key)  # the first: warm-up
     med = statistics.median(times)
     return {"preset": preset_name, "remat": remat, "batch_size": batch, "compile_s": compile_s,
             "step_s_median": med, "step_s_min": min(times), "step_s_max": max(times),

@@ -59,7 +59,8 @@ def run_tftjax(args) -> dict:
 
     from tftjax.config import preset
     from tftjax.data import epoch_batches, load_dataset, to_device
-    from tftjax.train_lib import TrainConfig, Trainer, create_train_state, window_targets
+    from tftjax.config import TrainConfig
+    from tftjax.training import Trainer, create_train_state, window_targets
     from tftjax.remat import default_tier
 
     cfg = preset("tft225", remat=args.remat or default_tier())  # the CLI's default tier

@@ -21,7 +21,7 @@ from tftjax.checkpoints import EpochCheckpointer  # noqa: E402
 from tftjax.config import TrainConfig, preset  # noqa: E402
 from tftjax.data import load_dataset  # noqa: E402
 from tftjax.parallel import make_parallel  # noqa: E402
-from tftjax.train_lib import Trainer, create_train_state  # noqa: E402
+from tftjax.training import Trainer, create_train_state  # noqa: E402
 
 STEPS, BATCH = 3, 16
 

@@ -9,7 +9,8 @@ import pytest
 from conftest import bars_columns, random_bars, write_table
 
 from tftjax.data import DataError, read_bars
-from tftjax.data.bars import default_min_rows, default_parquet
+from tftjax.data import default_parquet
+from tftjax.data.bars import default_min_rows
 
 N = 400
 

@@ -17,7 +17,7 @@ from conftest import bars_columns, random_bars, write_table
 from tftjax import train as train_cli
 from tftjax.config import DataConfig
 from tftjax.data import DataError, build_features, gather, read_bars, to_device
-from tftjax.data.bars import Bars, default_parquet, quality_warnings
+from tftjax.data import Bars, default_parquet, quality_warnings
 from tftjax.data.calendar import (NS_DAY, NS_MIN, Clock, Timeline, calendar_features,
                                   make_clock, parse_interval)
 from tftjax.data.features import HISTORICAL_NAMES, KNOWN_NAMES, WARMUP, known_inputs

@@ -10,10 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import bars_columns, random_bars, write_table
+from conftest import bars_columns, call, random_bars, write_table
 
 from tftjax.checkpoints import list_checkpoints
-from tftjax.config import DQNConfig, DataConfig
+from tftjax.config import DataConfig
+from tftjax.dqn.config import DQNConfig
 from tftjax.data import build_features, load_dataset, make_splits
 from tftjax.data.bars import Bars
 from tftjax.dqn import agent, buffer
@@ -311,7 +312,7 @@ def cli(*args, timeout=600):
                           text=True, timeout=timeout)
 
 
-def test_cli_runs_on_the_bundled_bars(tmp_path):
+def test_cli_runs_on_the_bundled_bars(tmp_path, capsys):
     wd = tmp_path / "cli"
     p = cli("--epochs", "2", "--steps-per-epoch", "256", "--num-envs", "4", "--cost-bps", "0.5",
             "--workdir", str(wd), "--no-progress")
@@ -320,9 +321,12 @@ def test_cli_runs_on_the_bundled_bars(tmp_path):
     assert "dqn_final_epoch2" in list_checkpoints(wd / "checkpoints")
     cfg = json.loads((wd / "summary.json").read_text())["config"]
     assert cfg["cost_bps"] == 0.5 and cfg["num_envs"] == 4
-    again = cli("--epochs", "3", "--workdir", str(wd), "--resume", "--no-progress")
-    assert again.returncode == 0, again.stderr
-    assert "resuming from" in again.stdout
+    # the resume in-process (its compiled epoch comes from the shared cache)
+    from tftjax.dqn import __main__ as dqn_cli
+
+    capsys.readouterr()
+    assert call(dqn_cli.main, "--epochs", "3", "--workdir", wd, "--resume", "--no-progress") == 0
+    assert "resuming from" in capsys.readouterr().out
     assert "dqn_final_epoch3" in list_checkpoints(wd / "checkpoints")
 
 
@@ -336,19 +340,32 @@ def test_cli_runs_on_the_bundled_bars(tmp_path):
     (["--env", "pong"], "pong"),
     (["--bogus"], "bogus"),
 ])
-def test_cli_bad_input_exit_2(tmp_path, args, expect):
-    p = cli("--workdir", str(tmp_path / "w"), "--no-progress", *args)
+def test_cli_bad_input_exit_2(tmp_path, args, expect, capsys):
+    from tftjax.dqn import __main__ as dqn_cli
+
+    rc = call(dqn_cli.main, "--workdir", tmp_path / "w", "--no-progress", *args)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert expect in err and "Traceback" not in err
+
+
+def test_cli_bad_input_exit_2_through_python_m(tmp_path):
+    p = cli("--workdir", str(tmp_path / "w"), "--no-progress", "--num-envs", "0")
     assert p.returncode == 2, p.stderr
-    assert expect in p.stderr and "Traceback" not in p.stderr
+    assert "num_envs must be >= 1" in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
-def test_cli_cartpole_through_the_same_loop(tmp_path):
+def test_cli_cartpole_through_the_same_loop(tmp_path, capsys):
+    from tftjax.dqn import __main__ as dqn_cli
+
     wd = tmp_path / "cp"
-    p = cli("--env", "cartpole", "--epochs", "2", "--steps-per-epoch", "2000", "--workdir", str(wd),
-            "--no-progress")
-    assert p.returncode == 0, p.stderr
-    assert "CartPole-v1" in p.stdout and "greedy return over 10 episodes" in p.stdout
-    assert "| val | dqn |" in p.stdout
+    rc = call(dqn_cli.main, "--env", "cartpole", "--epochs", "2", "--steps-per-epoch", "2000",
+              "--workdir", wd, "--no-progress")
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "CartPole-v1" in out and "greedy return over 10 episodes" in out
+    assert "| val | dqn |" in out
     assert "dqn_final_epoch2" in list_checkpoints(wd / "checkpoints")
     assert (wd / "learning_curves.png").exists() and not (wd / "equity_curve.png").exists()
     rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]

@@ -9,7 +9,9 @@ import pytest
 from jax._src.ad_checkpoint import saved_residuals  # print_saved_residuals' data
 
 from tftjax.models import fused
-from tftjax.models.layers import GRN, EmbeddedGRN, _stacked_grn, keep_mask, keep_prob
+from tftjax.models.dropout import keep_mask, keep_prob
+from tftjax.models.layers import GRN, EmbeddedGRN
+from tftjax.models.vsn import stacked_grn
 
 M, N, DV, D = 7, 45, 4, 12
 
@@ -42,12 +44,12 @@ def test_fused_value_and_every_gradient_equal_autodiff_of_the_stacked_grns(
     r = jax.random.normal(ks[4], (N, D))
 
     def ref(p, x, w):
-        return jnp.sum(_stacked_grn(p, x, w, keep, dropout)[0] * r)
+        return jnp.sum(stacked_grn(p, x, w, keep, dropout)[0] * r)
 
     def fus(p, x, w):
         return jnp.sum(fused.weighted_grn_sum(p, x, w, keep, dropout, unroll, row_block) * r)
 
-    v_ref, g_ref = jax.value_and_grad(ref, argnums=(0, 1, 2))(p, x, w)
+    v_ref, g_ref = jax.jit(jax.value_and_grad(ref, argnums=(0, 1, 2)))(p, x, w)
     v, g = jax.jit(jax.value_and_grad(fus, argnums=(0, 1, 2)))(p, x, w)
     assert_close(v, v_ref)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g), jax.tree.leaves(g_ref)):
@@ -72,8 +74,8 @@ def test_embedded_grn_equals_the_grn_on_flat_embeddings():
     emb_k, emb_b = jax.random.normal(ks[1], (m, dv)), jax.random.normal(ks[2], (m, dv))
     ctx = jax.random.normal(ks[3], (n, 5))
     flat = lambda x, k, b: (x[:, :, None] * k + b).reshape(n, m * dv)  # noqa: E731
-    params = GRN(hidden, m).init(ks[4], flat(x, emb_k, emb_b), ctx)
-    folded = EmbeddedGRN(hidden, m).init(ks[4], x, emb_k, emb_b, ctx)
+    params = jax.jit(GRN(hidden, m).init)(ks[4], flat(x, emb_k, emb_b), ctx)
+    folded = jax.jit(EmbeddedGRN(hidden, m).init)(ks[4], x, emb_k, emb_b, ctx)
     assert jax.tree.map(jnp.shape, folded) == jax.tree.map(jnp.shape, params)
     r = jax.random.normal(ks[0], (n, m))
 
@@ -83,8 +85,8 @@ def test_embedded_grn_equals_the_grn_on_flat_embeddings():
     def fol(p, x, k, b):
         return jnp.sum(EmbeddedGRN(hidden, m).apply(p, x, k, b, ctx) * r)
 
-    a = jax.value_and_grad(fol, argnums=(0, 1, 2, 3))(params, x, emb_k, emb_b)
-    b = jax.value_and_grad(ref, argnums=(0, 1, 2, 3))(params, x, emb_k, emb_b)
+    a = jax.jit(jax.value_and_grad(fol, argnums=(0, 1, 2, 3)))(params, x, emb_k, emb_b)
+    b = jax.jit(jax.value_and_grad(ref, argnums=(0, 1, 2, 3)))(params, x, emb_k, emb_b)
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         assert_close(u, v, 1e-5)
 

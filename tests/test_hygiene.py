@@ -13,7 +13,7 @@ import pytest
 from tftjax.config import TrainConfig, preset
 from tftjax.models.layers import LSTM
 from tftjax.models.tft import init_params, monotone
-from tftjax.train_lib import decay_mask, make_optimizer
+from tftjax.training.state import decay_mask, make_optimizer
 
 CFG = preset("tiny")
 
@@ -112,7 +112,9 @@ def test_the_tft_applies_monotone_quantiles_when_asked(monkeypatch):
     monkeypatch.setattr(tft, "monotone", lambda raw, m: calls.append(m) or real(raw, m))
     for flag in (False, True):
         cfg = dataclasses.replace(CFG, monotone_quantiles=flag)
-        jax.eval_shape(lambda k, c=cfg: init_params(c, k), jax.random.key(0))
+        # the forward pass of the module (init_params would share the plain model's init)
+        jax.eval_shape(lambda k, c=cfg: tft.TFT(c).init(k, *tft.dummy_inputs(c, 2)),
+                       jax.random.key(0))
     assert calls == [CFG.quantiles.index(0.5)]
 
 
@@ -166,15 +168,17 @@ def test_window_scale_is_the_ewma_volatility_at_the_forecast_time(regime_data):
     np.testing.assert_allclose(batch.scale, sigma[starts + e - 1], rtol=1e-6)
     assert sigma[370] > 5 * sigma[150]  # the regimes differ: the scale follows them
     # causal: rewriting every target after a window's forecast time leaves its scale
+    from tftjax.baselines import ewma_scale
+
     t = 150 + e - 1
     later = fs.target.copy()
     later[t + 1 :] *= 10
-    np.testing.assert_array_equal(_ewma_sigma_by_hand(later)[t], sigma[t])
+    np.testing.assert_array_equal(ewma_scale(later)[: t + 1], ewma_scale(fs.target)[: t + 1])
 
 
 def test_vol_target_loss_is_the_pinball_of_scaled_outputs(regime_data):
     from tftjax.data import gather
-    from tftjax.train_lib import _loss_fn
+    from tftjax.training.steps import _loss_fn
 
     _, data = regime_data
     starts = jnp.asarray([10, 120, 250, 330], jnp.int32)
@@ -193,7 +197,7 @@ def test_vol_target_loss_is_the_pinball_of_scaled_outputs(regime_data):
 
 
 def test_vol_target_eval_forecasts_are_raw_outputs_times_scale(regime_data):
-    from tftjax.train_lib import make_eval_step
+    from tftjax.training import make_eval_step
 
     fs, data = regime_data
     variables = {"params": init_params(CFG, jax.random.key(3))}

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tftjax.config import preset
-from tftjax.models.tft import TFT, causal_mask, dummy_inputs
+from tftjax.models.tft import TFT, causal_mask, dummy_inputs, init_params
 
 CFG = preset("tiny")
 B = 3
@@ -66,10 +66,30 @@ def test_tiny_parameter_count_value():
 def model():
     cfg = CFG
     key = jax.random.key(0)
-    inputs = dummy_inputs(cfg, B)
-    params = TFT(cfg).init(key, *inputs)["params"]
+    params = init_params(cfg, key)  # the library's (jitted, cached) init
     apply = jax.jit(lambda p, s, h, k: TFT(cfg).apply({"params": p}, s, h, k, True))
     return params, apply
+
+
+@pytest.mark.xdist_group("model_model")
+def test_settings_that_do_not_touch_the_parameters_share_one_init(model):
+    # init_variables serves every model that differs only in INIT_NEUTRAL_FIELDS from one
+    # compiled init: a direct init of such a model must give exactly those values.
+    import dataclasses
+
+    variant = dataclasses.replace(CFG, remat="full", vsn_chunk=3, dropout=0.3,
+                                  monotone_quantiles=True, vol_target=True, winsorize=0.0,
+                                  target_clip=5.0, bar_interval="1min", timezone="UTC",
+                                  calendar="24/7")
+    assert {f for f in CFG.to_json() if getattr(CFG, f) != getattr(variant, f)} == set(
+        CFG.INIT_NEUTRAL_FIELDS) - {"qat_freeze_after"}  # (that one needs --qat)
+    direct = jax.jit(TFT(variant).init)(jax.random.key(0), *dummy_inputs(variant, 2))["params"]
+    shared = init_params(variant, jax.random.key(0))
+    assert jax.tree.structure(direct) == jax.tree.structure(shared)
+    for a, b in zip(jax.tree.leaves(direct), jax.tree.leaves(shared)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(jax.tree.leaves(model[0]), jax.tree.leaves(shared)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def random_inputs(seed):

@@ -19,13 +19,11 @@ ROOT = HERE.parent
 
 
 def env(devices: int | None = None) -> dict:
-    """The subprocesses' environment: ``devices`` simulated CPU devices, and XLA:CPU's LLVM
-    backend at -O0 (compiles about a third faster; every comparison here is between runs
-    compiled alike, float models only)."""
+    """The subprocesses' environment: ``devices`` simulated CPU devices (and, from conftest.py,
+    little XLA optimisation: every comparison here is between runs compiled alike, float
+    models only)."""
     e = dict(os.environ, JAX_PLATFORMS="cpu")
     flags = [f for f in e.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    if not any("backend_optimization_level" in f for f in flags):
-        flags.append("--xla_backend_optimization_level=0")
     if devices:
         flags.append(f"--xla_force_host_platform_device_count={devices}")
     e["XLA_FLAGS"] = " ".join(flags)
@@ -102,23 +100,28 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_processes_train_like_one(tmp_path):
+def test_two_processes_train_like_one(tmp_path, capsys):
     """jax.distributed over localhost: 2 processes of 1 CPU device each, each feeding its own
     half of every batch, give the 1-process run's losses, metrics and weights; only process 0
     writes logs and files, both write the checkpoints."""
-    args = ["--preset", "tiny", "--epochs", "1", "--batch-size", "32", "--max-steps-per-epoch",
-            "3", "--no-progress"]  # test_train's CLI run: its compiles are in the shared cache
+    # the tiny runs' settings (tests/test_runloop.py): the reference's compiles are cached
+    from conftest import short_es
+
+    args = ["--preset", "tiny", "--remat", "off", "--epochs", "1", "--batch-size", "32",
+            "--max-steps-per-epoch", "3", "--no-progress", "--parquet-file", short_es()]
     port = free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "tftjax.train", *args, "--workdir",
                                str(tmp_path / "multi"), "--coordinator", f"localhost:{port}",
                                "--num-processes", "2", "--process-id", str(i)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=ROOT, env=env()) for i in range(2)]
-    one = cli(*args, "--workdir", str(tmp_path / "one"))
+    # the 1-process reference in this process: it shares this worker's compiled steps
+    from tftjax import train as train_cli
+
+    assert train_cli.main([*args, "--workdir", str(tmp_path / "one")]) == 0
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-    assert one.returncode == 0, one.stderr[-3000:]
     assert "2 devices (cpu, 2 processes)" in outs[0][0]
     assert "q-risk P50" in outs[0][0] and "q-risk P50" not in outs[1][0]  # process 0 logs
     m_multi = json.loads((tmp_path / "multi" / "metrics.jsonl").read_text())
@@ -138,7 +141,7 @@ def test_two_processes_train_like_one(tmp_path):
 def _params(path):
     import jax
 
-    from tftjax.train_lib import open_checkpoint, restore_checkpoint
+    from tftjax.training import open_checkpoint, restore_checkpoint
 
     state = restore_checkpoint(open_checkpoint(path))
     return [np.asarray(x, np.float64) for x in jax.tree.leaves(state.params)]

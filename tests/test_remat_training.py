@@ -5,11 +5,12 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import short_es
 
 from tftjax import remat
 from tftjax.config import TrainConfig, preset
 from tftjax.data import load_dataset
-from tftjax.train_lib import leaf_differences, train_epochs
+from tftjax.training import leaf_differences, train_epochs
 
 CFG = preset("tiny", vsn_chunk=3)  # chunks of 3: every VSN runs chunked, with padding
 TC = TrainConfig(epochs=2, batch_size=16, max_steps_per_epoch=3, seed=3)
@@ -17,7 +18,7 @@ TC = TrainConfig(epochs=2, batch_size=16, max_steps_per_epoch=3, seed=3)
 
 @pytest.fixture(scope="module")
 def es():
-    return load_dataset(None, CFG.data)
+    return load_dataset(short_es(), CFG.data)
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,6 @@ def test_every_tier_trains_to_the_weights_of_off(tier, es, off):
 def _initial():
     import jax
 
-    from tftjax.train_lib import create_train_state
+    from tftjax.training import create_train_state
 
     return create_train_state(CFG, TC, jax.random.key(TC.seed)).params

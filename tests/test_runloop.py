@@ -13,33 +13,33 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import bars_columns, random_bars, write_table
+from conftest import bars_columns, call, random_bars, short_es, write_table
 
 from tftjax import dqn as dqn_lib
 from tftjax import evaluate as evaluate_cli
 from tftjax import train as train_cli
 from tftjax.checkpoints import list_checkpoints
-from tftjax.config import (DQN_PRESETS, ConfigError, DataConfig, DQNConfig, TFTConfig,
-                           TrainConfig, preset)
-from tftjax.data import default_parquet, epoch_batches, load_dataset
+from tftjax.config import ConfigError, DataConfig, TFTConfig, TrainConfig, preset
+from tftjax.dqn.config import DQN_PRESETS, DQNConfig
+from tftjax.data import epoch_batches, load_dataset
 from tftjax.dqn import __main__ as dqn_cli
-from tftjax.train_lib import TrainingDiverged, evaluate_checkpoint, train_and_evaluate
+from tftjax.evaluate import evaluate_checkpoint
+from tftjax.training import TrainingDiverged, train_and_evaluate
 
-TINY_TFT = ["--preset", "tiny", "--batch-size", "32", "--max-steps-per-epoch", "3",
-            "--patience", "0", "--no-progress"]
+# --remat off: the tier of preset("tiny") in the in-process runs, so that they and the CLI
+# runs share compiled steps (the CLI's own default tier is run by test_train and test_parallel)
+TINY_TFT = ["--preset", "tiny", "--remat", "off", "--batch-size", "32",
+            "--max-steps-per-epoch", "3", "--patience", "0", "--no-progress"]
+
+
+def tiny_tft(*args):
+    """The tiny CLI run's flags on the suite's short data file (conftest.short_es)."""
+    return [*TINY_TFT, "--parquet-file", short_es(), *args]
 TINY_DQN = ["--window", "4", "--features", "r1", "ret_5", "rvol_10", "--episode-len", "64",
             "--num-envs", "4", "--steps-per-epoch", "200", "--hidden", "16", "--batch-size", "32",
             "--buffer-size", "2000", "--learning-starts", "64", "--target-update-every", "20",
             "--eps-decay-steps", "400", "--patience", "0", "--no-progress"]
 quiet = dict(log=lambda *a: None, progress=False)
-
-
-def call(main, *args):
-    """The exit code of an entry point run in-process (output: capsys)."""
-    try:
-        return main([str(a) for a in args])
-    except SystemExit as e:  # tyro's own usage errors
-        return e.code
 
 
 def snapshot(d):
@@ -62,7 +62,7 @@ def base(tmp_path_factory):
     """A 3-epoch tiny TFT run on a copy of the bundled bars: ``(root, workdir)``."""
     root = tmp_path_factory.mktemp("base")
     (root / "data").mkdir()
-    shutil.copy(default_parquet(), root / "data" / "bars.parquet")
+    shutil.copy(short_es(), root / "data" / "bars.parquet")
     rc = call(train_cli.main, *TINY_TFT, "--epochs", "3", "--workdir", root / "run",
               "--parquet-file", root / "data" / "bars.parquet")
     assert rc == 0
@@ -129,10 +129,12 @@ def early(tmp_path_factory):
     root = tmp_path_factory.mktemp("early")
     (root / "data").mkdir()
     data = root / "data" / "bars.parquet"
-    shutil.copy(default_parquet(), data)
+    shutil.copy(short_es(), data)
     seen = {}
-    tc = TrainConfig(epochs=8, batch_size=32, learning_rate=0.03, max_steps_per_epoch=3,
-                     patience=1)
+    # lr 0.03: a noisy validation loss; patience 2 (it stops at epoch 6 here, best 4): the
+    # best epoch is not among the latest two, and its checkpoint is kept apart from them
+    tc = TrainConfig(epochs=20, batch_size=32, learning_rate=0.03, max_steps_per_epoch=3,
+                     patience=2)
     summary = train_and_evaluate(
         preset("tiny"), tc, root / "run", parquet_file=data,
         callback=lambda e, s, m, f: seen.__setitem__(e, jax.device_get(s.params)), **quiet)
@@ -147,6 +149,11 @@ def test_early_stop_restores_the_best_weights(early, capsys):
     last = hist[-1]["epoch"]
     assert summary["stopped_early"] and best < last == summary["epochs_run"]
     assert summary["best_epoch"] == summary["weights_epoch"] == best
+    # checkpoints after an early stop: the latest 2 epochs, the best one, and the final
+    assert best < last - 1
+    assert set(list_checkpoints(root / "run" / "checkpoints")) == {
+        f"tft_epoch_{last - 1}", f"tft_epoch_{last}", f"tft_epoch_{best}",
+        f"tft_final_epoch{last}"}
     final = root / "run" / "checkpoints" / f"tft_final_epoch{last}"
     chex.assert_trees_all_equal(raw_state(final)["params"], seen[best])
     assert summary["model"]["val"]["loss"] == pytest.approx(hist[best - 1]["val_loss"], rel=1e-6)
@@ -190,7 +197,7 @@ def test_evaluate_checks_the_recorded_data(early, tmp_path, capsys, monkeypatch)
 
 def test_nan_mid_epoch_stops_within_the_epoch(tmp_path):
     cfg = preset("tiny")
-    es = load_dataset(None, cfg.data)
+    es = load_dataset(short_es(), cfg.data)
     tc = TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=4, patience=0)
     train_and_evaluate(cfg, tc, tmp_path, dataset=es, **quiet)
     before = snapshot(tmp_path / "checkpoints")
@@ -211,7 +218,7 @@ def test_nan_mid_epoch_stops_within_the_epoch(tmp_path):
 
 def test_no_validation_windows_turns_early_stopping_off(tmp_path):
     cfg = preset("tiny")
-    ds = load_dataset(None, DataConfig(encoder_steps=cfg.encoder_steps,
+    ds = load_dataset(short_es(), DataConfig(encoder_steps=cfg.encoder_steps,
                                        decoder_steps=cfg.decoder_steps, val_fraction=0.0))
     assert ds.splits.val.size == 0
     lines = []

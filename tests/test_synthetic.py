@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from tftjax.data import read_bars
+from tftjax.data import default_parquet, read_bars
 from tftjax.data.bars import validate
 from tftjax.data.synthetic import SESSION_MINUTES, TICK, calibrate, generate
 
@@ -38,7 +38,7 @@ def test_sessions_and_weekends(cal):
 
 
 def test_calibrated_on_es(cal):
-    es = read_bars(__import__("tftjax.data.bars", fromlist=["x"]).default_parquet())
+    es = read_bars(default_parquet())
     bars = generate(20, calibration=cal)
     r = np.diff(np.log(bars.close))
     es_r = np.diff(np.log(es.close))

@@ -1,3 +1,64 @@
-"""tftjax: Temporal Fusion Transformers and DQN traders on market bars, in JAX/Flax."""
+"""tftjax: Temporal Fusion Transformers and DQN traders on market bars, in JAX/Flax.
+
+The map, one job per module, roughly in the order data flows (bars → features → windows →
+model → step → run loop → checkpoints). Each module imports only what stands above it
+here: ``tests/test_structure.py`` checks that, that there are no import circles, and that
+this map names every module::
+
+  errors                the error types every layer raises (DataError, ConfigError, ...)
+  remat                 remat tiers → jax.checkpoint policies
+  data.sessions         exchange sessions and their slot grid
+  data.calendar         bar interval, time zones, the Timeline, known-future inputs
+  config                frozen configs of the data, the TFT and its training; presets
+  data.bundled          the bundled bar sets (ES 1-minute, S&P 500 daily, BTC hourly)
+  data.bars             read and validate a parquet OHLCV file → Bars
+  data.identity         a data file's content hash, and finding the file again
+  baselines             EWMA, rolling and naive quantile forecasts on the same windows
+  data.stats            feature statistics fitted on the training rows (z-scores, target scale)
+  data.features         bars → 210 historical, 10 known and 5 static features, the target
+  data.windows          time-ordered splits, start-index batches, the on-device window gather
+  data.dataset          one file → a Dataset (bars, features, splits, warnings)
+  data                  the pipeline's names in one place
+  losses                pinball loss, q-risk, coverage
+  quant                 fake-quant (a custom_vjp straight-through estimator), observers, int8
+  models.dropout        the stacked GRNs' dropout masks
+  models.fused          the fused, recomputing per-variable GRN kernel (CPU)
+  models.layers         Dense, GLU, GRN, gated add & norm, LSTM, interpretable attention
+  models.vsn            variable selection networks (stacked per-variable GRNs)
+  models.tft            the Temporal Fusion Transformer
+  devices               what a device says of its memory
+  parallel              device mesh, batch sharding, multi-host start-up
+  checkpoints           Orbax epoch and final checkpoints, their names
+  provenance            how a result was made (command, versions, device, revision)
+  runloop               the one host loop of every trainer: resume, early stop, NaN stop
+  cli                   what every entry point shares: errors → exit codes, flags
+  data.synthetic        ES-like synthetic bars (python -m tftjax.data.synthetic)
+  training.state        the train state and optimizer
+  training.steps        the jitted train and eval steps (accumulation, shardings)
+  training.trainer      config + device data + compiled steps: train, evaluate, predict
+  training.restore      open and restore checkpoints, --init-from, the SavedModel record
+  training.ptq          post-training calibration of int8 activation ranges
+  training.evaluation   metrics beside the baselines, the summary table
+  plots                 loss curves, quantile fans, variable importance, DQN equity
+  training.task         the TFT's part of the run loop
+  training.run          train_and_evaluate: the whole TFT job
+  training              the training package's names in one place
+  memory.analysis       XLA's compiled memory analysis of the steps
+  memory.planning       the largest batch for a budget, --remat auto's plan
+  memory.report         the per-tier memory and time report, profiles, plot
+  memory                the memory package's names in one place
+  dqn.config            the DQN's configuration and presets
+  dqn.buffer            the replay buffer
+  dqn.agent             Q-network and the double-DQN loss
+  dqn.env               trading (and CartPole) environments in JAX
+  dqn.train             make_train: the fully jitted DQN epoch
+  dqn.loop              the DQN's part of the run loop
+  dqn                   the DQN package's names in one place
+  export                safetensors export (float32 and int8) and its loader
+  saved                 any saved TFT (checkpoint, run folder, export) as one record
+
+Entry points (``python -m``; they import the library, never each other): ``tftjax.train``,
+``tftjax.evaluate``, ``tftjax.export``, ``tftjax.memory``, ``tftjax.dqn``, ``tftjax.data``.
+"""
 
 __version__ = "0.1.0"

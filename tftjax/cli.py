@@ -1,7 +1,7 @@
 """What every entry point shares: errors at the edge, and flags from the config dataclasses.
 
 Library code raises typed errors naming the file, field and value
-(:class:`~tftjax.data.DataError`, :class:`~tftjax.config.ConfigError`);
+(:class:`~tftjax.errors.DataError`, :class:`~tftjax.errors.ConfigError`);
 :func:`main` turns them into one line on stderr and exit code 2, a diverged
 run into exit code 1 and Ctrl-C into 130, so that no user meets a traceback
 for a mistake of theirs. :func:`parse` builds the command line with tyro from
@@ -22,8 +22,7 @@ T = TypeVar("T")
 
 def main(run: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run an entry point's body with the project's errors mapped to exit codes."""
-    from tftjax.data.bars import DataError
-    from tftjax.errors import ConfigError, TrainingDiverged
+    from tftjax.errors import ConfigError, DataError, TrainingDiverged
 
     enable_compilation_cache()
     try:
@@ -97,6 +96,19 @@ def run_folder(given: str | Path | None, root: str | Path, resume: bool) -> Path
                               "--workdir")
         return done[-1]
     return root / f"run_{int(runs[-1].name[4:]) + 1 if runs else 1:03d}"
+
+
+def data_file(parquet_file: Path | None, dataset: str | None) -> Path | None:
+    """``--parquet-file`` or the bundled ``--dataset`` (not both)."""
+    if dataset is None:
+        return parquet_file
+    from tftjax.errors import ConfigError
+
+    if parquet_file is not None:
+        raise ConfigError("give --dataset or --parquet-file, not both")
+    from tftjax.data.bundled import bundled_path
+
+    return bundled_path(dataset)
 
 
 def peek(argv: list[str] | None, **flags) -> argparse.Namespace:

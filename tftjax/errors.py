@@ -1,4 +1,6 @@
-"""The project's error types, importable without JAX or Orbax (the CLIs' edge uses them)."""
+"""The project's error types, importable without JAX, Orbax or pyarrow (the CLIs' edge uses
+them, and every layer raises them: nothing below needs to import a layer above for its
+error type)."""
 
 
 class ConfigError(Exception):
@@ -8,6 +10,10 @@ class ConfigError(Exception):
     and exits with code 2 (:mod:`tftjax.cli`). Not a ``ValueError`` on purpose:
     tyro would otherwise wrap it in its own multi-line box.
     """
+
+
+class DataError(ValueError):
+    """Bad input data: the message names the file, column and row (exit code 2)."""
 
 
 class TrainingDiverged(RuntimeError):

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
+from tftjax.cli import data_file
 from tftjax.cli import main as cli_main
+from tftjax.errors import ConfigError
 
 
 @dataclasses.dataclass
@@ -42,20 +44,33 @@ class Args:
     on this many training batches (with --int8)."""
 
 
+def evaluate_checkpoint(checkpoint: str | Path, parquet_file: str | Path | None = None,
+                        split: str = "test", *, int8: bool = False, calibrate_batches: int = 0,
+                        log: Callable = print) -> dict:
+    """Metrics of a saved TFT (checkpoint, run folder or export) on one split beside the
+    baselines: :func:`tftjax.training.evaluate_model` of :func:`tftjax.saved.open_model`.
+
+    Raises:
+      DataError: no checkpoint, not a TFT checkpoint, or the data is missing or changed.
+      ConfigError: ``int8`` of a float checkpoint without calibration, and the like.
+    """
+    from tftjax.saved import open_model
+    from tftjax.training import evaluate_model
+
+    if calibrate_batches and not int8:  # before anything is read, as the model's own checks
+        raise ConfigError("--calibrate needs --int8 (it calibrates the int8 activation ranges)")
+    return evaluate_model(open_model(checkpoint), parquet_file, split, int8=int8,
+                          calibrate_batches=calibrate_batches, log=log)
+
+
 def run(argv: list[str] | None = None) -> int:
     import tyro
 
     args = tyro.cli(Args, args=argv, prog="python -m tftjax.evaluate")
-    from tftjax.train_lib import evaluate_checkpoint
-
     if args.calibrate < 0:
-        from tftjax.errors import ConfigError
-
         raise ConfigError(f"--calibrate must be >= 0, got {args.calibrate}")
-    from tftjax.train import data_file
-
-    evaluate_checkpoint(args.checkpoint, data_file(args.parquet_file, args.dataset), args.split, int8=args.int8,
-                        calibrate_batches=args.calibrate)
+    evaluate_checkpoint(args.checkpoint, data_file(args.parquet_file, args.dataset), args.split,
+                        int8=args.int8, calibrate_batches=args.calibrate)
     return 0
 
 

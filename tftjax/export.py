@@ -18,7 +18,8 @@ Writes into ``--out``:
   data's identity and where the weights came from.
 
 ``python -m tftjax.evaluate --checkpoint OUT`` evaluates an export (the int8
-model beside the float32 one); :func:`load` reads one back.
+model beside the float32 one); :func:`load` reads one back, :func:`load_model` as the
+:class:`~tftjax.training.SavedModel` record evaluation reads.
 """
 
 from __future__ import annotations
@@ -98,11 +99,10 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
     import jax
     from safetensors.numpy import save_file
 
-    from tftjax.data import find_data_file, load_dataset, to_device
-    from tftjax.data.features import FeatureStats
+    from tftjax.data import FeatureStats, find_data_file, load_dataset, to_device
     from tftjax.models.tft import quant_spec
-    from tftjax.quant import int8_variables
-    from tftjax.train_lib import calibrate, open_checkpoint, restore_checkpoint
+    from tftjax.training import calibrate, open_checkpoint, restore_checkpoint
+    from tftjax.training.trainer import to_int8
 
     out = Path(out)
     if calibrate_batches < 0:
@@ -129,7 +129,7 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
                                "batches" if quantized else None)}
     files = {FLOAT_FILE: flatten(params, "params")}
     if quantized:
-        q = jax.device_get(int8_variables(params, quant_spec(cfg, "int8")))
+        q = jax.device_get(to_int8(params, quant_spec(cfg, "int8")))
         files[INT8_FILE] = {**flatten(q["params"], "params"),
                             **flatten(q["weight_scale"], "weight_scale"),
                             **flatten(jax.device_get(stats), "quant_stats")}
@@ -186,8 +186,7 @@ def load(path: str | Path) -> Export:
     from safetensors.numpy import load_file
 
     from tftjax.config import TFTConfig
-    from tftjax.data import DataError
-    from tftjax.data.features import FeatureStats
+    from tftjax.data import DataError, FeatureStats
 
     path = Path(path)
     try:
@@ -208,6 +207,21 @@ def load(path: str | Path) -> Export:
         raise
     except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
         raise DataError(f"{path}: not a readable tftjax export ({type(e).__name__}: {e})") from None
+
+
+def load_model(path: str | Path):
+    """An export as a :class:`~tftjax.training.SavedModel` (what evaluation and prediction
+    read; the training config is the default one: an export keeps the model, not how it was
+    trained)."""
+    from tftjax.config import TrainConfig
+    from tftjax.training import SavedModel
+
+    exp, path = load(path), Path(path)
+    epoch = exp.source.get("weights_epoch")
+    return SavedModel(exp.cfg, TrainConfig(), exp.variables, exp.feature_stats, exp.data, path,
+                      str(path), path, epoch,
+                      f"{path} (export of {exp.source.get('checkpoint')}, epoch {epoch})",
+                      exp.kind, exp.float_variables)
 
 
 def run(argv: list[str] | None = None) -> int:

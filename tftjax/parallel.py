@@ -31,6 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tftjax.devices import device_limit
 from tftjax.errors import ConfigError
 
 AXIS = "data"
@@ -132,8 +133,6 @@ class Parallel:
         (never on CPU, which reports none), else ``replicated``."""
         if self.layout != "auto":
             return self
-        from tftjax.memory import device_limit
-
         limit = device_limit(self.mesh.devices.flat[0])
         rows = limit is not None and self.size > 1 and feature_bytes > FEATURE_SHARE * limit
         return Parallel(self.mesh, "rows" if rows else "replicated")
@@ -149,6 +148,11 @@ class Parallel:
     @property
     def batch_sharding(self) -> NamedSharding:
         return NamedSharding(self.mesh, P(AXIS))
+
+    @property
+    def micro_batch_sharding(self) -> NamedSharding:
+        """``[K, B/K]`` accumulated micro-batches: each sharded over the devices."""
+        return NamedSharding(self.mesh, P(None, AXIS))
 
     @property
     def rows_sharding(self) -> NamedSharding:

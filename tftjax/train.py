@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from tftjax.cli import main as cli_main
-from tftjax.cli import parse, peek, run_folder
+from tftjax.cli import data_file, parse, peek, run_folder
 from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset
 
 
@@ -121,7 +121,7 @@ def run(argv: list[str] | None = None) -> int:
     else:
         cfg = dataclasses.replace(cfg, remat=args.remat)
 
-    from tftjax.train_lib import train_and_evaluate
+    from tftjax.training import train_and_evaluate
 
     primary = parallel.is_primary()
     train_and_evaluate(cfg, tc, args.workdir, parquet_file=args.parquet_file, resume=args.resume,
@@ -143,17 +143,6 @@ def make_mesh(args: Args, cfg: TFTConfig, tc: TrainConfig):
                              "--batch-size" if tc.accumulate == 1 else
                              f"--batch-size / --accumulate {tc.accumulate} =")
     return par  # an ``auto`` feature layout is decided once the data's size is known
-
-
-def data_file(parquet_file: Path | None, dataset: str | None) -> Path | None:
-    """``--parquet-file`` or the bundled ``--dataset`` (not both)."""
-    if dataset is None:
-        return parquet_file
-    if parquet_file is not None:
-        raise ConfigError("give --dataset or --parquet-file, not both")
-    from tftjax.data import bundled_path
-
-    return bundled_path(dataset)
 
 
 def plan_auto_tier(cfg: TFTConfig, tc: TrainConfig, args: Args, devices: int = 1):

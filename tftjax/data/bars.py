@@ -27,14 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tftjax.config import WARMUP, DataConfig
+from tftjax.errors import DataError
+
 TIME_COLUMNS = ("ts", "ts_event", "timestamp", "datetime", "date")
 VALUE_COLUMNS = ("open", "high", "low", "close", "volume")
 SYMBOL_COLUMNS = ("symbol", "ticker", "instrument", "instrument_id", "asset", "contract",
                   "security")
-
-
-class DataError(ValueError):
-    """Bad input data: the message names the file, column and row."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +69,6 @@ class Bars:
 
 def default_min_rows() -> int:
     """One encoder+decoder window plus the feature warm-up."""
-    from tftjax.config import DataConfig
-    from tftjax.data.features import WARMUP
-
     return WARMUP + DataConfig().window
 
 
@@ -263,25 +259,6 @@ def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
     return bars
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file's bytes (the identity of a data file recorded with every run)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def content_hash(bars: Bars) -> str:
-    """The file's SHA-256, or for bars built in memory a hash of the columns' bytes."""
-    if bars.sha256:
-        return bars.sha256
-    h = hashlib.sha256()
-    for name in ("ts",) + VALUE_COLUMNS:
-        h.update(np.ascontiguousarray(getattr(bars, name)).tobytes())
-    return "arrays:" + h.hexdigest()
-
-
 def write_bars(bars: Bars, path: str | os.PathLike) -> None:
     """Write bars as parquet with the canonical column names (``ts`` in us; with its zone
     when the bars have one)."""
@@ -292,59 +269,3 @@ def write_bars(bars: Bars, path: str | os.PathLike) -> None:
         }
     )
     pq.write_table(table, path)
-
-
-DATASETS = {
-    "es": "es_1min_2013-09.parquet",
-    "spx": "spx_daily_1999-2018.parquet",
-    "btc": "btcusd_1h_2017-2019.parquet",
-}
-"""The bundled sets (``--dataset``): ES 1-minute futures bars, S&P 500 daily, BTC/USD hourly
-(sources and licences: ``tftjax/data/bundled/SOURCES.md``)."""
-
-
-def bundled_path(name: str) -> Path:
-    """Path of a bundled data set by name (:data:`DATASETS`)."""
-    from importlib import resources
-
-    if name not in DATASETS:
-        from tftjax.errors import ConfigError
-
-        raise ConfigError(f"--dataset {name!r} is not bundled; choose one of: "
-                          f"{', '.join(DATASETS)} (or pass --parquet-file)")
-    return Path(str(resources.files("tftjax.data.bundled") / DATASETS[name]))
-
-
-def default_parquet() -> Path:
-    """Path of the bundled ES 1-minute bars (see ``tftjax/data/bundled/SOURCES.md``)."""
-    return bundled_path("es")
-
-
-def quality_warnings(bars: Bars, interval: int, target_scale: float | None = None) -> list[str]:
-    from tftjax.data.calendar import format_interval
-
-    """What passes validation but a user should hear about, with counts: steps that are not
-    a whole number of bar intervals, zero-volume bars, and (given the target scale) returns
-    beyond 50 scales."""
-    out = list(getattr(bars, "notes", ()))
-    step = np.diff(bars.ts)
-    if step.size:
-        off = np.count_nonzero(step % max(interval, 1) != 0)
-        if off:
-            out.append(f"{bars.path}: {off:,} of {step.size:,} steps are not a whole number of "
-                       f"the {format_interval(interval)} bar interval (irregular or mixed "
-                       "intervals; first at row "
-                       f"{int(np.flatnonzero(step % max(interval, 1) != 0)[0]) + 1})")
-    zero = np.count_nonzero(bars.volume == 0)
-    if zero:
-        out.append(f"{bars.path}: {zero:,} of {len(bars):,} bars have zero volume"
-                   + (" (all of them: the volume features carry nothing)" if zero == len(bars)
-                      else ""))
-    if target_scale:
-        r = np.abs(np.diff(np.log(bars.close))) / target_scale
-        big = np.flatnonzero(r > 50)
-        if big.size:
-            out.append(f"{bars.path}: {big.size:,} returns beyond 50 target scales (largest "
-                       f"{r.max():.0f} at row {int(np.argmax(r)) + 1}): check for bad prints; "
-                       "targets are clipped at --target-clip")
-    return out

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tftjax.data.bars import Bars, default_parquet, read_bars, write_bars
+from tftjax.data.bars import Bars, read_bars, write_bars
+from tftjax.data.bundled import default_parquet
 
 TICK = 0.25
 SESSION_MINUTES = 1380  # 17:00 → 16:00 next day

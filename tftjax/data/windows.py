@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from tftjax.baselines import ewma_scale
-from tftjax.config import DataConfig
-from tftjax.data.bars import DataError
-from tftjax.data.features import WARMUP, FeatureSet
+from tftjax.config import WARMUP, DataConfig
+from tftjax.data.features import FeatureSet
+from tftjax.errors import DataError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Literal
 
 from tftjax.cli import main as cli_main
-from tftjax.cli import parse, peek, run_folder
-from tftjax.config import DQN_PRESETS, DQNConfig
+from tftjax.cli import data_file, parse, peek, run_folder
+from tftjax.dqn.config import DQN_PRESETS, DQNConfig
 
 
 @dataclasses.dataclass
@@ -61,8 +61,6 @@ def defaults(argv: list[str] | None) -> Args:
 def run(argv: list[str] | None = None) -> int:
     args = parse(Args, argv, defaults(argv), "python -m tftjax.dqn", __doc__.split("\n\n")[0])
     from tftjax.dqn.loop import run as train
-
-    from tftjax.train import data_file
 
     train(args.config, args.workdir, parquet_file=data_file(args.parquet_file, args.dataset),
           resume=args.resume,

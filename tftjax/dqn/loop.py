@@ -21,7 +21,8 @@ import jax
 import numpy as np
 
 from tftjax import runloop
-from tftjax.config import ConfigError, DataConfig, DQNConfig
+from tftjax.config import ConfigError, DataConfig
+from tftjax.dqn.config import DQNConfig
 from tftjax.dqn.env import make_cartpole, make_trading_env
 from tftjax.dqn.train import iterations_per_epoch, make_train
 from tftjax.runloop import TrainingDiverged

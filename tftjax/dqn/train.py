@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from tftjax.config import DQNConfig
+from tftjax.dqn.config import DQNConfig
 from tftjax.dqn import agent, buffer
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tftjax import remat
+from tftjax.cli import data_file
 from tftjax.cli import main as cli_main
 from tftjax.config import ConfigError, preset
 from tftjax.memory import BUDGETS_GB, report
@@ -62,8 +63,6 @@ def run(argv: list[str] | None = None) -> int:
                              f"{args.batch_sizes}")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    from tftjax.train import data_file
-
     report(cfg, tiers, batch_sizes, args.out, budgets_gb=[g if not g.is_integer() else int(g)
                                                          for g in budgets],
            steps=args.steps, verify=args.verify,

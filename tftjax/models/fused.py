@@ -20,7 +20,7 @@ again in the backward pass. This kernel instead
   of size ``[m, N, ·]`` beyond those) and forms every column sum over rows as a
   dot, which XLA:CPU runs through its matmul library.
 
-It computes the same function as :func:`tftjax.models.layers._stacked_grn` (the
+It computes the same function as :func:`tftjax.models.vsn.stacked_grn` (the
 reference; tests compare value and every gradient against its autodiff) in
 float32. The GRN of variable j, with the embedding folded in (``x`` is a scalar
 per row)::
@@ -38,6 +38,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from tftjax.models.dropout import keep_prob
 
 Array = jax.Array
 EPS = 1e-6
@@ -180,7 +182,6 @@ def weighted_grn_sum(p: dict, x: Array, w: Array, keep: Array | None, rate: floa
     (``unroll`` per loop iteration); the backward pass recomputes each variable from the
     inputs. Rows run in blocks of at most ``row_block`` (a ``lax.map``) so that the
     per-variable working set stays in cache at any batch size."""
-    from tftjax.models.layers import keep_prob
     keep_f = None if keep is None else keep.astype(x.dtype) / keep_prob(rate)
     q = fold(p)
     n = x.shape[1]

@@ -16,6 +16,7 @@ Data flow (tft_spec.md):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -26,8 +27,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from tftjax.config import TFTConfig
-from tftjax.models.layers import (GRN, LSTM, Dense, GateAddNorm, InterpretableAttention,
-                                  VariableSelection)
+from tftjax.models.layers import GRN, LSTM, Dense, GateAddNorm, InterpretableAttention
+from tftjax.models.vsn import VariableSelection
 from tftjax.quant import MODES, QuantSpec
 from tftjax.remat import plan as remat_plan
 
@@ -145,20 +146,34 @@ def monotone(raw: Array, m: int) -> Array:
 
 def init_params(cfg: TFTConfig, key: Array, batch_size: int = 2) -> dict:
     """Parameters of a TFT for ``cfg`` (shapes from a dummy batch)."""
-    return _init_fn(cfg, batch_size)(key)["params"]
+    return init_variables(cfg, key, batch_size)["params"]
 
 
 def init_variables(cfg: TFTConfig, key: Array, batch_size: int = 2) -> dict:
-    """``params`` and, for a QAT config, the unobserved ``quant_stats``."""
-    return _init_fn(cfg, batch_size)(key)
+    """``params`` and, for a QAT config, the unobserved ``quant_stats``.
+
+    Models that differ only in :attr:`TFTConfig.INIT_NEUTRAL_FIELDS` (the remat tier, the
+    dropout rate, ...) initialise to the same values (tested), so they share one compiled
+    init."""
+    neutral = dataclasses.replace(cfg, **{f.name: f.default for f in dataclasses.fields(cfg)
+                                          if f.name in TFTConfig.INIT_NEUTRAL_FIELDS})
+    # XLA options belong to a top-level jit only: traced (inside a jit or eval_shape), plain
+    return _init_fn(neutral, batch_size, not isinstance(key, jax.core.Tracer))(key)
 
 
 @functools.lru_cache(maxsize=None)
-def _init_fn(cfg: TFTConfig, batch_size: int):
+def _init_fn(cfg: TFTConfig, batch_size: int, top_level: bool = True):
     # Jitted: an eager Flax init compiles every small op on its own (hundreds
     # of XLA:CPU compiles, ~25 s even for the tiny preset). Cached: one compile
-    # per config in a process (the init traces the whole forward pass).
-    return jax.jit(lambda k: TFT(cfg).init({"params": k}, *dummy_inputs(cfg, batch_size), True))
+    # per model in a process (the init traces the whole forward pass). Compiled with little
+    # optimisation: it runs once, and XLA:CPU's -O2 compiles it 2x as long (tiny preset and
+    # TFT-225: ~4 s against ~8.5 s) for values that differ at most in the last bit of a float.
+    return jax.jit(lambda k: TFT(cfg).init({"params": k}, *dummy_inputs(cfg, batch_size), True),
+                   compiler_options=RUN_ONCE if top_level else None)
+
+
+# XLA options for programs that run once (inits): their compile, not their speed, is the cost.
+RUN_ONCE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
 def dummy_inputs(cfg: TFTConfig, batch_size: int) -> tuple[Array, Array, Array]:

@@ -1,0 +1,146 @@
+"""The package's shape: no import circles inside ``tftjax/`` (every import, also those inside
+functions), no command-line module importing another, and files of a readable size.
+
+Read with ``ast`` from the source (nothing is imported), so that a circle fails here and not
+as a half-initialised module at some user's first call."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "tftjax"
+MAX_LINES = 320  # "about 300": a file is one job a reader can name in a line
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path) -> set[str]:
+    """The tftjax modules ``path`` imports: ``from a.b import c`` is ``a.b.c`` when that is a
+    module, else ``a.b`` (its ``__init__``); relative imports resolved."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([base] if base else []))
+            for a in node.names:
+                out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base)
+    return {m for m in out if m in MODULES and m != name}
+
+
+GRAPH = {name: imports_of(name, path) for name, path in MODULES.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_reader_sees_every_module_and_their_imports():
+    # the graph is read, not empty: spot checks of edges that must be there
+    assert len(MODULES) > 40
+    assert "tftjax.training.steps" in GRAPH["tftjax.training.trainer"]
+    assert "tftjax.data.windows" in GRAPH["tftjax.data"]
+    assert "tftjax.quant" in GRAPH["tftjax.models.layers"]  # `from tftjax import quant as qt`
+    assert "tftjax.training" in GRAPH["tftjax.export"]  # an import inside a function
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles_in_the_package():
+    assert cycles(GRAPH) == []
+
+
+def test_training_never_imports_the_exporter_or_a_cli():
+    training = [m for m in GRAPH if m == "tftjax.training" or m.startswith("tftjax.training.")]
+    assert training
+    for m in training:
+        assert not GRAPH[m] & ({"tftjax.export", "tftjax.saved"} | set(clis())), m
+    # the mesh code never imports the memory report: the device's limit lives with devices
+    assert not any(m.startswith("tftjax.memory") for m in GRAPH["tftjax.parallel"])
+
+
+def clis() -> list[str]:
+    """Modules run as ``python -m`` (they end in ``if __name__ == "__main__"``)."""
+    return [m for m, p in MODULES.items() if '__name__ == "__main__"' in p.read_text()]
+
+
+def test_no_cli_imports_another_cli():
+    found = clis()
+    assert {"tftjax.train", "tftjax.evaluate", "tftjax.dqn.__main__"} <= set(found)
+    for m in found:
+        assert not GRAPH[m] & (set(found) - {m}), (m, GRAPH[m] & set(found))
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_files_stay_readable(name):
+    lines = MODULES[name].read_text().count("\n")
+    assert lines <= MAX_LINES, f"{MODULES[name]}: {lines} lines; split it along a seam"
+
+
+def the_map() -> list[str]:
+    """The module map of ``tftjax/__init__.py``'s docstring, in its order."""
+    import tftjax
+
+    text = tftjax.__doc__.split("::", 1)[1].split("Entry points", 1)[0]
+    return ["tftjax" + ("." + line.split()[0] if line.split()[0] != "tftjax" else "")
+            for line in text.splitlines() if line.startswith("  ") and line.strip()]
+
+
+def entry_points() -> list[str]:
+    """``python -m`` modules (package ``__main__``s and the top-level command modules)."""
+    return [m for m in clis() if m not in the_map()]
+
+
+def test_the_map_names_every_module_in_an_order_the_imports_follow():
+    order = the_map()
+    assert len(order) == len(set(order))
+    named = {m for m, p in MODULES.items() if m != "tftjax" and p.read_text().strip()}
+    assert sorted(set(order) | set(entry_points())) == sorted(named), (
+        "modules missing from the map: " + ", ".join(sorted(named - set(order)
+                                                          - set(entry_points()))))
+    seen = set()
+    for m in order:
+        later = GRAPH[m] - seen
+        assert not later, f"{m} imports {sorted(later)}, which the map puts after it"
+        seen.add(m)

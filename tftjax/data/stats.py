@@ -1,0 +1,138 @@
+"""Feature statistics, fitted on the training rows only and saved with every checkpoint.
+
+:class:`FeatureStats` holds the z-score mean and std of the 210 historical features,
+the target scale (a winsorised std of the training returns, :func:`robust_scale`),
+the 5 static features and the series' clock (:class:`~tftjax.data.calendar.Clock`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from tftjax.config import LOOKBACKS, NUM_HISTORICAL, NUM_KNOWN, NUM_STATIC, WARMUP
+from tftjax.data.calendar import KNOWN_NAMES, NS_MIN, Clock
+from tftjax.errors import DataError
+
+FAMILIES = (
+    "ret", "rvol", "range", "clv", "vz", "rsi", "sma", "vwap",
+    "absr", "tstat", "dhigh", "dlow", "miss", "body", "gap",
+)  # fmt: skip
+"""The 15 historical feature families (tftjax.data.features), each at every look-back."""
+WINDOWS = LOOKBACKS
+STATIC_NAMES = ("instrument", "log_price", "log_volume", "log_volatility", "log_interval")
+HISTORICAL_NAMES = tuple(f"{f}_{w}" for f in FAMILIES for w in WINDOWS)
+
+assert len(HISTORICAL_NAMES) == NUM_HISTORICAL
+assert len(KNOWN_NAMES) == NUM_KNOWN and len(STATIC_NAMES) == NUM_STATIC
+
+
+def log_returns(close: np.ndarray) -> np.ndarray:
+    """``r_t = log(c_t / c_{t-1})``, ``r_0 = 0``."""
+    r = np.zeros(close.shape[0])
+    r[1:] = np.diff(np.log(close))
+    return r
+
+
+# --------------------------------------------------------------------- stats
+@dataclasses.dataclass(frozen=True)
+class FeatureStats:
+    """Normalisation statistics and the series' clock, fitted on the training rows only."""
+
+    hist_mean: np.ndarray  # [210] float64
+    hist_std: np.ndarray  # [210] float64
+    target_scale: float  # winsorised std of 1-bar log returns on the training rows
+    static: np.ndarray  # [5] float64
+    train_rows: tuple[int, int]  # [start, stop) rows the statistics came from
+    clock: Clock = Clock(NS_MIN, None, None, None)
+    """Bar interval, zones and calendar (:mod:`tftjax.data.calendar`)."""
+
+    def to_json(self) -> dict:
+        return {
+            "hist_mean": self.hist_mean.tolist(),
+            "hist_std": self.hist_std.tolist(),
+            "target_scale": float(self.target_scale),
+            "static": self.static.tolist(),
+            "train_rows": list(self.train_rows),
+            "clock": self.clock.to_json(),
+            "historical_names": list(HISTORICAL_NAMES),
+            "known_names": list(KNOWN_NAMES),
+            "static_names": list(STATIC_NAMES),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "FeatureStats":
+        if (list(d.get("historical_names", ())) != list(HISTORICAL_NAMES)
+                or list(d.get("known_names", ())) != list(KNOWN_NAMES) or "clock" not in d):
+            raise DataError("feature statistics were saved for a different feature set (an "
+                            "older tftjax: calendar-true known inputs, the miss_L features); "
+                            "train the model again")
+        return cls(
+            hist_mean=np.asarray(d["hist_mean"], dtype=np.float64),
+            hist_std=np.asarray(d["hist_std"], dtype=np.float64),
+            target_scale=float(d["target_scale"]),
+            static=np.asarray(d["static"], dtype=np.float64),
+            train_rows=(int(d["train_rows"][0]), int(d["train_rows"][1])),
+            clock=Clock.from_json(d["clock"]),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FeatureStats":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def _static_features(bars, start: int, stop: int, target_scale: float) -> np.ndarray:
+    median_ns = float(np.median(np.diff(bars.ts[start:stop])))
+    return np.array([
+        zlib.crc32(Path(bars.path).name.encode()) / 2.0**32 - 0.5,
+        np.log10(bars.close[start:stop].mean()),
+        np.log10(1.0 + bars.volume[start:stop].mean()),
+        np.log10(max(target_scale, 1e-12)),
+        np.log10(median_ns / NS_MIN),
+    ])  # fmt: skip
+
+
+def train_block(train_rows: tuple[int, int]) -> tuple[int, int]:
+    start, stop = max(train_rows[0], WARMUP), train_rows[1]
+    if stop - start < 2:
+        raise ValueError(f"training rows {train_rows} leave fewer than 2 rows after warm-up")
+    return start, stop
+
+
+def column_stats(col: np.ndarray, start: int, stop: int) -> tuple[float, float]:
+    block = col[start:stop]
+    mean, std = float(block.mean()), float(block.std())
+    return mean, (std if std > 1e-12 else 1.0)
+
+
+MIN_TAIL = 5
+"""Winsorising always clips at least this many values in each tail (one bad print in a short
+training split is far beyond a 0.1% quantile's reach otherwise)."""
+
+
+def robust_scale(r: np.ndarray, winsorize: float) -> float:
+    """Std of ``r`` winsorised at its ``winsorize`` and ``1 - winsorize`` quantiles, and at
+    least the :data:`MIN_TAIL` most extreme values of each tail (``winsorize`` 0: the plain
+    std); 1.0 for a constant series."""
+    r = np.asarray(r, np.float64)
+    n = r.size
+    if winsorize > 0 and n > 4 * MIN_TAIL:
+        m = max(int(np.ceil(winsorize * n)), MIN_TAIL)
+        part = np.partition(r, (m, n - 1 - m))
+        r = np.clip(r, part[m], part[n - 1 - m])
+    scale = float(r.std()) if n else 0.0
+    return scale if scale > 0 else 1.0
+
+
+def finish_stats(bars, mean, std, train_rows, start, stop, clock, winsorize) -> FeatureStats:
+    r = log_returns(bars.close)[max(start, 1) : stop]
+    scale = robust_scale(r, winsorize)
+    static = _static_features(bars, train_rows[0], stop, scale)
+    return FeatureStats(mean, std, scale, static, (int(train_rows[0]), int(stop)), clock)

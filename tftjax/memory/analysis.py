@@ -1,0 +1,145 @@
+"""XLA's compiled memory analysis of the TFT's train and eval steps.
+
+Compilation needs no arrays: the steps are lowered against ``jax.ShapeDtypeStruct``s, so
+batch sizes far beyond this machine's memory can be analysed without allocating them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+
+import jax
+import jax.numpy as jnp
+
+from tftjax.config import TFTConfig, TrainConfig
+from tftjax.data import DeviceData
+from tftjax.training import make_eval_step, make_train_step
+from tftjax.training.state import abstract_train_state
+
+GB = 10**9
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    tier: str
+    batch_size: int
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    generated_code_bytes: int
+    host_temp_bytes: int = 0
+    """Temporaries XLA placed in host memory (the ``offload`` tier's residuals on GPU/TPU)."""
+    accumulate: int = 1
+    """Micro-batches per step (``--accumulate``): the batch runs as K of ``batch / K``."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Device bytes the step needs: arguments + temporaries + outputs not aliased
+        onto donated arguments."""
+        return self.argument_bytes + self.temp_bytes + self.output_bytes - self.alias_bytes
+
+
+def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig = TrainConfig()):
+    """Shape-only (state, data, batch_idx, key) of the train step."""
+    state = abstract_train_state(cfg, tc)
+    f32 = jnp.float32
+    data = DeviceData(jax.ShapeDtypeStruct((rows, cfg.num_historical), f32),
+                      jax.ShapeDtypeStruct((rows, cfg.num_known), f32),
+                      jax.ShapeDtypeStruct((rows,), f32),
+                      jax.ShapeDtypeStruct((cfg.num_static,), f32),
+                      jax.ShapeDtypeStruct((rows, cfg.decoder_steps, cfg.num_known), f32),
+                      jax.ShapeDtypeStruct((rows,), f32))
+    idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
+    key = jax.eval_shape(lambda: jax.random.key(0, impl="rbg"))
+    return state, data, idx, key
+
+
+@contextlib.contextmanager
+def analysis_only():
+    """Compile inside this block for the memory analysis only, with XLA's
+    ``jax_disable_most_optimizations`` (LLVM at -O0, no expensive passes). The buffer
+    assignment is made on the HLO, before the back end's LLVM work, so the analysis is the
+    optimised program's (checked: tests/test_memory.py compares the two) and the compile
+    takes about half the time. (A JAX flag read at each compile: not for threads compiling
+    programs to run meanwhile.)"""
+    was = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", was)
+
+
+def compile_step(cfg: TFTConfig, batch_size: int, rows: int, accumulate: int = 1, *,
+                 to_run: bool = True):
+    """The compiled train step of ``cfg`` at ``batch_size`` (no arrays allocated), as
+    ``accumulate`` micro-batches of ``batch_size / accumulate``; ``to_run=False``: compiled
+    for its memory analysis only (:func:`analysis_only`)."""
+    lowered = make_train_step(cfg, accumulate=accumulate).lower(
+        *abstract_inputs(cfg, batch_size, rows))
+    with contextlib.nullcontext() if to_run else analysis_only():
+        return lowered.compile()
+
+
+def release_executables() -> None:
+    """Free compiled executables that JAX's caches keep alive.
+
+    On XLA:CPU each TFT-225 executable holds about 2,000 memory mappings of
+    JIT-compiled code until the caches are cleared; a sweep of a few dozen
+    compiles would pass Linux's default 65,530 mappings and fail with "LLVM
+    compilation error: Cannot allocate memory"."""
+    gc.collect()
+    jax.clear_caches()
+
+
+_ANALYSED: dict[tuple, Compiled] = {}
+
+
+def analyse(cfg: TFTConfig, batch_size: int, rows: int, compiled=None,
+            accumulate: int = 1) -> Compiled:
+    """XLA's memory analysis of the train step of ``cfg`` at ``batch_size`` (of ``compiled``
+    when given). Compiled plans are deterministic: each point is compiled once per process
+    (the planner and the report ask again for points they have seen)."""
+    key = (cfg, batch_size, rows, accumulate, jax.default_backend())
+    if compiled is None and key in _ANALYSED:
+        return _ANALYSED[key]
+    c = compiled if compiled is not None else compile_step(cfg, batch_size, rows, accumulate,
+                                                           to_run=False)
+    m = c.memory_analysis()
+    out = Compiled(cfg.remat, batch_size, int(m.argument_size_in_bytes),
+                   int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
+                   int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes),
+                   int(getattr(m, "host_temp_size_in_bytes", 0) or 0), accumulate)
+    if compiled is None:
+        del c
+        release_executables()
+    _ANALYSED[key] = out
+    return out
+
+
+def compile_eval_step(cfg: TFTConfig, batch_size: int, rows: int, *, to_run: bool = True):
+    state, data, _, _ = abstract_inputs(cfg, batch_size, rows)
+    idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
+    # the variables the trainer evaluates with (observers too for a QAT model)
+    variables = {"params": state.params, **({"quant_stats": state.quant_stats}
+                                            if state.quant_stats else {})}
+    lowered = make_eval_step(cfg).lower(variables, data, idx)
+    with contextlib.nullcontext() if to_run else analysis_only():
+        return lowered.compile()
+
+
+def analyse_eval(cfg: TFTConfig, batch_size: int, rows: int) -> Compiled:
+    return analyse(cfg, batch_size, rows,
+                   compiled=compile_eval_step(cfg, batch_size, rows, to_run=False))
+
+
+def min_bytes(cfg: TFTConfig, batch_size: int, rows: int) -> int:
+    """Bytes of the step's arguments (state, data, indices): a floor no tier can go under."""
+    state, data, idx, _ = abstract_inputs(cfg, batch_size, rows)
+    if not cfg.vol_target:  # jit drops the unused window-scale argument
+        data = data._replace(scale=None)
+    leaves = jax.tree.leaves((state, data, idx))
+    return int(sum(x.size * x.dtype.itemsize for x in leaves))

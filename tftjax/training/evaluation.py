@@ -1,0 +1,154 @@
+"""Metrics of a trained TFT beside the baselines, on every split or one, and their table.
+
+:func:`evaluate_model` scores a :class:`~tftjax.training.restore.SavedModel` (from a
+checkpoint or an export: it reads the record, never the exporter); :func:`summarize`
+is the end-of-run summary of the run loop's task.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from tftjax import losses
+from tftjax.config import ConfigError, TFTConfig
+from tftjax.data import Dataset, find_data_file, load_dataset, to_device
+from tftjax.training.ptq import calibrate
+from tftjax.training.restore import SavedModel
+from tftjax.training.trainer import Trainer
+
+
+def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
+                   int8: bool = False, calibrate_batches: int = 0,
+                   log: Callable = print) -> dict:
+    """Metrics of a saved TFT on one split, beside the baselines.
+
+    The data is the file the model was trained on (found relative to its run folder or at
+    its recorded path, and refused when its content hash changed), or ``parquet_file`` on
+    purpose, featurised with the *training* statistics. ``int8``: also the int8 inference
+    path (and the float weights without quantization) of a QAT checkpoint, or of a float
+    one calibrated on ``calibrate_batches`` training batches (PTQ). An int8 export is
+    evaluated as int8 beside its float32 weights.
+
+    Raises:
+      DataError: the data is missing or changed.
+      ConfigError: ``int8`` of a float model without calibration, and the like.
+    """
+    cfg, tc, variables = saved.cfg, saved.tc, saved.variables
+    what = saved.what
+    if calibrate_batches and not int8:
+        raise ConfigError("--calibrate needs --int8 (it calibrates the int8 activation ranges)")
+    if saved.kind != "checkpoint":  # an export
+        if int8 and saved.kind != "int8":
+            raise ConfigError(f"{saved.path} holds float32 weights only: export a --qat run, "
+                              "or a float one with --calibrate N, to get an int8 model")
+        if calibrate_batches:
+            raise ConfigError(f"{saved.path} is an export: calibrate when exporting "
+                              "(python -m tftjax.export --calibrate N)")
+    else:
+        if int8 and not cfg.qat and not calibrate_batches:
+            raise ConfigError(f"{saved.path} is a float model: add --calibrate N to "
+                              "calibrate its int8 activation ranges on N training batches (PTQ)")
+        if calibrate_batches and cfg.qat:
+            raise ConfigError(f"{saved.path} was trained with --qat: its activation "
+                              "ranges are already calibrated; drop --calibrate")
+    path = parquet_file or find_data_file(saved.data, saved.run_dir)
+    ds = load_dataset(path, cfg.data, stats=saved.feature_stats)
+    same_data = ds.identity()["sha256"] == saved.data["sha256"]
+    if same_data:
+        source = f"{ds.bars.path} (the training data)"
+    else:
+        source = (f"{ds.bars.path} (another file than the training data, {saved.data['file']}; "
+                  "featurised with the training run's statistics)")
+    trainer = Trainer(cfg, tc, to_device(ds.features))
+    if calibrate_batches:
+        if not same_data:
+            raise ConfigError("--calibrate uses the training windows: evaluate on the training "
+                              "data (drop --parquet-file)")
+        cfg, qstats = calibrate(cfg, variables["params"], trainer.data, ds.splits.train,
+                                calibrate_batches, tc.batch_size)
+        trainer = Trainer(cfg, tc, trainer.data)
+        variables = {"params": variables["params"], "quant_stats": qstats}
+        what += f", int8 ranges calibrated on {calibrate_batches} training batches (PTQ)"
+    starts = getattr(ds.splits, split)
+    summary = {"model": {}, "baselines": {}, "checkpoint": saved.given,
+               "weights_epoch": saved.weights_epoch, "data": ds.identity()}
+    int8_export = saved.kind == "int8"
+    if int8_export:  # the int8 model, beside the export's float32 weights
+        summary["model"][split] = trainer.evaluate(variables, starts, "int8")
+        summary["variants"] = {"float": {split: trainer.evaluate(saved.float_variables, starts,
+                                                                 "float")}}
+    else:
+        summary["model"][split] = trainer.evaluate(variables, starts)
+        if int8:
+            summary["variants"] = {m: {split: trainer.evaluate(variables, starts, m)}
+                                   for m in ("float", "int8")}
+    summary["quantized"] = bool(cfg.qat) and not int8_export
+    if calibrate_batches:
+        summary["ptq_batches"] = calibrate_batches
+    for name, m in baselines(ds, cfg.quantiles, split).items():
+        summary["baselines"][name] = {split: m}
+    log(f"{what} on {source}, {split} split, {starts.size:,} windows")
+    log(format_summary(summary, int8_model=int8_export, ptq=bool(calibrate_batches)))
+    return summary
+
+
+def summarize(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig) -> dict:
+    """Metrics on every split beside the baselines; a QAT model also with its float
+    weights run without fake-quant and with the int8 inference path (``variants``)."""
+    out: dict[str, Any] = {"model": {}, "baselines": {}}
+    splits = [s for s in ("train", "val", "test") if getattr(ds.splits, s).size]
+    for split in splits:
+        out["model"][split] = trainer.evaluate(variables, getattr(ds.splits, split))
+    if cfg.qat:
+        out["variants"] = {m: {split: trainer.evaluate(variables, getattr(ds.splits, split), m)
+                               for split in splits} for m in ("float", "int8")}
+    for split in splits:
+        for name, m in baselines(ds, cfg.quantiles, split).items():
+            out["baselines"].setdefault(name, {})[split] = m
+    return out
+
+
+def window_targets(ds: Dataset, starts: np.ndarray) -> np.ndarray:
+    """Targets ``[n, T_d]`` of the windows at ``starts`` (host numpy)."""
+    e, d = ds.cfg.encoder_steps, ds.cfg.decoder_steps
+    return ds.features.target[starts[:, None] + e + np.arange(d)]
+
+
+def baselines(ds: Dataset, quantiles, split: str) -> dict[str, dict]:
+    """Metrics of every baseline (:mod:`tftjax.baselines`) on the windows of ``split``."""
+    from tftjax import baselines as bl
+
+    starts = getattr(ds.splits, split)
+    preds = bl.forecasts(ds.features.target, starts + ds.cfg.encoder_steps - 1,
+                         ds.cfg.decoder_steps, quantiles, ds.splits.train_rows)
+    y = window_targets(ds, starts)
+    return {name: losses.numpy_metrics(y, p, quantiles) for name, p in preds.items()}
+
+
+VARIANT_NAMES = {"float": "TFT: float, no quant", "int8": "TFT: int8 inference"}
+
+
+def format_summary(summary: dict, qat: bool | None = None, int8_model: bool = False,
+                   ptq: bool = False) -> str:
+    """The metrics table: the model, its quantization variants, the baselines."""
+    from tftjax.baselines import NAMES
+
+    qat = summary.get("quantized", bool(summary.get("variants"))) if qat is None else qat
+    name = ("TFT int8 (export)" if int8_model else "TFT: fake-quant (PTQ)" if ptq
+            else "TFT: fake-quant (QAT)" if qat else "TFT")
+    rows = [(name, summary["model"])]
+    rows += [(VARIANT_NAMES[k], v) for k, v in summary.get("variants", {}).items()]
+    rows += [(NAMES.get(k, k), v) for k, v in summary["baselines"].items()]
+    head = (f"{'':28s} {'split':6s} {'loss':>9s} {'q-risk P50':>11s} {'q-risk P90':>11s} "
+            f"{'cover 10-90':>11s}")
+    lines = [head, "-" * len(head)]
+    for split in ("train", "val", "test"):
+        for name, by_split in rows:
+            if split in by_split:
+                m = by_split[split]
+                cov = m.get("coverage_80", float("nan"))
+                lines.append(f"{name:28s} {split:6s} {m['loss']:9.4f} {m['q_risk_50']:11.4f} "
+                             f"{m['q_risk_90']:11.4f} {cov:11.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,62 @@
+"""``train_and_evaluate``: the whole TFT job, the task handed to the shared run loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from tftjax import runloop
+from tftjax.config import TFTConfig, TrainConfig
+from tftjax.data import Dataset, FeatureStats, find_data_file, load_dataset
+from tftjax.training.restore import initial_weights
+from tftjax.training.task import TFTTask
+
+
+def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
+                       parquet_file: str | Path | None = None, dataset: Dataset | None = None,
+                       resume: bool = False, progress: bool = True,
+                       profile_dir: str | None = None, callback: Callable | None = None,
+                       log: Callable = print, par=None) -> dict:
+    """Train, validate every epoch, checkpoint, and evaluate the best epoch on the test split.
+
+    Args:
+      cfg: model config; tc: training config.
+      workdir: run folder (checkpoints/, metrics.jsonl, summary.json, plots).
+      parquet_file: OHLCV bars (default: the bundled ES bars; on resume, the
+        file the run was trained on, found again by its content hash).
+      dataset: a prepared dataset (overrides ``parquet_file``; for tests).
+      resume: continue the latest checkpoint in ``workdir`` (data, model and
+        training config must match it; only ``tc.epochs`` may grow).
+      progress: a per-epoch progress bar; profile_dir: a ``jax.profiler``
+        trace of steps 2-6 of epoch 1.
+      callback: ``(epoch, state, metrics, is_final)`` after each epoch.
+      par: the device mesh (:func:`tftjax.parallel.make_parallel`; default: every local
+        device, features replicated).
+
+    Returns:
+      The summary dict (also written to ``workdir/summary.json``).
+
+    Raises:
+      DataError: bad input data; ConfigError: bad settings or a resume that
+      does not match; TrainingDiverged: NaN/inf loss (the last good
+      checkpoint is kept).
+    """
+    workdir = Path(workdir)
+
+    def make_task(saved: dict | None) -> TFTTask:
+        ds = dataset
+        if ds is None:
+            stats, path = None, parquet_file
+            if saved is not None:
+                stats = FeatureStats.from_json(saved["feature_stats"])
+                if path is None:
+                    path = find_data_file(saved["identity"]["data"], workdir)
+            ds = load_dataset(path, cfg.data, stats=stats)
+        init = None
+        if saved is None and tc.init_from:  # on resume the run's own checkpoint has them
+            init = initial_weights(tc.init_from, cfg, ds)
+        return TFTTask(cfg, tc, ds, workdir, progress=progress, profile_dir=profile_dir,
+                       init=init, log=log, par=par)
+
+    return runloop.run(make_task, workdir, kind="tft", resume=resume, progress=progress,
+                       callback=callback, log=log)

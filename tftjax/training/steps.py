@@ -1,0 +1,138 @@
+"""The jitted train and eval steps, with gradient accumulation and mesh shardings.
+
+Steps are pure functions ``(state, data, batch_idx, key) -> (state, metrics)`` jitted
+with the old state donated; a batch is a vector of window *start indices* (``-1`` pads
+the last batch) and the windows are gathered on the device inside the step.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from tftjax import losses
+from tftjax.config import TFTConfig
+from tftjax.data import DeviceData, gather
+from tftjax.models.tft import TFT
+from tftjax.training.state import TrainState
+
+Array = jax.Array
+
+
+def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key, denom=None,
+             vol_target=False):
+    # quant_stats is mutable: the observers move with this batch (once, in the forward
+    # pass: a rematerialised block's recomputation only rebuilds residuals) and come back.
+    (pred, _), updated = apply_fn({"params": params, "quant_stats": quant_stats},
+                                  batch.static, batch.historical, batch.known, False,
+                                  rngs={"dropout": dropout_key}, mutable=["quant_stats"])
+    pred = forecast(pred, batch, vol_target)
+    return (losses.quantile_loss(batch.target, pred, quantiles, mask, denom),
+            updated.get("quant_stats", {}))
+
+
+def forecast(raw: Array, batch, vol_target: bool) -> Array:
+    """The quantile forecasts ``[B, D, Q]`` in target units from the network's outputs: as
+    they are, or (``vol_target``) times each window's EWMA volatility at its forecast time."""
+    return raw * batch.scale[:, None, None] if vol_target else raw
+
+
+def _gather_fn(cfg: TFTConfig, par):
+    if par is not None and par.feature_rows_sharded:
+        from tftjax.parallel import gather_rows_sharded
+
+        return lambda data, idx: gather_rows_sharded(par, data, idx, cfg.encoder_steps,
+                                                     cfg.decoder_steps)
+    return lambda data, idx: gather(data, idx, cfg.encoder_steps, cfg.decoder_steps)
+
+
+@functools.lru_cache(maxsize=None)
+def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
+                    accumulate: int = 1) -> Callable:
+    """The jitted ``step(state, data, batch_idx, key) -> (state, metrics)``, state donated.
+
+    ``par`` (a :class:`tftjax.parallel.Parallel`): compiled for its mesh, the batch sharded
+    over the devices and the state replicated (None: one default device, no shardings).
+    ``accumulate`` K: the batch runs as K micro-batches (micro-batch k holds rows k, k+K,
+    k+2K, … so that every device works on each) in a ``lax.scan``; their gradients are
+    summed in float32 and the optimizer steps once, so the update is the full batch's
+    (to round-off; with dropout, micro-batch k draws its masks from the step's key folded
+    with k) and the peak memory is one micro-batch's. QAT observers see the micro-batches
+    one after another.
+    """
+    quantiles = np.asarray(cfg.quantiles, np.float32)
+    take = _gather_fn(cfg, par)
+    k_acc = int(accumulate)
+
+    def grads_of(params, stats, apply_fn, data, idx, dropout_key, denom):
+        batch = take(data, jnp.maximum(idx, 0))
+        return jax.value_and_grad(_loss_fn, has_aux=True)(
+            params, stats, apply_fn, batch, idx >= 0, quantiles, dropout_key, denom,
+            cfg.vol_target)
+
+    def step(state: TrainState, data: DeviceData, batch_idx: Array, key: Array):
+        mask = batch_idx >= 0
+        dropout_key = jax.random.fold_in(key, state.step)
+        if k_acc == 1:
+            (loss, stats), grads = grads_of(state.params, state.quant_stats, state.apply_fn, data,
+                                            batch_idx, dropout_key, None)
+        else:
+            denom = jnp.maximum(mask.sum(), 1).astype(jnp.float32)
+            micro = batch_idx.reshape(-1, k_acc).T  # [K, B/K]
+            if par is not None:
+                micro = jax.lax.with_sharding_constraint(micro, par.micro_batch_sharding)
+
+            def body(carry, xs):
+                g_sum, l_sum, stats = carry
+                idx, k = xs
+                (l, stats), g = grads_of(state.params, stats, state.apply_fn, data, idx,
+                                         jax.random.fold_in(dropout_key, k), denom)
+                g_sum = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g)
+                return (g_sum, l_sum + l, stats), None
+
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+            (grads, loss, stats), _ = jax.lax.scan(
+                body, (zeros, jnp.zeros((), jnp.float32), state.quant_stats),
+                (micro, jnp.arange(k_acc)))
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+        new_state = state.apply_gradients(grads=grads, quant_stats=stats)
+        return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
+                           "count": mask.sum()}
+
+    if max_traces is not None:
+        import chex
+
+        step = chex.assert_max_traces(step, n=max_traces)
+    if par is None:
+        return jax.jit(step, donate_argnums=(0,))
+    return jax.jit(step, donate_argnums=(0,),
+                   in_shardings=(par.replicated, par.data_shardings(), par.batch_sharding,
+                                 par.replicated),
+                   out_shardings=(par.replicated, par.replicated))
+
+
+@functools.lru_cache(maxsize=None)
+def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callable:
+    """Jitted ``(variables, data, batch_idx) -> (MetricSums, predictions, interpretation)``;
+    ``mode``: float, fake (-quant) or int8 arithmetic (default: the config's own); ``par``:
+    the batch sharded over its devices like the train step's, outputs replicated."""
+    quantiles = np.asarray(cfg.quantiles, np.float32)
+    model = TFT(cfg, mode)
+    take = _gather_fn(cfg, par)
+
+    def step(variables, data: DeviceData, batch_idx: Array):
+        mask = batch_idx >= 0
+        batch = take(data, jnp.maximum(batch_idx, 0))
+        pred, interp = model.apply(variables, batch.static, batch.historical, batch.known, True)
+        pred = forecast(pred, batch, cfg.vol_target)
+        return losses.metric_sums(batch.target, pred, quantiles, mask), pred, interp
+
+    if par is None:
+        return jax.jit(step)
+    return jax.jit(step, in_shardings=(par.replicated, par.data_shardings(), par.batch_sharding),
+                   out_shardings=par.replicated)

@@ -1,0 +1,230 @@
+"""The TFT's part of the shared run loop (:func:`tftjax.runloop.run`): an epoch of jitted
+steps with a progress bar and a per-step NaN check, validation, the epoch line and the
+end-of-run summary with plots."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tftjax.config import ConfigError, TFTConfig, TrainConfig
+from tftjax.data import Dataset
+from tftjax.data.calendar import format_interval
+from tftjax.errors import TrainingDiverged
+from tftjax.models.tft import init_variables
+from tftjax.parallel import is_primary, make_parallel
+from tftjax.quant import layer_names, unmatched
+from tftjax.remat import plan as remat_plan
+from tftjax.training.evaluation import format_summary, summarize
+from tftjax.training.restore import Initial, restore_without_observers
+from tftjax.training.state import TrainState, abstract_train_state, create_train_state
+from tftjax.training.trainer import Trainer, epoch_indices, steps_per_epoch
+
+
+class TFTTask:
+    """The TFT for :func:`tftjax.runloop.run`: an epoch of jitted steps, validation, summary."""
+
+    kind, score, mode, epoch_bar = "tft", "val_loss", "min", False
+    may_change = ("train.epochs", "train.accumulate") + tuple(
+        f"model.{f}" for f in TFTConfig.EXECUTION_FIELDS)
+
+    def __init__(self, cfg: TFTConfig, tc: TrainConfig, ds: Dataset, workdir: Path, *,
+                 progress: bool = True, profile_dir: str | None = None,
+                 init: Initial | None = None, log: Callable = print, par=None):
+        self.cfg, self.tc, self.ds, self.log, self.init = cfg, tc, ds, log, init
+        # the mesh: all local devices unless told (one on a plain CPU); the batch is sharded
+        # over it, the state replicated
+        f = ds.features
+        self.par = (par if par is not None else make_parallel()).for_features(
+            sum(a.nbytes for a in (f.historical, f.known, f.target, f.future)) + f.target.nbytes)
+        if cfg.qat:
+            shapes = jax.eval_shape(lambda k: init_variables(cfg, k), jax.random.key(0))
+            if bad := unmatched(cfg.qat_layers, shapes["params"]):
+                raise ConfigError(f"--qat-layers {' '.join(bad)} matches no layer; layers are "
+                                  "named like " + ", ".join(layer_names(shapes["params"])[:4])
+                                  + ", … (tftjax.quant.layer_names)")
+        self.epochs, self.patience = tc.epochs, tc.patience
+        self.total_steps = steps_per_epoch(tc, ds.splits.train.size) * tc.epochs
+        if tc.lr_schedule == "cosine":  # the schedule spans the run's epochs: they are fixed
+            self.may_change = tuple(f for f in self.may_change if f != "train.epochs")
+        self.progress, self.profile_dir = progress, profile_dir
+        self.trainer = Trainer(cfg, tc, self.par.put_data(ds.features), par=self.par)
+        self._identity = {"data": ds.identity(workdir), "model": cfg.to_json(),
+                          "train": tc.to_json()}
+        # Dropout masks from the RBG generator: same quality for dropout, and
+        # XLA:CPU compiles it much faster than threefry (17 s → 11 s, tiny preset).
+        self.dropout_key = self.par.replicate(jax.random.key(tc.seed, impl="rbg"))
+        self.compiled = False
+
+    def identity(self) -> dict:
+        return self._identity
+
+    def extra_meta(self) -> dict:
+        return {"feature_stats": self.ds.features.stats.to_json()}
+
+    def init_state(self) -> TrainState:
+        state = create_train_state(self.cfg, self.tc, jax.random.key(self.tc.seed),
+                                   self.total_steps)
+        if self.init is not None:
+            self.log(self.init.note)
+            place = lambda new, old: np.asarray(new, old.dtype)  # noqa: E731
+            state = state.replace(
+                params=jax.tree.map(place, self.init.params, state.params),
+                quant_stats=(jax.tree.map(place, self.init.quant_stats, state.quant_stats)
+                             if self.init.quant_stats else state.quant_stats))
+        # replicated over the mesh, as the train step returns it: one compile
+        return self.par.replicate(state)
+
+    def abstract_state(self):
+        """Shapes, dtypes and the replicated sharding of this mesh: a checkpoint written on
+        any number of devices restores onto this run's."""
+        shapes = abstract_train_state(self.cfg, self.tc, self.total_steps)
+        rep = self.par.replicated
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), shapes)
+
+    def restore(self, checkpointer, epoch: int) -> TrainState:
+        """The state of epoch checkpoint ``epoch``; a float run's checkpoint written before
+        ``quant_stats`` existed restores with an empty one."""
+        like = self.abstract_state()
+        try:
+            return checkpointer.restore(epoch, like)
+        except Exception:
+            if like.quant_stats:
+                raise
+            return restore_without_observers(lambda s: checkpointer.restore(epoch, s), like)
+
+    @staticmethod
+    def normalize_identity(identity: dict) -> dict:
+        """A saved identity with the fields added since (at their defaults) filled in."""
+        out = dict(identity)
+        try:
+            out["model"] = TFTConfig.from_json(identity["model"]).to_json()
+            out["train"] = TrainConfig.from_json(identity["train"]).to_json()
+        except (KeyError, TypeError, ConfigError):
+            pass  # reported field by field by the comparison
+        return out
+
+    def describe(self, state) -> str:
+        ds, note = self.ds, remat_plan(self.cfg.remat).note
+        n = sum(x.size for x in jax.tree.leaves(state.params))
+        warn = "".join(f"warning: {w}\n" for w in ds.warnings)
+        clock = ds.features.stats.clock
+        cal = (f"; bar {format_interval(clock.interval)}, calendar {clock.calendar or 'none'}, "
+               f"clock {clock.zone or 'as stored'}")
+        return (warn + (note + "\n" if note else "")
+                + f"TFT {n:,} parameters; {len(ds.bars):,} bars from {ds.bars.path}; windows "
+                f"train {ds.splits.train.size:,} / val {ds.splits.val.size:,} / test "
+                f"{ds.splits.test.size:,}{cal}; remat={self.cfg.remat}, batch "
+                f"{self.tc.batch_size}"
+                + (f" as {self.tc.accumulate} accumulated micro-batches of "
+                   f"{self.tc.batch_size // self.tc.accumulate}" if self.tc.accumulate > 1 else "")
+                + f"; {self.par.describe()}"
+                + (f"; QAT (int8 fake-quant of {', '.join(self.cfg.qat_layers)}"
+                   + (f", observers frozen after {self.cfg.qat_freeze_after} steps)"
+                      if self.cfg.qat_freeze_after is not None else ")")
+                   if self.cfg.qat else ""))
+
+    def train_epoch(self, state: TrainState, epoch: int):
+        """One pass over the training windows.
+
+        The host reads the running loss of step ``i-1`` right after dispatching
+        step ``i``: the device is never idle waiting for the host, every step's
+        loss is checked for NaN/inf (a diverged run stops within its epoch), and
+        the samples/s shown are of *completed* steps. The first step of the
+        process includes the compile, timed apart.
+        """
+        idx = epoch_indices(self.tc, self.ds.splits.train, epoch)
+        valid = (idx >= 0).sum(axis=1)
+        bar = self._bar(len(idx), epoch)
+        profiling = False
+        loss_sum, pending = jnp.zeros(()), None
+        t0, compile_s, done = time.perf_counter(), None, 0
+
+        def settle(i, running_loss):  # waits for step i; checks and shows it
+            nonlocal done
+            loss = float(running_loss)
+            done += int(valid[i])
+            if not np.isfinite(loss):
+                raise TrainingDiverged(f"training loss became {loss} at step {i + 1} of epoch "
+                                       f"{epoch}")
+            if bar is not None:
+                rate = done / max(time.perf_counter() - t0, 1e-9)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss / max(valid[: i + 1].sum(), 1):.4f}",
+                                samples_s=f"{rate:.1f}")
+            return loss
+
+        try:
+            for i, b in enumerate(idx):
+                if self.profile_dir and epoch == 1 and i == 1:
+                    jax.profiler.start_trace(self.profile_dir)
+                    profiling = True
+                state, m = self.trainer.train_step(state, b, self.dropout_key)
+                if not self.compiled:  # the call returns once compiled and dispatched
+                    compile_s, self.compiled = time.perf_counter() - t0, True
+                    t0 = time.perf_counter()
+                loss_sum = loss_sum + m["loss"] * m["count"]
+                if pending is not None:
+                    settle(*pending)
+                pending = (i, loss_sum)
+                if profiling and i == min(5, len(idx) - 1):
+                    jax.block_until_ready(state)
+                    jax.profiler.stop_trace()
+                    profiling = False
+            total = settle(*pending)
+        finally:
+            if profiling:
+                jax.profiler.stop_trace()
+            if bar is not None:
+                bar.close()
+        elapsed = time.perf_counter() - t0
+        out = {"train_loss": total / max(int(valid.sum()), 1),
+               "samples_per_s": int(valid.sum()) / elapsed, "epoch_time_s": elapsed,
+               "steps": int(len(idx))}
+        if compile_s is not None:
+            out["compile_s"] = compile_s
+        return state, out
+
+    def _bar(self, total: int, epoch: int):
+        if not self.progress:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=f"epoch {epoch}", unit="step", leave=False,
+                    file=sys.stderr, dynamic_ncols=True)
+
+    def validate(self, state: TrainState) -> dict:
+        if self.ds.splits.val.size == 0:
+            return {"val_loss": None}
+        val = self.trainer.evaluate(state.variables(), self.ds.splits.val)
+        return {"val_loss": val["loss"], "val_q_risk_50": val["q_risk_50"],
+                "val_q_risk_90": val["q_risk_90"]}
+
+    @staticmethod
+    def epoch_line(m: dict) -> str:
+        val = ("no validation windows" if m["val_loss"] is None else
+               f"val loss {m['val_loss']:.4f}  q-risk P50 {m['val_q_risk_50']:.4f} "
+               f"P90 {m['val_q_risk_90']:.4f}")
+        return (f"train loss {m['train_loss']:.4f}  {val}  {m['samples_per_s']:.1f} samples/s "
+                f"({m['epoch_time_s']:.1f} s"
+                + (f"; train step compiled in {m['compile_s']:.1f} s)" if "compile_s" in m else ")"))
+
+    def summarize(self, state: TrainState, workdir: Path, history: list[dict]):
+        summary = summarize(self.trainer, state.variables(), self.ds, self.cfg)
+        summary["parameters"] = sum(x.size for x in jax.tree.leaves(state.params))
+        if self.init is not None:
+            summary["init_from"] = self.init.source
+        try:
+            from tftjax import plots
+
+            plots.training_plots(workdir, history, self.trainer, state.variables(), self.ds,
+                                 self.cfg, write=is_primary())
+        except Exception as e:  # plots must never lose a finished run
+            self.log(f"warning: plots not written ({type(e).__name__}: {e})")
+        return summary, format_summary(summary)
