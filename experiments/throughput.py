@@ -28,8 +28,9 @@ from tftjax.memory.report import timed_steps
 from tftjax.provenance import write_result
 
 
-def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data) -> dict:
-    cfg = preset(preset_name, remat=remat)
+def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data,
+            precision: str = "f32") -> dict:
+    cfg = preset(preset_name, remat=remat, precision=precision)
     tc = TrainConfig(batch_size=batch)
     state = create_train_state(cfg, tc, jax.random.key(0))
     step = make_train_step(cfg)
@@ -54,6 +55,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="64,256")
     ap.add_argument("--remat", default="off", help="comma-separated tiers")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--precision", default="f32", help="comma-separated: f32, bf16")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/throughput.json"))
     args = ap.parse_args()
     cfg = preset(args.preset)
@@ -62,14 +64,15 @@ def main() -> None:
     rows = []
     print(f"{args.preset} on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
           f"median of {args.steps} steps")
-    print("| remat | batch | compile | step (median; min–max) | samples/s | XLA temp |")
-    print("|---|---|---|---|---|---|")
-    for remat in args.remat.split(","):
-        for b in (int(x) for x in args.batch_sizes.split(",")):
-            r = measure(args.preset, b, remat, args.steps, ds, data)
-            rows.append(r)
-            print(f"| {remat} | {b} | {r['compile_s']:.1f} s | {r['step_s_median']:.2f} s "
-                  f"({r['step_s_min']:.2f}–{r['step_s_max']:.2f}) | {r['samples_per_s']:.0f} "
+    print("| precision | remat | batch | compile | step (median; min–max) | samples/s | XLA temp |")
+    print("|---|---|---|---|---|---|---|")
+    for prec, remat, b in [(p, r, int(b)) for p in args.precision.split(",")
+                           for r in args.remat.split(",") for b in args.batch_sizes.split(",")]:
+        r = measure(args.preset, b, remat, args.steps, ds, data, prec)
+        r["precision"] = prec
+        rows.append(r)
+        print(f"| {prec} | {remat} | {b} | {r['compile_s']:.1f} s | {r['step_s_median']:.4f} s "
+                  f"({r['step_s_min']:.4f}–{r['step_s_max']:.4f}) | {r['samples_per_s']:.0f} "
                   f"| {r['temp_bytes'] / 2**20:,.0f} MiB |", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, rows, args)

@@ -63,7 +63,9 @@ def run_tftjax(args) -> dict:
     from tftjax.training import Trainer, create_train_state, window_targets
     from tftjax.remat import default_tier
 
-    cfg = preset("tft225", remat=args.remat or default_tier())  # the CLI's default tier
+    # the CLI's default tier on this backend; --precision bf16: bfloat16 compute
+    cfg = preset("tft225", remat=args.remat or default_tier(),
+                 precision="bf16" if args.precision == "bf16" else "f32")
     assert tuple(cfg.quantiles) == QUANTILES, cfg.quantiles
     ds = load_dataset(None, cfg.data)
     data = to_device(ds.features)
@@ -88,7 +90,8 @@ def run_tftjax(args) -> dict:
     val = ds.splits.val[: args.val_windows]
     pred, _ = trainer.predict(state.params, val)
     y = window_targets(ds, val)
-    return {"side": "tftjax", "remat": cfg.remat, "compile_s": compile_s, "step_s": times,
+    return {"side": "tftjax", "remat": cfg.remat, "precision": cfg.precision,
+            "device": jax.devices()[0].device_kind, "compile_s": compile_s, "step_s": times,
             "params": int(n_params), "val_loss": val_loss(y, pred), "val_windows": len(val),
             "threads": os.cpu_count(), "jax": jax.__version__}
 
@@ -160,7 +163,10 @@ def run_peer(args) -> dict:
             self._t = t
 
     clock = Clock()
-    trainer = pl.Trainer(max_steps=total, accelerator="cpu", devices=1, logger=False,
+    # --accelerator gpu: Lightning on the GPU; --precision bf16: its "bf16-mixed" (autocast),
+    # what pytorch-forecasting users switch on for a GPU
+    trainer = pl.Trainer(max_steps=total, accelerator=args.accelerator, devices=1, logger=False,
+                         precision="bf16-mixed" if args.precision == "bf16" else "32-true",
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0,
                          limit_val_batches=0, callbacks=[clock])
@@ -170,9 +176,11 @@ def run_peer(args) -> dict:
     model.eval()
     vloader = val.to_dataloader(train=False, batch_size=256, num_workers=0)
     preds, ys = [], []
+    model.to("cuda" if args.accelerator == "gpu" else "cpu")
     with torch.no_grad():
         for x, (y, _) in vloader:
-            preds.append(model(x)["prediction"].numpy())
+            x = {k: v.to(model.device) if hasattr(v, "to") else v for k, v in x.items()}
+            preds.append(model(x)["prediction"].float().cpu().numpy())
             ys.append(y.numpy())
             if sum(len(p) for p in preds) >= args.val_windows:
                 break
@@ -180,7 +188,8 @@ def run_peer(args) -> dict:
     y = np.concatenate(ys)[: args.val_windows]
     return {"side": "pytorch-forecasting", "step_s": clock.times[args.warmup:], "fit_s": fit_s,
             "params": int(n_params), "val_loss": val_loss(y, pred), "val_windows": len(pred),
-            "threads": threads, "torch": torch.__version__,
+            "threads": threads, "torch": torch.__version__, "accelerator": args.accelerator,
+            "precision": args.precision,
             "pytorch_forecasting": pytorch_forecasting.__version__}
 
 
@@ -197,10 +206,12 @@ def child(args) -> None:
 def spawn(side: str, batch: int, args) -> dict:
     cmd = [sys.executable, __file__, "--side", side, "--batch-size", str(batch),
            "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--val-windows", str(args.val_windows)]
+           "--val-windows", str(args.val_windows), "--accelerator", args.accelerator,
+           "--precision", args.precision]
     if args.remat:
         cmd += ["--remat", args.remat]
-    env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    env = dict(os.environ, JAX_PLATFORMS=os.environ.get(
+        "JAX_PLATFORMS", "cuda" if args.accelerator == "gpu" else "cpu"))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode in (-9, 137):  # the kernel's OOM killer
@@ -229,6 +240,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--val-windows", type=int, default=512)
     ap.add_argument("--remat", default=None, help="tftjax tier (default: the CLI's default)")
+    ap.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu",
+                    help="both sides on the CPU, or both on the (first) GPU")
+    ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                    help="bf16: tftjax --precision bf16 against Lightning's bf16-mixed")
     ap.add_argument("--side", choices=("tftjax", "peer"), help=argparse.SUPPRESS)
     ap.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path,

@@ -17,6 +17,8 @@ import tempfile  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+jax.config.update("jax_default_matmul_precision", "highest")  # equality on any backend
+
 from tftjax.checkpoints import EpochCheckpointer  # noqa: E402
 from tftjax.config import TrainConfig, preset  # noqa: E402
 from tftjax.data import load_dataset  # noqa: E402
@@ -75,7 +77,7 @@ def save_and_restore(src, dst_par) -> dict:
 
 if __name__ == "__main__":
     assert len(jax.devices()) == 4, jax.devices()
-    DS = load_dataset(None, preset("tiny").data)
+    DS = load_dataset(os.environ.get("TFTJAX_TEST_PARQUET"), preset("tiny").data)  # short bars
     with_dropout = preset("tiny")
     no_dropout = dataclasses.replace(with_dropout, dropout=0.0)
     out = {}

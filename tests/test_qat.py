@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import call, short_es, xla_optimised
+from conftest import call, random_inputs, short_es, xla_optimised
 from test_runloop import TINY_TFT, raw_state, tiny_tft
 
 from tftjax import export as export_cli
@@ -36,7 +36,8 @@ def optimised():
     # -O0 XLA:CPU gives NaN gradients for QAT (e.g. in static_enrichment under the encoders'
     # remat, and after a few steps of a QAT run) where the optimised program, and the same
     # program run op by op, are finite and equal to the no-remat gradients.
-    with xla_optimised():
+    # and full float32 matmuls on every backend (the tier equalities; TF32 on NVIDIA GPUs)
+    with xla_optimised(), jax.default_matmul_precision("highest"):
         yield
 
 
@@ -54,12 +55,7 @@ def small(tier="off", **kw):
 
 
 def inputs(cfg, seed):
-    ks = jax.random.split(jax.random.key(seed), 4)
-    t = cfg.encoder_steps + cfg.decoder_steps
-    return (jax.random.normal(ks[0], (B, cfg.num_static)),
-            jax.random.normal(ks[1], (B, cfg.encoder_steps, cfg.num_historical)),
-            jax.random.normal(ks[2], (B, t, cfg.num_known)),
-            jax.random.normal(ks[3], (B, cfg.decoder_steps)))
+    return random_inputs(cfg, B, seed)
 
 
 def observe_step(cfg):

@@ -3,29 +3,34 @@
 import jax
 import numpy as np
 import pytest
+from conftest import random_inputs
 
 from tftjax import losses, remat
 from tftjax.config import preset
 from tftjax.models.tft import TFT, init_params
 
-TIERS = ["minimal", "aggressive", "full", "offload"]
+# "gpu:…": the GPU's plan of the tier (tftjax.remat.GPU_PLANS: the VSNs in checkpointed
+# chunks of batched matmuls), traced and checked here on the CPU
+TIERS = ["minimal", "aggressive", "full", "offload", "gpu:minimal", "gpu:aggressive", "gpu:full"]
 B = 4
 
 
 def config(tier):
     # vsn_chunk=3 chunks every VSN with padding (5 → 2×3, 10 → 4×3, 220 → 74×3).
-    return preset("tiny", remat=tier, vsn_chunk=3)
+    platform, _, tier = tier.rpartition(":")
+    return preset("tiny", remat=tier, vsn_chunk=3, platform=platform or None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def highest():
+    # equality at full float32 on every backend (NVIDIA GPUs default to TF32 matmuls)
+    with jax.default_matmul_precision("highest"):
+        yield
 
 
 @pytest.fixture(scope="module")
 def inputs():
-    cfg = config("off")
-    ks = jax.random.split(jax.random.key(0), 4)
-    t = cfg.encoder_steps + cfg.decoder_steps
-    return (jax.random.normal(ks[0], (B, cfg.num_static)),
-            jax.random.normal(ks[1], (B, cfg.encoder_steps, cfg.num_historical)),
-            jax.random.normal(ks[2], (B, t, cfg.num_known)),
-            jax.random.normal(ks[3], (B, cfg.decoder_steps)))
+    return random_inputs(config("off"), B)
 
 
 def loss_and_grads(tier, params, inputs):
@@ -67,6 +72,24 @@ def test_tier_gradients_equal_off_for_every_leaf(tier, inputs, reference):
         assert np.any(g != 0), f"{tier}: gradient of {name} is all zero (frozen layer)"
         scale = np.abs(g_ref).max()
         assert np.abs(g - g_ref).max() <= max(1e-5 * scale, floor), f"{tier}: {name}"
+
+
+@pytest.mark.xdist_group("remat_reference")
+def test_tier_gradients_at_the_default_matmul_precision(inputs, reference):
+    # the backend's default (TF32 on NVIDIA GPUs): the float32 tolerance scaled by the
+    # mantissa bits the default gives up (conftest.matmul_mantissa_bits)
+    from conftest import matmul_mantissa_bits
+
+    params, ref_loss, ref_grads = reference
+    rtol = 1e-5 * 2.0 ** (24 - matmul_mantissa_bits())
+    with jax.default_matmul_precision("default"):
+        loss, grads = loss_and_grads("aggressive", params, inputs)
+    assert float(loss) == pytest.approx(ref_loss, rel=rtol)
+    flat = dict(jax.tree_util.tree_flatten_with_path(grads)[0])
+    for path, g_ref in jax.tree_util.tree_flatten_with_path(ref_grads)[0]:
+        g_ref = np.asarray(g_ref)
+        assert np.abs(np.asarray(flat[path]) - g_ref).max() <= rtol * np.abs(g_ref).max() + 1e-30, \
+            jax.tree_util.keystr(path)
 
 
 @pytest.mark.xdist_group("remat_reference")

@@ -3,6 +3,7 @@ epochs, ends at the weights of ``off`` (to float32 round-off), leaf by leaf."""
 
 import dataclasses
 
+import jax
 import numpy as np
 import pytest
 from conftest import short_es
@@ -14,6 +15,13 @@ from tftjax.training import leaf_differences, train_epochs
 
 CFG = preset("tiny", vsn_chunk=3)  # chunks of 3: every VSN runs chunked, with padding
 TC = TrainConfig(epochs=2, batch_size=16, max_steps_per_epoch=3, seed=3)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def highest():
+    # equality at full float32 on every backend (NVIDIA GPUs default to TF32 matmuls)
+    with jax.default_matmul_precision("highest"):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,9 @@ from tftjax.training import Trainer, create_train_state, train_and_evaluate
 CFG = preset("tiny")
 TC = TrainConfig(epochs=1, batch_size=32, learning_rate=3e-3, max_steps_per_epoch=4, patience=0)
 quiet = dict(log=lambda *a: None, progress=False)
+# the tests of the tiny model on the short ES bars share one worker and its compiled steps
+# (tests/test_precision.py's bf16 training test too)
+ES = pytest.mark.xdist_group("train_es")
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +48,7 @@ def signal_dataset(n=2264, seed=0) -> Dataset:
     return Dataset(bars, fs, make_splits(n, CFG.data), CFG.data)
 
 
+@ES
 def test_train_step_traces_once(es):
     trainer = Trainer(CFG, TC, to_device(es.features), max_traces=1)
     state = create_train_state(CFG, TC, jax.random.key(0))
@@ -57,6 +61,7 @@ def test_train_step_traces_once(es):
     chex.clear_trace_counter()
 
 
+@ES
 def test_padded_rows_do_not_count(es):
     data = to_device(es.features)
     state = create_train_state(CFG, TC, jax.random.key(0))
@@ -83,6 +88,7 @@ def names(workdir):
     return list_checkpoints(workdir / "checkpoints")
 
 
+@ES
 def test_checkpoint_names_full_run(tmp_path, es):
     tc = dataclasses.replace(TC, epochs=3)
     train_and_evaluate(CFG, tc, tmp_path, dataset=es, **quiet)
@@ -96,6 +102,7 @@ def test_checkpoint_names_full_run(tmp_path, es):
         assert (tmp_path / png).stat().st_size > 1000
 
 
+@ES
 def test_refuses_to_overwrite_an_earlier_run(tmp_path, es):
     train_and_evaluate(CFG, TC, tmp_path, dataset=es, **quiet)
     with pytest.raises(ConfigError, match="already holds checkpoints"):
@@ -111,7 +118,7 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     wd = tmp_path / "run"
     p = run("-m", "tftjax.train", "--preset", "tiny", "--epochs", "1", "--batch-size", "32",
             "--max-steps-per-epoch", "3", "--workdir", str(wd), "--no-progress",
-            "--profile", str(tmp_path / "prof"))
+            "--profile", str(tmp_path / "prof"), "--parquet-file", short_es())
     assert p.returncode == 0, p.stderr
     assert "naive: train quantiles" in p.stdout and "q-risk P50" in p.stdout
     assert (wd / "checkpoints" / "tft_final_epoch1").is_dir()
@@ -127,6 +134,9 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,expect", [
     (["--remat", "sideways"], "choose one of: off"),
+    (["--precision", "fp8"], "--precision must be one of f32, bf16, got 'fp8'"),
+    (["--matmul-precision", "fastest"], "--matmul-precision must be one of default, high, "
+                                        "highest, got 'fastest'"),
     (["--epochs", "0"], "epochs must be >= 1, got 0"),
     (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),
     (["--hidden-size", "0"], "hidden size must be >= 1, got 0"),

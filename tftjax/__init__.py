@@ -9,7 +9,8 @@ this map names every module::
   remat                 remat tiers → jax.checkpoint policies
   data.sessions         exchange sessions and their slot grid
   data.calendar         bar interval, time zones, the Timeline, known-future inputs
-  config                frozen configs of the data, the TFT and its training; presets
+  train_config          TrainConfig: how the TFT is optimised (also in config)
+  config                frozen configs of the data and the TFT; presets; TrainConfig's name
   data.bundled          the bundled bar sets (ES 1-minute, S&P 500 daily, BTC hourly)
   data.bars             read and validate a parquet OHLCV file → Bars
   data.identity         a data file's content hash, and finding the file again
@@ -43,9 +44,11 @@ this map names every module::
   training.task         the TFT's part of the run loop
   training.run          train_and_evaluate: the whole TFT job
   training              the training package's names in one place
-  memory.analysis       XLA's compiled memory analysis of the steps
+  memory.targets        GPU specs to compile for without a GPU (--target h100, ...)
+  memory.analysis       XLA's compiled memory analysis of the steps (here or for a target)
   memory.planning       the largest batch for a budget, --remat auto's plan
   memory.report         the per-tier memory and time report, profiles, plot
+  memory.soak           --soak: N epochs of training, device/array/host memory per epoch
   memory                the memory package's names in one place
   dqn.config            the DQN's configuration and presets
   dqn.buffer            the replay buffer

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Annotated, Literal
+from typing import Annotated
 
 import tyro
 
-from tftjax.errors import ConfigError
+from tftjax.errors import ConfigError, check
+from tftjax.errors import finite as _finite
+from tftjax.train_config import TrainConfig  # noqa: F401 - importable from here too
 
 # TFT-225 layout (see ../shared/design/tft_spec.md).
 NUM_STATIC = 5
@@ -25,17 +27,6 @@ LOOKBACKS = (2, 3, 5, 8, 10, 13, 15, 20, 25, 30, 40, 60, 90, 120)
 """Look-back windows (bars) of the historical feature families (tftjax.data.features)."""
 WARMUP = max(LOOKBACKS)
 """Rows before this index have incomplete look-backs: never an encoder row."""
-
-
-def check(checks: dict[str, bool], where: str) -> None:
-    """Raise one :class:`ConfigError` listing every message whose check is ``False``."""
-    bad = [msg for msg, ok in checks.items() if not ok]
-    if bad:
-        raise ConfigError(f"{where}: " + "; ".join(bad))
-
-
-def _finite(x: float) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +91,8 @@ class DataConfig:
             check_zone(self.timezone)
 
 
+PRECISIONS = ("f32", "bf16")
+MATMUL_PRECISIONS = ("default", "high", "highest")
 DEFAULT_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
 
 
@@ -162,6 +155,16 @@ class TFTConfig:
     the 5 most extreme values of each tail (0: the plain std)."""
     target_clip: float = 20.0
     """Clip targets to +-this many target scales, in training and evaluation (0: off)."""
+    precision: str = "f32"
+    """Compute precision: f32, or bf16 (parameters and the optimizer stay float32; matmuls and
+    stored activations run in bfloat16; LayerNorm statistics, softmax, the LSTM cell state,
+    the quantile head and the loss stay float32). Not with --qat."""
+    matmul_precision: str = "default"
+    """Float32 matmul precision (jax.default_matmul_precision): default (the backend's: TF32
+    on NVIDIA GPUs), high, or highest (full float32)."""
+    platform: tyro.conf.Suppress[str | None] = None
+    """The backend the remat plan is for (tftjax.remat.plan): None, the one running; set
+    when compiling for another (python -m tftjax.memory --target)."""
     qat_layers: tuple[str, ...] = ("*",)
     """Layers to quantize, as fnmatch patterns over their paths: Dense modules
     (e.g. 'attention/*', 'quantiles', 'encoder_vsn/weights/*'), stacked and LSTM kernels
@@ -169,7 +172,7 @@ class TFTConfig:
 
     # Execution settings: they change memory and speed, not the parameters or (beyond
     # float round-off) the results, so a resumed run may change them.
-    EXECUTION_FIELDS = ("remat", "vsn_chunk")
+    EXECUTION_FIELDS = ("remat", "vsn_chunk", "precision", "matmul_precision", "platform")
     # Settings that change neither the parameters' shapes nor their initial values (how the
     # network runs, what it is fed): models that differ only in these share one init.
     INIT_NEUTRAL_FIELDS = EXECUTION_FIELDS + (
@@ -205,6 +208,12 @@ class TFTConfig:
             "--qat-freeze-after and --qat-layers need --qat":
                 self.qat or (self.qat_freeze_after is None and tuple(self.qat_layers) == ("*",)),
             "--qat-layers must name at least one pattern": len(self.qat_layers) > 0,
+            f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}":
+                self.precision in PRECISIONS,
+            f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)}, got "
+            f"{self.matmul_precision!r}": self.matmul_precision in MATMUL_PRECISIONS,
+            "--precision bf16 and --qat do not go together (QAT's observers and fake-quant "
+            "are float32)": not (self.qat and self.precision == "bf16"),
         }, "model config")  # fmt: skip
         self.data  # noqa: B018 - validates the data options
 
@@ -244,71 +253,3 @@ def preset(name: str, **overrides) -> TFTConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return dataclasses.replace(PRESETS[name], **overrides)
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """How the TFT is optimised: everything here is checked on ``--resume`` (only ``epochs``
-    may grow)."""
-
-    epochs: int = 10
-    """Maximum epochs."""
-    batch_size: int = 64
-    """Windows per step."""
-    learning_rate: float = 1e-3
-    """AdamW learning rate."""
-    weight_decay: float = 1e-4
-    """AdamW weight decay."""
-    decay_all: bool = True
-    """Weight decay on every parameter; --no-decay-all keeps it off LayerNorms, biases and the
-    per-variable input embeddings (decay on weight matrices only)."""
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    """Learning rate over the run: constant, or cosine decay to 0 over all steps of --epochs."""
-    warmup_steps: int = 0
-    """Linear learning-rate warm-up from 0 over this many steps."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clip."""
-    seed: int = 0
-    """Initialisation, shuffling and dropout."""
-    patience: int = 5
-    """Early stop after this many epochs without a better validation loss (0: off); the
-    final checkpoint, summary and plots then hold the best epoch's weights."""
-    max_steps_per_epoch: int | None = None
-    """Cap the steps of an epoch (default: every training window once)."""
-    eval_batch_size: int = 256
-    """Windows per evaluation batch."""
-    accumulate: int = 1
-    """Gradient accumulation: run each batch as this many micro-batches of batch/K windows
-    inside the jitted step (gradients summed in float32, one optimizer update): the update of
-    the whole batch at the peak memory of one micro-batch."""
-    init_from: str | None = None
-    """Start from the weights of this checkpoint or run folder (its final checkpoint): the
-    same model and data, e.g. a float run to fine-tune with --qat."""
-
-    def __post_init__(self) -> None:
-        check({
-            f"epochs must be >= 1, got {self.epochs}": self.epochs >= 1,
-            f"batch_size must be >= 1, got {self.batch_size}": self.batch_size >= 1,
-            f"learning_rate must be a finite number >= 0, got {self.learning_rate}":
-                _finite(self.learning_rate) and self.learning_rate >= 0,
-            f"weight_decay must be a finite number >= 0, got {self.weight_decay}":
-                _finite(self.weight_decay) and self.weight_decay >= 0,
-            f"grad_clip must be > 0, got {self.grad_clip}":
-                _finite(self.grad_clip) and self.grad_clip > 0,
-            f"seed must be in [0, 2**32), got {self.seed}": 0 <= self.seed < 2**32,
-            f"patience must be >= 0, got {self.patience}": self.patience >= 0,
-            f"max_steps_per_epoch must be >= 1, got {self.max_steps_per_epoch}":
-                self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1,
-            f"eval_batch_size must be >= 1, got {self.eval_batch_size}": self.eval_batch_size >= 1,
-            f"warmup_steps must be >= 0, got {self.warmup_steps}": self.warmup_steps >= 0,
-            f"accumulate must be >= 1, got {self.accumulate}": self.accumulate >= 1,
-            f"batch_size {self.batch_size} is not divisible by --accumulate {self.accumulate}":
-                self.accumulate < 1 or self.batch_size % self.accumulate == 0,
-        }, "training config")  # fmt: skip
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "TrainConfig":
-        return cls(**d)

@@ -18,3 +18,17 @@ class DataError(ValueError):
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the last good checkpoint is kept (exit code 1)."""
+
+
+def check(checks: dict[str, bool], where: str) -> None:
+    """Raise one :class:`ConfigError` listing every message whose check is ``False``."""
+    bad = [msg for msg, ok in checks.items() if not ok]
+    if bad:
+        raise ConfigError(f"{where}: " + "; ".join(bad))
+
+
+def finite(x) -> bool:
+    """A real, finite number (what a config's float fields must be)."""
+    import math
+
+    return isinstance(x, (int, float)) and math.isfinite(x)

@@ -41,6 +41,11 @@ that only carries the ``[N, d]`` weighted sum).
                of least :data:`STEP_TIME`, and the largest batch that fits it
                (tftjax.memory.plan_auto)
 =============  ===============================================================
+
+That table is the CPU's. On a GPU (:data:`GPU_PLANS`) ``minimal``, ``aggressive`` and
+``full`` run the VSNs as checkpointed chunks of batched matmuls keeping less and less:
+``minimal`` their GLU outputs and pre-norm sums, ``aggressive`` (the seed's plan for the
+other blocks) their GLU outputs, ``full`` nothing.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class RematPlan:
     attention: bool = False
     vsn: bool = False  # per-variable GRNs recomputed (fused kernel; QAT: checkpointed chunks)
     vsn_scan: bool = False  # per-variable GRNs as a scan over chunks, residuals all kept
+    fused: bool = True  # recomputed VSNs through the fused kernel (CPU), else checkpointed chunks
     policy: object = None
     note: str = ""
 
@@ -97,6 +103,12 @@ STEP_TIME: dict[str, dict[str, float]] = {
     # experiments/throughput.py --remat off,minimal,aggressive,full. `full` is *fastest*
     # there: its VSNs run the fused recomputing kernel (tftjax.models.fused).
     "cpu": {"off": 1.0, "minimal": 1.0, "aggressive": 1.0, "full": 0.25},
+    # GPU plans (GPU_PLANS): modelled, not measured yet (experiments/gpu_check.py measures
+    # them). Measured on an H200 before they changed (TFT-225 b256): the CPU's `aggressive`
+    # 1.51 and the fused `full` 6.4. Now `full` recomputes the VSNs' forward (~90% of the
+    # forward) once, as `default` models; `minimal` and `aggressive` recompute all of it but
+    # the kept GLU outputs (and pre-norm sums), less than `full`.
+    "gpu": {"off": 1.0, "minimal": 1.1, "aggressive": 1.15, "full": 1.333},
     # Modelled elsewhere (not measured in this project): a step is ~3 forward passes and
     # rematerialising a block adds one more of its forward; the VSNs are ~90% of the
     # forward, the LSTMs ~5%, everything else ~5%.
@@ -106,7 +118,8 @@ STEP_TIME: dict[str, dict[str, float]] = {
 
 
 def step_time(tier: str, backend: str | None = None) -> float:
-    table = STEP_TIME.get(backend or jax.default_backend(), STEP_TIME["default"])
+    backend = "gpu" if is_gpu(backend) else (backend or jax.default_backend())
+    table = STEP_TIME.get(backend, STEP_TIME["default"])
     return table["aggressive" if tier == "offload" else tier]
 
 
@@ -116,6 +129,34 @@ def default_tier(backend: str | None = None) -> str:
     return min(ORDER, key=lambda t: (step_time(t, backend), ORDER.index(t)))
 AUTO = "auto"
 CHOICES = tuple(TIERS) + (AUTO,)
+
+
+def is_gpu(backend: str | None = None) -> bool:
+    return (backend or jax.default_backend()) in ("gpu", "cuda", "rocm")
+
+
+GPU_PLANS = {
+    # XLA:GPU schedules a scan over VSN chunks with every residual kept (the CPU's
+    # `aggressive`) so that the scan's stacked residuals outgrow what the chunking frees
+    # (an H200, TFT-225 b256: 1.64x `off`'s temp bytes), and the LSTMs' per-step remat
+    # alone saves nothing (their activations are ~4% of the step's). The VSNs hold ~96%: on a
+    # GPU the tiers are a ladder of how much of the VSN chunks' residuals is kept (tagged
+    # names, tftjax.remat.OFFLOAD_NAMES), each chunk's rest recomputed in the backward pass.
+    "minimal": dict(lstm=False, vsn=True, fused=False,
+                    policy=cp.save_only_these_names("vsn_glu", "vsn_y"),
+                    description="VSNs in checkpointed chunks that keep their GLU outputs and "
+                                "pre-norm sums (GPU)"),
+    "aggressive": dict(vsn_scan=False, vsn=True, fused=False,
+                       policy=cp.save_only_these_names("vsn_glu"),
+                       description="encoder GRNs, LSTMs, attention; VSNs in checkpointed "
+                                   "chunks that keep their GLU outputs (GPU)"),
+    # The fused kernel scans the variables one at a time: hundreds of tiny sequential
+    # kernels on a GPU (6.4x `off`'s step on an H200). There the VSNs run as checkpointed
+    # chunks of `vsn_chunk` variables, each a few batched matmuls, recomputed per chunk.
+    "full": dict(fused=False, description="everything but the quantile head, VSNs in "
+                                          "checkpointed chunks of batched matmuls (GPU)"),
+}
+"""What a tier means on a GPU where it differs from the CPU's plan."""
 
 
 def offload_supported(backend: str | None = None) -> bool:
@@ -135,6 +176,8 @@ def plan(tier: str, backend: str | None = None) -> RematPlan:
         p = TIERS[tier]
     except KeyError:
         raise ValueError(f"unknown remat tier {tier!r}; choose one of: {', '.join(CHOICES)}") from None
+    if is_gpu(backend) and tier in GPU_PLANS:
+        return dataclasses.replace(p, **GPU_PLANS[tier])
     if tier == "offload" and not offload_supported(backend):
         return dataclasses.replace(
             TIERS["aggressive"], name="offload",

@@ -79,6 +79,19 @@ def identity_diff(saved: dict, now: dict, may_change=(), prefix: str = "") -> li
     return out
 
 
+def resume_changes(saved: dict, task: Task) -> list[str]:
+    """The settings a resume may change (``task.may_change``) that it does change."""
+    now = {k: v for k, v in task.identity().items() if k != "data"}
+    old = {k: v for k, v in saved["identity"].items() if k != "data"}
+    out = []
+    for path in task.may_change:
+        head, _, key = path.partition(".")
+        a, b = old.get(head, {}).get(key, "<missing>"), now.get(head, {}).get(key, "<missing>")
+        if "<missing>" not in (a, b) and _norm(a) != _norm(b):  # (missing: an older run)
+            out.append(f"{path}: {a!r} in the checkpoint, {b!r} now")
+    return out
+
+
 def _norm(x):
     return tuple(_norm(v) for v in x) if isinstance(x, (list, tuple)) else x
 
@@ -163,6 +176,8 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
             "stopped_early": False}
     if saved is not None:
         loop = dict(saved["loop"])
+        for line in resume_changes(saved, task):
+            log(f"--resume: {line}")
     start = loop["epoch"]
     metrics_path = workdir / "metrics.jsonl"
     history = read_history(metrics_path, upto=start)

@@ -38,6 +38,18 @@ def run(argv: list[str] | None = None) -> int:
                      help="time each point in its own process, so that each device peak is "
                           "its own (default on a GPU/TPU, where JAX cannot reset the peak)")
     iso.add_argument("--no-isolate", dest="isolate", action="store_false")
+    ap.add_argument("--precision", default="f32", help="compute precision: f32 or bf16")
+    ap.add_argument("--matmul-precision", default="default",
+                    help="float32 matmul precision: default, high or highest")
+    ap.add_argument("--target", default=None,
+                    help="compile for this GPU on this machine, no GPU needed (h100, h200, "
+                         "a100, rtx4090, a4000; the cuda12 extra): compiled bytes, batch plan "
+                         "and --remat auto's choice for its memory; no steps run")
+    ap.add_argument("--soak", type=int, default=None, metavar="N",
+                    help="instead of the report: train N epochs (validation and a checkpoint "
+                         "each) and check that device bytes, live arrays and host memory do "
+                         "not grow after the first; exit 1 when they do")
+    ap.add_argument("--soak-steps", type=int, default=50, help="train steps per soak epoch")
     ap.add_argument("--point-config", type=Path, help=argparse.SUPPRESS)  # an isolated point
     args = ap.parse_args(argv)
     try:
@@ -47,7 +59,8 @@ def run(argv: list[str] | None = None) -> int:
             from tftjax.config import TFTConfig
             cfg = TFTConfig.from_json(json.loads(args.point_config.read_text()))
         else:
-            cfg = preset(args.preset)
+            cfg = preset(args.preset, precision=args.precision,
+                         matmul_precision=args.matmul_precision)
         tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
         for t in tiers:
             remat.plan(t)
@@ -61,15 +74,72 @@ def run(argv: list[str] | None = None) -> int:
         if not any(b % k == 0 for b in batch_sizes for k in accumulate):
             raise ValueError(f"--accumulate {args.accumulate} divides none of --batch-sizes "
                              f"{args.batch_sizes}")
+        if args.soak is not None:
+            return soak_cli(cfg, tiers[0], batch_sizes[-1], args)
+        if args.target is not None:
+            from tftjax.memory.targets import spec
+
+            spec(args.target)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     report(cfg, tiers, batch_sizes, args.out, budgets_gb=[g if not g.is_integer() else int(g)
                                                          for g in budgets],
            steps=args.steps, verify=args.verify,
            parquet_file=data_file(args.parquet_file, args.dataset), isolate=args.isolate,
-           accumulate=accumulate)
+           accumulate=accumulate, target=args.target)
     print(f"wrote {args.out}/memory.json, batch_plan.json, memory.png and memory_*.prof")
+    if args.target is not None:
+        target_plan(cfg, batch_sizes[-1], args)
     return 0
+
+
+def target_plan(cfg, batch_size: int, args) -> None:
+    """``--remat auto``'s choice for the target GPU's memory at the largest ``--batch-sizes``
+    (the fastest tier that fits, by the GPU's step-time model)."""
+    import dataclasses
+
+    from tftjax.data import load_dataset
+    from tftjax.memory import HEADROOM, for_target, plan_auto
+    from tftjax.memory.targets import spec
+
+    s = spec(args.target)
+    rows = len(load_dataset(data_file(args.parquet_file, args.dataset), cfg.data).features)
+    with for_target(args.target):
+        # at the batch asked for (growing it would be a bisection of GPU compiles: the
+        # plan table above has each tier's largest batch from the fit)
+        tier, batch, k = plan_auto(dataclasses.replace(cfg, remat="off"),
+                                   HEADROOM * s.memory_bytes, batch_size, rows,
+                                   backend="gpu", log=lambda *a: None, grow_batch=False)
+    print(f"--remat auto on {s.description} ({s.memory_bytes / 1e9:.1f} GB, planned for "
+          f"{HEADROOM:.0%}): --remat {tier} --batch-size {batch}"
+          + (f" --accumulate {k}" if k > 1 else ""))
+
+
+def soak_cli(cfg, tier: str, batch_size: int, args) -> int:
+    import json
+
+    from tftjax.config import TrainConfig
+    from tftjax.memory.soak import format_soak, soak
+
+    if args.soak < 2:
+        raise ConfigError(f"--soak {args.soak}: a soak needs 2 or more epochs (growth is "
+                          "measured after the first)")
+    if args.soak_steps < 1:
+        raise ConfigError(f"--soak-steps must be >= 1, got {args.soak_steps}")
+    import dataclasses
+
+    tc = TrainConfig(batch_size=batch_size, max_steps_per_epoch=args.soak_steps)
+    args.out.mkdir(parents=True, exist_ok=True)
+    records, grew = soak(dataclasses.replace(cfg, remat=tier), tc, args.soak,
+                         args.out / "soak_run", parquet_file=data_file(args.parquet_file,
+                                                                       args.dataset))
+    (args.out / "soak.json").write_text(json.dumps({"records": records, "grew": grew}, indent=2))
+    print(format_soak(records))
+    for line in grew:
+        print(f"LEAK? {line}")
+    print("no growth after the first epoch" if not grew else
+          f"memory grew after the first epoch ({len(grew)} measure(s))")
+    return 1 if grew else 0
 
 
 def main(argv: list[str] | None = None) -> int:

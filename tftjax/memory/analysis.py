@@ -42,8 +42,47 @@ class Compiled:
         return self.argument_bytes + self.temp_bytes + self.output_bytes - self.alias_bytes
 
 
+_TARGET: list = [None]  # (name, compile-only device) while compiling for a GPU target
+
+
+@contextlib.contextmanager
+def for_target(name: str | None):
+    """Inside this block the steps are compiled (for their memory analysis only) for GPU
+    ``name`` (tftjax.memory.targets: no GPU needed, the CUDA plugin is), or for this
+    process's default device when ``name`` is None."""
+    if name is None:
+        yield
+        return
+    from tftjax.memory.targets import compile_only_device
+
+    was, _TARGET[0] = _TARGET[0], (name, compile_only_device(name))
+    try:
+        yield
+    finally:
+        _TARGET[0] = was
+
+
+def target_name() -> str:
+    """What the steps are compiled for now: a GPU target's name, or the default backend."""
+    return _TARGET[0][0] if _TARGET[0] is not None else jax.default_backend()
+
+
+def _targeted(cfg: TFTConfig) -> TFTConfig:
+    """``cfg`` with the remat plan of the target's platform (a GPU's differs, tftjax.remat)."""
+    return cfg if _TARGET[0] is None else dataclasses.replace(cfg, platform="gpu")
+
+
+def _placed(tree):
+    """``tree``'s ShapeDtypeStructs on the target device (unchanged without a target)."""
+    if _TARGET[0] is None:
+        return tree
+    s = jax.sharding.SingleDeviceSharding(_TARGET[0][1])
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree)
+
+
 def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig = TrainConfig()):
-    """Shape-only (state, data, batch_idx, key) of the train step."""
+    """Shape-only (state, data, batch_idx, key) of the train step (on the GPU target inside
+    :func:`for_target`)."""
     state = abstract_train_state(cfg, tc)
     f32 = jnp.float32
     data = DeviceData(jax.ShapeDtypeStruct((rows, cfg.num_historical), f32),
@@ -54,7 +93,7 @@ def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig 
                       jax.ShapeDtypeStruct((rows,), f32))
     idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0, impl="rbg"))
-    return state, data, idx, key
+    return _placed((state, data, idx, key))
 
 
 @contextlib.contextmanager
@@ -65,6 +104,9 @@ def analysis_only():
     optimised program's (checked: tests/test_memory.py compares the two) and the compile
     takes about half the time. (A JAX flag read at each compile: not for threads compiling
     programs to run meanwhile.)"""
+    if _TARGET[0] is not None:  # checked on XLA:CPU only: a GPU target compiles as it would run
+        yield
+        return
     was = jax.config.read("jax_disable_most_optimizations")
     jax.config.update("jax_disable_most_optimizations", True)
     try:
@@ -78,6 +120,7 @@ def compile_step(cfg: TFTConfig, batch_size: int, rows: int, accumulate: int = 1
     """The compiled train step of ``cfg`` at ``batch_size`` (no arrays allocated), as
     ``accumulate`` micro-batches of ``batch_size / accumulate``; ``to_run=False``: compiled
     for its memory analysis only (:func:`analysis_only`)."""
+    cfg = _targeted(cfg)
     lowered = make_train_step(cfg, accumulate=accumulate).lower(
         *abstract_inputs(cfg, batch_size, rows))
     with contextlib.nullcontext() if to_run else analysis_only():
@@ -103,7 +146,7 @@ def analyse(cfg: TFTConfig, batch_size: int, rows: int, compiled=None,
     """XLA's memory analysis of the train step of ``cfg`` at ``batch_size`` (of ``compiled``
     when given). Compiled plans are deterministic: each point is compiled once per process
     (the planner and the report ask again for points they have seen)."""
-    key = (cfg, batch_size, rows, accumulate, jax.default_backend())
+    key = (cfg, batch_size, rows, accumulate, target_name())
     if compiled is None and key in _ANALYSED:
         return _ANALYSED[key]
     c = compiled if compiled is not None else compile_step(cfg, batch_size, rows, accumulate,
@@ -121,12 +164,13 @@ def analyse(cfg: TFTConfig, batch_size: int, rows: int, compiled=None,
 
 
 def compile_eval_step(cfg: TFTConfig, batch_size: int, rows: int, *, to_run: bool = True):
+    cfg = _targeted(cfg)
     state, data, _, _ = abstract_inputs(cfg, batch_size, rows)
     idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
     # the variables the trainer evaluates with (observers too for a QAT model)
     variables = {"params": state.params, **({"quant_stats": state.quant_stats}
                                             if state.quant_stats else {})}
-    lowered = make_eval_step(cfg).lower(variables, data, idx)
+    lowered = make_eval_step(cfg).lower(variables, data, _placed(idx))
     with contextlib.nullcontext() if to_run else analysis_only():
         return lowered.compile()
 

@@ -15,8 +15,10 @@ import numpy as np
 from tftjax import remat
 from tftjax.config import TFTConfig, TrainConfig
 from tftjax.devices import device_limit
-from tftjax.memory.analysis import GB, Compiled, analyse, compile_step, release_executables
+from tftjax.memory.analysis import (GB, Compiled, analyse, compile_step, for_target,
+                                    release_executables, target_name)
 from tftjax.memory.planning import fit_linear, largest_batch
+from tftjax.memory.targets import spec
 from tftjax.training import create_train_state, make_train_step
 
 BUDGETS_GB = (4, 12, 24, 48, 80, 141)
@@ -58,7 +60,7 @@ def timed_steps(compiled, state, data, batches, key) -> tuple[list[float], objec
 def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
            budgets_gb=BUDGETS_GB, steps: int = 3, time_limit_bytes: float | None = None,
            verify: bool = False, log=print, parquet_file=None,
-           isolate: bool | None = None, accumulate=(1,)) -> list[dict]:
+           isolate: bool | None = None, accumulate=(1,), target: str | None = None) -> list[dict]:
     """Measure, print and write ``memory.json``, ``memory.png`` and ``.prof`` files.
 
     The data arrays have the rows of ``parquet_file`` (default: the bundled ES bars).
@@ -67,7 +69,15 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
     process, so that each point's ``peak_bytes_in_use`` is its own: JAX has no way to
     reset a device's peak, and in one process every later point would report the
     largest peak so far. ``accumulate``: each batch size also as K micro-batches for each K
-    given that divides it (``--accumulate 1,4``); the batch plan fits the first K's points."""
+    given that divides it (``--accumulate 1,4``); the batch plan fits the first K's points.
+    ``target``: compiled for that GPU (tftjax.memory.targets) on this machine, nothing run."""
+    with for_target(target):
+        return _report(cfg, tiers, batch_sizes, out, budgets_gb, 0 if target else steps,
+                       time_limit_bytes, verify, log, parquet_file, isolate, accumulate)
+
+
+def _report(cfg, tiers, batch_sizes, out, budgets_gb, steps, time_limit_bytes, verify, log,
+            parquet_file, isolate, accumulate) -> list[dict]:
     from tftjax.data import load_dataset, to_device
 
     out.mkdir(parents=True, exist_ok=True)
@@ -106,6 +116,8 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
                 stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
                 if stats:
                     rec["peak_bytes_in_use"] = int(stats.get("peak_bytes_in_use", 0))
+                else:
+                    rec["peak_note"] = f"{dev.platform} reports no memory statistics"
                 # Live device buffers right after a step (pprof; `pprof -http` or XProf).
                 jax.profiler.save_device_memory_profile(
                     str(out / f"memory_{tier}_b{b}{f'_k{k}' if k > 1 else ''}.prof"))
@@ -137,8 +149,11 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], out: Path,
 
 
 def _record(tier: str, a: Compiled, dev) -> dict:
+    name = target_name()
+    device = dev.device_kind if name == jax.default_backend() else (
+        f"{spec(name).description} (compile-only target)")
     return {"tier": tier, **{k: v for k, v in dataclasses.asdict(a).items() if k != "tier"},
-            "total_bytes": a.total_bytes, "step_time_s": None, "device": dev.device_kind}
+            "total_bytes": a.total_bytes, "step_time_s": None, "device": device}
 
 
 def _point_in_subprocess(cfg: TFTConfig, batch_size: int, steps: int, out: Path,
@@ -176,7 +191,7 @@ def _host_budget() -> float:
 
 def format_table(records: list[dict], base: str) -> str:
     lines = [f"| tier | batch | micro-batches | argument | output | temp | host temp | code | "
-             f"step time | vs {base} |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"step time | vs {base} | measured peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     mib = lambda x: f"{x / 2**20:,.0f} MiB"  # noqa: E731
     for r in records:
         t = f"{r['step_time_s']:.2f} s" if r["step_time_s"] else "not run"
@@ -188,8 +203,15 @@ def format_table(records: list[dict], base: str) -> str:
                      f"{mib(r['output_bytes'])} | {mib(r['temp_bytes'])} | "
                      f"{mib(r.get('host_temp_bytes', 0))} | "
                      f"{r['generated_code_bytes'] / 2**10:,.0f} KiB | {t} | "
-                     f"{f'{ratio:.2f}×' if ratio else '–'} |")
+                     f"{f'{ratio:.2f}×' if ratio else '–'} | {_peak(r)} |")
     return "\n".join(lines)
+
+
+def _peak(r: dict) -> str:
+    if r.get("peak_bytes_in_use"):
+        plan = r["total_bytes"]
+        return f"{r['peak_bytes_in_use'] / 2**20:,.0f} MiB ({r['peak_bytes_in_use'] / plan:.2f}× plan)"
+    return r.get("peak_note", "–")
 
 
 def format_plan(rows: list[dict], tiers, budgets) -> str:

@@ -182,6 +182,9 @@ def weighted_grn_sum(p: dict, x: Array, w: Array, keep: Array | None, rate: floa
     (``unroll`` per loop iteration); the backward pass recomputes each variable from the
     inputs. Rows run in blocks of at most ``row_block`` (a ``lax.map``) so that the
     per-variable working set stays in cache at any batch size."""
+    # float32 inside (bf16 compute too): the kernel stores no [m, N, ·] activations for
+    # bfloat16 to halve, and XLA:CPU has no fast bfloat16 dots
+    p, x, w = jax.tree.map(lambda a: a.astype(jnp.float32), (p, x, w))
     keep_f = None if keep is None else keep.astype(x.dtype) / keep_prob(rate)
     q = fold(p)
     n = x.shape[1]

@@ -50,6 +50,40 @@ class Dense(nn.Module):
         return y
 
 
+def norm_stats(x: Array, eps: float = 1e-6, fast: bool = False) -> tuple[Array, Array]:
+    """Mean and ``1/sqrt(var + eps)`` over the last axis in float32 for any input dtype,
+    recomputed in the backward pass from ``x`` itself (checkpointed), so that a bfloat16
+    ``x`` leaves no float32 copy of itself behind as a residual. ``fast``: the variance as
+    ``E[x²] − E[x]²`` (flax's LayerNorm), else ``E[(x − E[x])²]``."""
+
+    def stats(x):
+        xf = x.astype(jnp.float32)
+        mean = xf.mean(-1, keepdims=True)
+        if fast:
+            var = jnp.maximum(0.0, jnp.square(xf).mean(-1, keepdims=True) - jnp.square(mean))
+        else:
+            var = jnp.square(xf - mean).mean(-1, keepdims=True)
+        return mean, lax.rsqrt(var + eps)
+
+    return jax.checkpoint(stats)(x)
+
+
+class LayerNorm(nn.Module):
+    """``flax.linen.LayerNorm`` (same parameters, names, epsilon and float32 arithmetic):
+    statistics in float32, the normalisation in the input's dtype (bf16 compute: bfloat16
+    output and residuals)."""
+
+    epsilon: float = 1e-6
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],))
+        mean, rstd = norm_stats(x, self.epsilon, fast=True)
+        mul = (rstd * scale).astype(x.dtype)
+        return (x - mean.astype(x.dtype)) * mul + bias.astype(x.dtype)
+
+
 class GLU(nn.Module):
     """``σ(W_4 g + b_4) ⊙ (W_5 g + b_5)``, dropout on the input."""
 
@@ -83,7 +117,7 @@ class GRN(nn.Module):
         h = checkpoint_name(nn.elu(h), "grn_hidden")
         h = dense(self.hidden, name="fc1")(h)
         g = GLU(self.output, self.dropout, self.quant, name="glu")(h, deterministic)
-        return nn.LayerNorm(name="norm")(skip + g)
+        return LayerNorm(name="norm")(skip + g)
 
 
 class FoldedDense(nn.Module):
@@ -129,7 +163,7 @@ class EmbeddedGRN(nn.Module):
         h = checkpoint_name(nn.elu(h), "grn_hidden")
         h = Dense(self.hidden, name="fc1")(h)
         g = GLU(self.output, self.dropout, name="glu")(h, deterministic)
-        return nn.LayerNorm(name="norm")(skip + g)
+        return LayerNorm(name="norm")(skip + g)
 
 
 class GateAddNorm(nn.Module):
@@ -142,7 +176,7 @@ class GateAddNorm(nn.Module):
     @nn.compact
     def __call__(self, a: Array, b: Array, deterministic: bool = True) -> Array:
         glu = GLU(self.features, self.dropout, self.quant, name="glu")
-        return nn.LayerNorm(name="norm")(a + glu(b, deterministic))
+        return LayerNorm(name="norm")(a + glu(b, deterministic))
 
 
 class LSTM(nn.Module):
@@ -181,17 +215,17 @@ class LSTM(nn.Module):
         recurrent, stats = self._recurrent(w_h)
 
         def step(state, x_t):
-            c, h = state
+            c, h = state  # the cell state float32 (bf16 compute too), h the compute dtype
             gates = checkpoint_name(x_t + recurrent(h), "lstm_gates")
             i, f, g, o = jnp.split(gates, 4, axis=-1)
-            c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
-            h = nn.sigmoid(o) * jnp.tanh(c)
+            c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)  # (promoted to c's float32)
+            h = (nn.sigmoid(o) * jnp.tanh(c)).astype(x_t.dtype)
             return (c, h), h
 
         if self.remat:
             step = jax.checkpoint(step, policy=self.policy, prevent_cse=False)
-        h0 = carry[1]
-        carry, hs = lax.scan(step, carry, xp)
+        c0, h0 = carry[0].astype(jnp.float32), carry[1].astype(xp.dtype)
+        carry, hs = lax.scan(step, (c0, h0), xp)
         if stats is not None:  # every h the recurrent matmul saw: h_0 … h_{T-1}
             stats.value = qt.observe(stats.value,
                                            jnp.concatenate([h0[None], hs[:-1]], axis=0),
@@ -239,8 +273,9 @@ class InterpretableAttention(nn.Module):
         k = dense(H * dh, use_bias=False, name="key")(kv).reshape(kv.shape[:-1] + (H, dh))
         v = dense(dh, name="value")(kv)  # [B, T, dh], shared by all heads
         logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(dh).astype(q.dtype)
+        logits = logits.astype(jnp.float32)  # softmax in float32 (bf16 compute too)
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
         attn = checkpoint_name(nn.softmax(logits, axis=-1), "attention_weights")  # [B, H, Tq, T]
-        attn_d = nn.Dropout(self.dropout)(attn, deterministic=deterministic)
+        attn_d = nn.Dropout(self.dropout)(attn.astype(v.dtype), deterministic=deterministic)
         mixed = jnp.einsum("bhqk,bkd->bqd", attn_d, v) / H  # mean over heads [B, Tq, dh]
         return dense(self.features, name="out")(mixed), attn.mean(axis=1)

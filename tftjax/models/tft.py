@@ -70,7 +70,7 @@ class TFT(nn.Module):
     def __call__(self, static: Array, historical: Array, known: Array,
                  deterministic: bool = True) -> tuple[Array, Interpretation]:
         cfg = self.cfg
-        plan = remat_plan(cfg.remat)
+        plan = remat_plan(cfg.remat, cfg.platform)
         quant = quant_spec(cfg, self.mode)
         d, p = cfg.hidden, cfg.dropout
         te = historical.shape[1]
@@ -96,7 +96,7 @@ class TFT(nn.Module):
                       else jax.checkpoint_policies.everything_saveable)
             return VariableSelection(m, cfg.d_v, d, p, chunk=cfg.vsn_chunk if chunked else None,
                                      policy=policy, remat_weights=plan.vsn, quant=quant,
-                                     fused=plan.vsn, name=name)
+                                     fused=plan.vsn and plan.fused, name=name)
 
         # 1-2. Static covariates and their four contexts.
         zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]
@@ -129,10 +129,42 @@ class TFT(nn.Module):
         delta = GateAddNorm(d, p, quant, name="attention_gate")(theta[:, te:], attn, det)
         psi = enc_grn(d, d, p, name="positionwise")(delta, None, det)
         psi_t = GateAddNorm(d, 0.0, quant, name="output_gate")(phi_t[:, te:], psi, det)
+        # float32 head (bf16: its parameters are not cast, see apply_fn) and outputs
         pred = Dense(len(cfg.quantiles), quant=quant, name="quantiles")(psi_t)  # [B, T_d, Q]
+        pred = pred.astype(jnp.float32)
         if cfg.monotone_quantiles:
             pred = monotone(pred, int(np.argmin(np.abs(np.asarray(cfg.quantiles) - 0.5))))
-        return pred, Interpretation(static_w, hist_w, fut_w, attn_w)
+        interp = Interpretation(static_w, hist_w, fut_w, attn_w)
+        return pred, jax.tree.map(lambda a: a.astype(jnp.float32), interp)
+
+
+COMPUTE_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+FLOAT32_MODULES = ("quantiles",)
+"""Top-level modules whose parameters bf16 compute keeps in float32 (the quantile head)."""
+
+
+@functools.lru_cache(maxsize=None)
+def apply_fn(cfg: TFTConfig, mode: str | None = None):
+    """``TFT(cfg, mode).apply`` at ``cfg.precision``. bf16: the float32 parameters are cast to
+    bfloat16 copies for the step (their gradients come back float32 through the cast) and so
+    are the inputs, so that matmuls and stored activations are bfloat16; the layers keep
+    their LayerNorm statistics, softmaxes and LSTM cell state in float32, and the quantile
+    head and the outputs are float32. Quantized arithmetic (fake-quant, int8) is float32."""
+    model = TFT(cfg, mode)
+    if cfg.precision == "f32" or quant_spec(cfg, mode) is not None:  # quantized: float32
+        return model.apply
+    dt = COMPUTE_DTYPES[cfg.precision]
+
+    def cast(a):
+        return a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a
+
+    def apply(variables, static, historical, known, *args, **kw):
+        params = {k: v if k in FLOAT32_MODULES else jax.tree.map(cast, v)
+                  for k, v in variables["params"].items()}
+        return model.apply({**variables, "params": params}, cast(static), cast(historical),
+                           cast(known), *args, **kw)
+
+    return apply
 
 
 def monotone(raw: Array, m: int) -> Array:

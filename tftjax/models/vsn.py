@@ -23,7 +23,7 @@ from jax.ad_checkpoint import checkpoint_name
 from tftjax import quant as qt
 from tftjax.models import fused
 from tftjax.models.dropout import keep_mask, keep_prob
-from tftjax.models.layers import GRN, EmbeddedGRN
+from tftjax.models.layers import GRN, EmbeddedGRN, norm_stats
 from tftjax.quant import QuantSpec
 
 Array = jax.Array
@@ -105,10 +105,12 @@ def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
     z = checkpoint_name(bmm("glu_k", h) + p["glu_b"][:, None, :], "vsn_glu")  # [m, N, 2d]
     value, gate = jnp.split(z, 2, axis=-1)
     y = checkpoint_name(skip + nn.sigmoid(gate) * value, "vsn_y")  # [m, N, d]
-    mean = y.mean(-1, keepdims=True)
-    var = jnp.square(y - mean).mean(-1, keepdims=True)
-    y = (y - mean) * lax.rsqrt(var + 1e-6) * p["ln_scale"][:, None, :] + p["ln_bias"][:, None, :]
-    return jnp.einsum("mn,mnd->nd", w, y), new_stats
+    mean, rstd = norm_stats(y)  # float32 statistics (bf16 compute too)
+    y = (y - mean.astype(y.dtype)) * rstd.astype(y.dtype)
+    y = y * p["ln_scale"][:, None, :] + p["ln_bias"][:, None, :]
+    # the weighted sum accumulates in float32: [N, d] float32 (the caller casts it back)
+    return jnp.einsum("mn,mnd->nd", w.astype(y.dtype), y,
+                      preferred_element_type=jnp.float32), new_stats
 
 
 class VariableSelection(nn.Module):
@@ -190,7 +192,7 @@ class VariableSelection(nn.Module):
             weight_grn = nn.remat(GRN, static_argnums=(3,)) if self.remat_weights else GRN
             logits = weight_grn(min(d, m), m, self.dropout, self.quant, name="weights")(
                 flat, ctx, deterministic)
-        w = nn.softmax(logits, axis=-1)  # [N, m]
+        w = nn.softmax(logits.astype(jnp.float32), axis=-1)  # [N, m], float32
 
         keep = None
         if not deterministic and self.dropout > 0:
@@ -205,7 +207,7 @@ class VariableSelection(nn.Module):
         if sq is not None and sq.update:
             for k, v in variables.items():
                 v.value = new_stats[k]
-        out = checkpoint_name(out, "vsn_out")
+        out = checkpoint_name(out.astype(x.dtype), "vsn_out")
         return out.reshape(lead + (d,)), w.reshape(lead + (m,))
 
     def _chunked(self, p: dict, xt: Array, wt: Array, keep: Array | None,
@@ -227,7 +229,7 @@ class VariableSelection(nn.Module):
             return acc + out, new
 
         body = jax.checkpoint(body, policy=self.policy, prevent_cse=False)
-        acc0 = jnp.zeros((xt.shape[1], self.hidden), xt.dtype)
+        acc0 = jnp.zeros((xt.shape[1], self.hidden), jnp.float32)
         out, new = lax.scan(body, acc0, (ps, chunks(xt), chunks(wt), keep, stats))
         new = jax.tree.map(lambda a: a.reshape((k * c,) + a.shape[2:])[:m], new)
         return out, new

@@ -16,7 +16,7 @@ from flax import struct
 from flax.training import train_state
 
 from tftjax.config import TFTConfig, TrainConfig
-from tftjax.models.tft import TFT, init_variables
+from tftjax.models.tft import apply_fn, init_variables
 
 Array = jax.Array
 
@@ -71,17 +71,12 @@ def _optimizer(lr: float, weight_decay: float, clip: float, schedule: str = "con
                        optax.adamw(rate, weight_decay=weight_decay, mask=mask))
 
 
-@functools.lru_cache(maxsize=None)
-def _apply_fn(cfg: TFTConfig):
-    return TFT(cfg).apply
-
-
 def create_train_state(cfg: TFTConfig, tc: TrainConfig, key: Array,
                        total_steps: int | None = None) -> TrainState:
     """A fresh state; ``total_steps``: the run's optimizer steps (for a cosine schedule)."""
     variables = init_variables(cfg, key)
     tx = make_optimizer(tc, total_steps)
-    return TrainState(step=0, apply_fn=_apply_fn(cfg), params=variables["params"], tx=tx,
+    return TrainState(step=0, apply_fn=apply_fn(cfg), params=variables["params"], tx=tx,
                       opt_state=_init_fn(tx)(variables["params"]),
                       quant_stats=variables.get("quant_stats", {}))
 

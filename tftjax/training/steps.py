@@ -18,7 +18,7 @@ import optax
 from tftjax import losses
 from tftjax.config import TFTConfig
 from tftjax.data import DeviceData, gather
-from tftjax.models.tft import TFT
+from tftjax.models.tft import apply_fn
 from tftjax.training.state import TrainState
 
 Array = jax.Array
@@ -34,6 +34,21 @@ def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key,
     pred = forecast(pred, batch, vol_target)
     return (losses.quantile_loss(batch.target, pred, quantiles, mask, denom),
             updated.get("quant_stats", {}))
+
+
+def at_matmul_precision(cfg: TFTConfig, fn: Callable) -> Callable:
+    """``fn`` traced under ``cfg.matmul_precision`` (``jax.default_matmul_precision``;
+    ``default``: whatever the process has set). The whole step runs inside it, so that the
+    backward pass's matmuls (traced after the forward's) get it too."""
+    if cfg.matmul_precision == "default":
+        return fn
+
+    @functools.wraps(fn)
+    def traced(*args, **kw):
+        with jax.default_matmul_precision(cfg.matmul_precision):
+            return fn(*args, **kw)
+
+    return traced
 
 
 def forecast(raw: Array, batch, vol_target: bool) -> Array:
@@ -104,6 +119,7 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
         return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
                            "count": mask.sum()}
 
+    step = at_matmul_precision(cfg, step)
     if max_traces is not None:
         import chex
 
@@ -122,13 +138,14 @@ def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callabl
     ``mode``: float, fake (-quant) or int8 arithmetic (default: the config's own); ``par``:
     the batch sharded over its devices like the train step's, outputs replicated."""
     quantiles = np.asarray(cfg.quantiles, np.float32)
-    model = TFT(cfg, mode)
+    apply = apply_fn(cfg, mode)
     take = _gather_fn(cfg, par)
 
+    @functools.partial(at_matmul_precision, cfg)
     def step(variables, data: DeviceData, batch_idx: Array):
         mask = batch_idx >= 0
         batch = take(data, jnp.maximum(batch_idx, 0))
-        pred, interp = model.apply(variables, batch.static, batch.historical, batch.known, True)
+        pred, interp = apply(variables, batch.static, batch.historical, batch.known, True)
         pred = forecast(pred, batch, cfg.vol_target)
         return losses.metric_sums(batch.target, pred, quantiles, mask), pred, interp
 
