@@ -103,7 +103,7 @@ def test_resume_without_a_checkpoint_is_an_error(tmp_path, capsys):
 
 
 @pytest.mark.xdist_group("runloop_base")
-def test_resume_through_the_cli_equals_the_uninterrupted_run(base, tmp_path):
+def test_resume_through_the_cli_equals_the_uninterrupted_run(base, tmp_path, capsys):
     root, straight = base
     copy = tmp_path / "copy"
     shutil.copytree(root, copy)  # a run folder moved together with its data
@@ -113,8 +113,13 @@ def test_resume_through_the_cli_equals_the_uninterrupted_run(base, tmp_path):
     for name in ("tft_epoch_3", "tft_final_epoch3"):
         shutil.rmtree(ckpts / name)
     (ckpts / "tft_epoch_3.orbax-checkpoint-tmp-1").mkdir()
+    # an execution setting may change on resume, and the change is printed (float32 matmuls
+    # at full precision: on CPU the default already is)
+    capsys.readouterr()
     assert call(train_cli.main, "--resume", "--workdir", copy / "run", "--epochs", "3",
-                "--no-progress") == 0
+                "--no-progress", "--matmul-precision", "highest") == 0
+    assert ("--resume: model.matmul_precision: 'default' in the checkpoint, 'highest' now"
+            in capsys.readouterr().out)
     a = raw_state(ckpts / "tft_epoch_3")
     chex.assert_trees_all_equal(a, raw_state(straight / "checkpoints" / "tft_epoch_3"))
     assert int(a["step"]) == 9

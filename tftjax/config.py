@@ -117,10 +117,11 @@ class TFTConfig:
     dropout: float = 0.1
     quantiles: tuple[float, ...] = DEFAULT_QUANTILES
     """Forecast quantiles, increasing in (0, 1); must include 0.5 and 0.9 (q-risk)."""
-    vsn_chunk: int = 20
-    """Variables per scan step in the variable selection networks where they run in chunks
-    (``aggressive``/``offload``, and QAT under ``full``; float ``full`` runs the fused kernel,
-    one variable per step)."""
+    vsn_chunk: int | None = None
+    """Variables per chunk where the variable selection networks run in chunks (CPU:
+    ``aggressive``/``offload``, and QAT under ``full``; GPU: every tier but ``off``); default:
+    the tier's plan (tftjax.remat: 20 on CPU, 10 on a GPU). Float ``full`` on CPU runs the
+    fused kernel, one variable per step."""
     # The CLIs take --remat themselves (it also accepts `auto`).
     remat: tyro.conf.Suppress[str] = "off"
     """Rematerialisation tier (tftjax.remat.TIERS)."""
@@ -201,7 +202,8 @@ class TFTConfig:
                 and all(a < b for a, b in zip(qs, qs[1:])),
             f"quantiles must include 0.5 and 0.9 (for q-risk), got {qs}":
                 any(math.isclose(q, 0.5) for q in qs) and any(math.isclose(q, 0.9) for q in qs),
-            f"vsn_chunk must be >= 1, got {self.vsn_chunk}": self.vsn_chunk >= 1,
+            f"vsn_chunk must be >= 1, got {self.vsn_chunk}":
+                self.vsn_chunk is None or self.vsn_chunk >= 1,
             f"remat tier {self.remat!r} is not one of {', '.join(TIERS)}": self.remat in TIERS,
             f"--qat-freeze-after must be >= 1 (observers need one batch), got "
             f"{self.qat_freeze_after}": self.qat_freeze_after is None or self.qat_freeze_after >= 1,

@@ -73,6 +73,7 @@ class RematPlan:
     vsn: bool = False  # per-variable GRNs recomputed (fused kernel; QAT: checkpointed chunks)
     vsn_scan: bool = False  # per-variable GRNs as a scan over chunks, residuals all kept
     fused: bool = True  # recomputed VSNs through the fused kernel (CPU), else checkpointed chunks
+    vsn_chunk: int = 20  # variables per VSN chunk unless TFTConfig.vsn_chunk says otherwise
     policy: object = None
     note: str = ""
 
@@ -142,18 +143,20 @@ GPU_PLANS = {
     # alone saves nothing (their activations are ~4% of the step's). The VSNs hold ~96%: on a
     # GPU the tiers are a ladder of how much of the VSN chunks' residuals is kept (tagged
     # names, tftjax.remat.OFFLOAD_NAMES), each chunk's rest recomputed in the backward pass.
-    "minimal": dict(lstm=False, vsn=True, fused=False,
+    "minimal": dict(lstm=False, vsn=True, fused=False, vsn_chunk=10,
                     policy=cp.save_only_these_names("vsn_glu", "vsn_y"),
                     description="VSNs in checkpointed chunks that keep their GLU outputs and "
                                 "pre-norm sums (GPU)"),
-    "aggressive": dict(vsn_scan=False, vsn=True, fused=False,
+    "aggressive": dict(vsn_scan=False, vsn=True, fused=False, vsn_chunk=10,
                        policy=cp.save_only_these_names("vsn_glu"),
                        description="encoder GRNs, LSTMs, attention; VSNs in checkpointed "
                                    "chunks that keep their GLU outputs (GPU)"),
     # The fused kernel scans the variables one at a time: hundreds of tiny sequential
     # kernels on a GPU (6.4x `off`'s step on an H200). There the VSNs run as checkpointed
     # chunks of `vsn_chunk` variables, each a few batched matmuls, recomputed per chunk.
-    "full": dict(fused=False, description="everything but the quantile head, VSNs in "
+    # Chunks of 10: compiled for the H100 spec, TFT-225 b256 `full` holds 836 MiB of temp
+    # bytes with chunks of 20 (0.12x `off`'s), 541 MiB with 10 (0.076x), 385 with 5.
+    "full": dict(fused=False, vsn_chunk=10, description="everything but the quantile head, VSNs in "
                                           "checkpointed chunks of batched matmuls (GPU)"),
 }
 """What a tier means on a GPU where it differs from the CPU's plan."""

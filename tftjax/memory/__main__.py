@@ -137,8 +137,8 @@ def soak_cli(cfg, tier: str, batch_size: int, args) -> int:
     print(format_soak(records))
     for line in grew:
         print(f"LEAK? {line}")
-    print("no growth after the first epoch" if not grew else
-          f"memory grew after the first epoch ({len(grew)} measure(s))")
+    print("no growth (tftjax.memory.soak.growth)" if not grew else
+          f"memory grew: {len(grew)} measure(s), see above")
     return 1 if grew else 0
 
 

@@ -10,7 +10,8 @@ checkpoint each epoch) and records, after every epoch, what a leak would move:
 * ``host_rss``: the process's resident memory.
 
 After the first epoch (which compiles, and fills caches and the checkpoint writer's
-buffers) nothing may grow beyond :data:`THRESHOLDS`; the CLI exits 1 when something does.
+buffers) device bytes and live arrays may not grow, and the host's memory may not grow in
+the second half of the run, beyond :data:`THRESHOLDS`; the CLI exits 1 when something does.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from tftjax.errors import ConfigError
 
 MiB = 1 << 20
 THRESHOLDS = {"device_bytes": 1 * MiB, "live_arrays": 0, "host_rss": 64 * MiB}
-"""Allowed growth over the first epoch's reading. Device bytes and live arrays are exact
-counts of what the program holds (a train state is donated and replaced each step, so a
-clean loop holds the same arrays after every epoch); host memory moves with the Python
+"""Allowed growth (see :func:`growth` for the baselines). Device bytes and live arrays are
+exact counts of what the program holds (a train state is donated and replaced each step, so
+a clean loop holds the same arrays after every epoch); host memory moves with the Python
 heap and the allocator's caching, so it gets a margin far below any real leak (the seed's
 was 16 GB)."""
 
@@ -60,15 +61,25 @@ def reading() -> dict:
 
 
 def growth(records: list[dict]) -> list[str]:
-    """What grew beyond :data:`THRESHOLDS` after the first epoch, one line each."""
+    """What grew beyond :data:`THRESHOLDS`, one line each. Device bytes and live arrays are
+    exact counts: measured from the first epoch on. The host's resident memory also warms up
+    (the allocator's arenas, the checkpoint writer's and the evaluation's buffers: measured, a
+    TFT-225 soak's RSS rose ~80 MiB over its first 3 epochs and then stayed within 15 MiB), so
+    it is measured from the middle epoch on: a leak grows in every epoch, a warm-up stops."""
     if len(records) < 2:
         return []
-    first, out = records[0], []
+    out = []
     for key, limit in THRESHOLDS.items():
-        worst = max(records[1:], key=lambda r: r[key])
-        if worst[key] - first[key] > limit:
-            out.append(f"{key} grew by {worst[key] - first[key]:,} (epoch 1: {first[key]:,}, "
-                       f"epoch {worst['epoch']}: {worst[key]:,}; allowed {limit:,})")
+        start = 0 if key != "host_rss" else (len(records) - 1) // 2
+        base = records[start]
+        later = records[start + 1:]
+        if not later:
+            continue
+        worst = max(later, key=lambda r: r[key])
+        if worst[key] - base[key] > limit:
+            out.append(f"{key} grew by {worst[key] - base[key]:,} (epoch {base['epoch']}: "
+                       f"{base[key]:,}, epoch {worst['epoch']}: {worst[key]:,}; allowed "
+                       f"{limit:,})")
     return out
 
 

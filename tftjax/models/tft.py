@@ -94,7 +94,7 @@ class TFT(nn.Module):
             offload = plan.name == "offload" and plan.note == ""
             policy = (plan.policy if plan.vsn or offload
                       else jax.checkpoint_policies.everything_saveable)
-            return VariableSelection(m, cfg.d_v, d, p, chunk=cfg.vsn_chunk if chunked else None,
+            return VariableSelection(m, cfg.d_v, d, p, chunk=(cfg.vsn_chunk or plan.vsn_chunk) if chunked else None,
                                      policy=policy, remat_weights=plan.vsn, quant=quant,
                                      fused=plan.vsn and plan.fused, name=name)
 
