@@ -56,10 +56,15 @@ def for_target(name: str | None):
     from tftjax.memory.targets import compile_only_device
 
     was, _TARGET[0] = _TARGET[0], (name, compile_only_device(name))
+    # a compile-only device's executables cannot be written to or read from the persistent
+    # compilation cache (JAX warns at each step and compiles anyway): off inside the block
+    cache = jax.config.read("jax_enable_compilation_cache")
+    jax.config.update("jax_enable_compilation_cache", False)
     try:
         yield
     finally:
         _TARGET[0] = was
+        jax.config.update("jax_enable_compilation_cache", cache)
 
 
 def target_name() -> str:
