@@ -114,3 +114,32 @@ def test_features_of_a_small_config(small_bars):
     fs = build_features(small_bars, cfg, train_rows=s.train_rows)
     batch = gather(to_device(fs), jnp.asarray(s.val[:5]), 8, 3)
     assert batch.historical.shape == (5, 8, 210) and batch.known.shape == (5, 11, 10)
+
+
+def test_fan_titles_show_the_bars_own_times():
+    # the run's quantile fans title each window with its first forecast bar; checked against
+    # the parquet file's own time column, read by pyarrow (a fresh clone once showed
+    # "2620407105926-01-18T16:00": nanoseconds read as minutes)
+    import datetime
+
+    import pyarrow.parquet as pq
+    from conftest import short_es
+
+    from tftjax.config import preset
+    from tftjax.data import load_dataset
+    from tftjax.plots import window_titles
+
+    cfg = preset("tiny")
+    ds = load_dataset(short_es(), cfg.data)
+    starts = ds.splits.test[[0, -1]]
+    table = pq.read_table(short_es())
+    col = next(c for c in table.column_names if c.lower() in ("ts", "ts_event", "timestamp",
+                                                                 "datetime", "date"))
+    times = table.column(col).to_pylist()
+    want = []
+    for s in starts:
+        t = times[int(s) + cfg.encoder_steps]
+        if isinstance(t, datetime.datetime) and t.tzinfo is not None:
+            t = t.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        want.append(f"first forecast bar {t.strftime('%Y-%m-%dT%H:%M')}")
+    assert window_titles(ds.bars.ts, starts, cfg.encoder_steps) == want

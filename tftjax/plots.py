@@ -78,6 +78,13 @@ def variable_importance(path: Path, static_w: np.ndarray, hist_w: np.ndarray, fu
     plt.close(fig)
 
 
+def window_titles(ts: np.ndarray, starts: np.ndarray, encoder_steps: int) -> list[str]:
+    """Fan titles: each window's first forecast bar as the bars store it (``ts``: int64
+    nanoseconds since the epoch, wall-clock or UTC), to the minute."""
+    return [f"first forecast bar {np.datetime64(int(t), 'ns').astype('datetime64[m]')}"
+            for t in ts[np.asarray(starts) + encoder_steps]]
+
+
 def training_plots(workdir: Path, history, trainer, params, ds, cfg, write: bool = True) -> None:
     """Loss curves, quantile fans and variable importance. ``write=False`` (the other
     processes of a multi-host run) runs the predictions, in which every process takes part,
@@ -96,8 +103,7 @@ def training_plots(workdir: Path, history, trainer, params, ds, cfg, write: bool
     tgt = ds.features.target
     past = tgt[picks[:, None] + np.arange(e)]
     future = tgt[picks[:, None] + e + np.arange(d)]
-    ts = ds.bars.ts[picks + e]
-    titles = [f"test window from {np.datetime64(int(t), 'm')}" for t in ts]
+    titles = window_titles(ds.bars.ts, picks, e)
     quantile_fan(workdir / "quantile_fan.png", past, future, pred, cfg.quantiles, titles)
     hist_names = list(HISTORICAL_NAMES) + [f"{n} (known)" for n in KNOWN_NAMES]
     variable_importance(workdir / "variable_importance.png",
