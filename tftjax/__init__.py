@@ -59,9 +59,10 @@ this map names every module::
   dqn                   the DQN package's names in one place
   export                safetensors export (float32 and int8) and its loader
   saved                 any saved TFT (checkpoint, run folder, export) as one record
+  forecast              quantile forecasts of a saved TFT from chosen origins (no lookahead)
 
 Entry points (``python -m``; they import the library, never each other): ``tftjax.train``,
-``tftjax.evaluate``, ``tftjax.export``, ``tftjax.memory``, ``tftjax.dqn``, ``tftjax.data``.
+``tftjax.evaluate``, ``tftjax.predict``, ``tftjax.export``, ``tftjax.memory``, ``tftjax.dqn``, ``tftjax.data``.
 """
 
 __version__ = "0.1.0"
