@@ -74,7 +74,11 @@ def test_predict_writes_the_documented_file(run, tmp_path, capsys):
     t = pq.read_table(out).to_pydict()
     qs = ["q10", "q50", "q90"]
     assert list(t) == ["instrument", "origin_time", "target_time", "horizon", "close_at_origin",
-                       *[c for q in qs for c in (q, f"price_{q}")]]
+                       *[c for q in qs for c in (q, f"price_{q}")], "checkpoint", "data_sha256"]
+    assert set(t["checkpoint"]) == {str(run / "run")}
+    from tftjax.data.identity import content_hash
+
+    assert set(t["data_sha256"]) == {content_hash(read_bars(run / "bars.parquet"))}
     assert len(t["horizon"]) == 3 * 5 and t["horizon"][:5] == [1, 2, 3, 4, 5]
     # times against the bars' own: the last origin is the file's last bar, and on this
     # gap-free stretch of 1-minute bars bar k is k minutes after it

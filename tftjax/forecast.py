@@ -100,4 +100,7 @@ def forecast(saved: SavedModel, parquet_file: str | Path | None = None, *,
         name = f"q{p * 100:g}"
         out[name] = q[:, :, j].reshape(-1)
         out[f"price_{name}"] = np.repeat(close, d) * np.exp(out[name])
+    ident = ds.identity()  # what produced the numbers
+    out["checkpoint"] = np.array([str(saved.given)] * (n * d))
+    out["data_sha256"] = np.array([str(ident["sha256"])] * (n * d))
     return {"table": out, "dataset": ds, "rows": rows, "starts": starts, "pred": pred}
