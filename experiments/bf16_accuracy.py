@@ -22,7 +22,7 @@ from pathlib import Path
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="tft225")
-    ap.add_argument("--dataset", default="es", help="bundled set: es, spx or btc")
+    ap.add_argument("--dataset", default="es", help="bundled set: es, spx, nasdaq or btc")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--max-steps-per-epoch", type=int, default=150)
     ap.add_argument("--batch-size", type=int, default=64)

@@ -181,3 +181,17 @@ def test_cli_reports_data_error_with_exit_2(tmp_path, cols):
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "column 'close' row 3" in lines[0]
+
+
+def test_every_bundled_set_reads_and_nasdaq_is_arch_s():
+    from tftjax.data.bundled import DATASETS, bundled_path
+
+    for name in DATASETS:
+        assert len(read_bars(bundled_path(name))) > 2000, name
+    import arch.data.nasdaq
+
+    src = arch.data.nasdaq.load()  # the source SOURCES.md names
+    b = read_bars(bundled_path("nasdaq"))
+    np.testing.assert_array_equal(b.close, src["Close"].to_numpy(np.float64))
+    np.testing.assert_array_equal(b.volume, src["Volume"].to_numpy(np.float64))
+    assert np.datetime64(int(b.ts[0]), "ns") == np.datetime64("1999-01-04")

@@ -34,8 +34,8 @@ class Args:
     (its final checkpoint) or an export folder."""
     parquet_file: Path | None = None
     """Evaluate on this file instead of the training data (with the training statistics)."""
-    dataset: Literal["es", "spx", "btc"] | None = None
-    """A bundled set instead of --parquet-file: es, spx or btc (tftjax/data/bundled/SOURCES.md)."""
+    dataset: Literal["es", "spx", "nasdaq", "btc"] | None = None
+    """A bundled set instead of --parquet-file: es, spx, nasdaq or btc (tftjax/data/bundled/SOURCES.md)."""
     split: Literal["train", "val", "test"] = "test"
     int8: bool = False
     """Also run the int8 inference path (a --qat checkpoint, or a float one with --calibrate)."""

@@ -31,7 +31,7 @@ class Args:
     """A checkpoint, a run folder (its final checkpoint) or an export folder."""
     parquet_file: Path | None = None
     """The bars to forecast from (default: the file the model was trained on)."""
-    dataset: Literal["es", "spx", "btc"] | None = None
+    dataset: Literal["es", "spx", "nasdaq", "btc"] | None = None
     """A bundled set instead of --parquet-file."""
     as_of: str | None = None
     """The origin: the last bar at or before this time (default: the last bar)."""

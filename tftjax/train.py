@@ -34,7 +34,7 @@ class Args:
     parquet_file: Path | None = None
     """OHLCV bars (time column ts/timestamp/date, open, high, low, close, volume); default: the
     bundled ES bars, or with --resume the file the run was trained on."""
-    dataset: Literal["es", "spx", "btc"] | None = None
+    dataset: Literal["es", "spx", "nasdaq", "btc"] | None = None
     """A bundled set instead of --parquet-file: es (ES futures, 1 min, 2,264 bars), spx (S&P 500
     daily, 5,031), btc (BTC/USD hourly, 20,111); sources in tftjax/data/bundled/SOURCES.md."""
     preset: Literal["tft225", "small", "tiny"] = "tft225"

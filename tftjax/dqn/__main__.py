@@ -31,8 +31,8 @@ class Args:
     parquet_file: Path | None = None
     """OHLCV bars for --env trading (default: the bundled ES bars, or with --resume the file
     the run was trained on)."""
-    dataset: Literal["es", "spx", "btc"] | None = None
-    """A bundled set instead of --parquet-file: es, spx or btc (tftjax/data/bundled/SOURCES.md)."""
+    dataset: Literal["es", "spx", "nasdaq", "btc"] | None = None
+    """A bundled set instead of --parquet-file: es, spx, nasdaq or btc (tftjax/data/bundled/SOURCES.md)."""
     workdir: Path = Path("runs/dqn/run_001")
     """Checkpoints, metrics.jsonl, summary.json and plots go here (default: a new
     runs/dqn/run_NNN; with --resume, the newest of them)."""

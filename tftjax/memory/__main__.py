@@ -32,7 +32,7 @@ def run(argv: list[str] | None = None) -> int:
                          "divide the batch size)")
     ap.add_argument("--parquet-file", type=Path, default=None,
                     help="the bars whose row count sizes the data arrays (default: bundled ES)")
-    ap.add_argument("--dataset", default=None, help="a bundled set instead: es, spx or btc")
+    ap.add_argument("--dataset", default=None, help="a bundled set instead: es, spx, nasdaq or btc")
     iso = ap.add_mutually_exclusive_group()
     iso.add_argument("--isolate", dest="isolate", action="store_true", default=None,
                      help="time each point in its own process, so that each device peak is "

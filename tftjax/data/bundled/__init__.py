@@ -9,9 +9,11 @@ from pathlib import Path
 DATASETS = {
     "es": "es_1min_2013-09.parquet",
     "spx": "spx_daily_1999-2018.parquet",
+    "nasdaq": "nasdaq_daily_1999-2018.parquet",
     "btc": "btcusd_1h_2017-2019.parquet",
 }
-"""ES 1-minute futures bars, S&P 500 daily, BTC/USD hourly, by ``--dataset`` name."""
+"""ES 1-minute futures bars, S&P 500 and NASDAQ Composite daily, BTC/USD hourly, by
+``--dataset`` name."""
 
 
 def bundled_path(name: str) -> Path:
