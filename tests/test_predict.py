@@ -32,7 +32,7 @@ def run(tmp_path_factory):
 def test_a_forecast_is_the_scored_prediction_of_its_window(run):
     saved = open_model(run / "run")
     cfg = saved.cfg
-    ds = load_dataset(run / "bars.parquet", cfg.data, stats=saved.feature_stats)
+    ds = load_dataset(run / "bars.parquet", cfg.data, **saved.featurisation)
     test = ds.splits.test
     scored, _ = Trainer(cfg, saved.tc, to_device(ds.features)).predict(saved.variables, test)
     e = cfg.encoder_steps
@@ -60,7 +60,7 @@ def test_bars_after_the_origin_do_not_move_the_forecast(run, tmp_path):
                            close=np.where(k, bars.close * 1.5, bars.close),
                            volume=np.where(k, bars.volume * 3 + 1, bars.volume))
     write_bars(changed, tmp_path / "changed.parquet")
-    b = forecast(saved, tmp_path / "changed.parquet", as_of=as_of)
+    b = forecast(saved, tmp_path / "changed.parquet", as_of=as_of, instrument="bars")
     assert a["rows"].tolist() == b["rows"].tolist() == [o]
     np.testing.assert_array_equal(a["pred"], b["pred"])
 

@@ -21,7 +21,7 @@ from tftjax import train as train_cli
 from tftjax.checkpoints import list_checkpoints
 from tftjax.config import ConfigError, DataConfig, TFTConfig, TrainConfig, preset
 from tftjax.dqn.config import DQN_PRESETS, DQNConfig
-from tftjax.data import epoch_batches, load_dataset
+from tftjax.data import Dataset, epoch_batches, load_dataset
 from tftjax.dqn import __main__ as dqn_cli
 from tftjax.evaluate import evaluate_checkpoint
 from tftjax.training import TrainingDiverged, train_and_evaluate
@@ -213,7 +213,8 @@ def test_nan_mid_epoch_stops_within_the_epoch(tmp_path):
     row = next(s + E for s in idx[2] if not any(hits(idx[k], s + E).any() for k in (0, 1)))
     target = es.features.target.copy()
     target[row] = np.nan
-    bad = dataclasses.replace(es, features=dataclasses.replace(es.features, target=target))
+    bad = Dataset.single(es.bars, dataclasses.replace(es.features, target=target), es.splits,
+                         es.cfg)
     with pytest.raises(TrainingDiverged, match="at step 3 of epoch 2.*tft_epoch_1"):
         train_and_evaluate(cfg, dataclasses.replace(tc, epochs=3), tmp_path, dataset=bad,
                            resume=True, **quiet)

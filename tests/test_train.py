@@ -45,7 +45,7 @@ def signal_dataset(n=2264, seed=0) -> Dataset:
     future = known[np.minimum(np.arange(n)[:, None] + 1 + np.arange(d), n - 1)]
     fs = FeatureSet(rng.normal(size=(n, 210)).astype(np.float32), known, future,
                     np.zeros(5, np.float32), target, stats)
-    return Dataset(bars, fs, make_splits(n, CFG.data), CFG.data)
+    return Dataset.single(bars, fs, make_splits(n, CFG.data), CFG.data)
 
 
 @ES

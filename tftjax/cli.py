@@ -111,6 +111,25 @@ def data_file(parquet_file: Path | None, dataset: str | None) -> Path | None:
     return bundled_path(dataset)
 
 
+def data_files(parquet_files, dataset: str | None):
+    """``--parquet-file`` (one or several paths) or the bundled ``--dataset`` names (comma
+    separated: ``spx,nasdaq``), not both: None, one path, or a list of them."""
+    from tftjax.errors import ConfigError
+
+    files = [Path(p) for p in (parquet_files or ())]
+    if dataset is not None:
+        if files:
+            raise ConfigError("give --dataset or --parquet-file, not both")
+        from tftjax.data.bundled import bundled_path
+
+        names = [n.strip() for n in dataset.split(",")]
+        if "" in names or len(set(names)) < len(names):
+            raise ConfigError(f"--dataset {dataset!r}: give distinct bundled names separated by "
+                              "commas, e.g. spx,nasdaq")
+        files = [bundled_path(n) for n in names]
+    return None if not files else files[0] if len(files) == 1 else files
+
+
 def peek(argv: list[str] | None, **flags) -> argparse.Namespace:
     """Flags needed before the full parse (a preset, ``--resume``, ``--workdir``); the full
     parse validates them and everything else. ``flags``: name → default (bool: a switch)."""

@@ -166,6 +166,13 @@ class TFTConfig:
     platform: tyro.conf.Suppress[str | None] = None
     """The backend the remat plan is for (tftjax.remat.plan): None, the one running; set
     when compiling for another (python -m tftjax.memory --target)."""
+    instruments: tyro.conf.Suppress[int] = 0
+    """Instruments in the embedding vocabulary of static input 0 (set from the training data:
+    one learned row each and one reserved row for an unknown instrument); 0: no embedding (a
+    model from before vocabularies: static input 0 is then a real-valued code)."""
+    instrument_dropout: float = 0.1
+    """Share of training windows whose instrument is replaced by the vocabulary's unknown row,
+    so that the row learns a pooled instrument (what --unknown-instrument embed serves)."""
     qat_layers: tuple[str, ...] = ("*",)
     """Layers to quantize, as fnmatch patterns over their paths: Dense modules
     (e.g. 'attention/*', 'quantiles', 'encoder_vsn/weights/*'), stacked and LSTM kernels
@@ -178,7 +185,7 @@ class TFTConfig:
     # network runs, what it is fed): models that differ only in these share one init.
     INIT_NEUTRAL_FIELDS = EXECUTION_FIELDS + (
         "dropout", "monotone_quantiles", "vol_target", "qat_freeze_after", "bar_interval",
-        "calendar", "timezone", "winsorize", "target_clip")
+        "calendar", "timezone", "winsorize", "target_clip", "instrument_dropout")
 
     def __post_init__(self) -> None:
         from tftjax.remat import TIERS
@@ -202,6 +209,9 @@ class TFTConfig:
                 and all(a < b for a, b in zip(qs, qs[1:])),
             f"quantiles must include 0.5 and 0.9 (for q-risk), got {qs}":
                 any(math.isclose(q, 0.5) for q in qs) and any(math.isclose(q, 0.9) for q in qs),
+            f"instruments must be >= 0, got {self.instruments}": self.instruments >= 0,
+            f"--instrument-dropout must be in [0, 1), got {self.instrument_dropout}":
+                _finite(self.instrument_dropout) and 0 <= self.instrument_dropout < 1,
             f"vsn_chunk must be >= 1, got {self.vsn_chunk}":
                 self.vsn_chunk is None or self.vsn_chunk >= 1,
             f"remat tier {self.remat!r} is not one of {', '.join(TIERS)}": self.remat in TIERS,

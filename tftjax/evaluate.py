@@ -20,7 +20,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Literal
 
-from tftjax.cli import data_file
+from tftjax.cli import data_files
 from tftjax.cli import main as cli_main
 from tftjax.errors import ConfigError
 
@@ -32,10 +32,18 @@ class Args:
     checkpoint: Path
     """A checkpoint directory (runs/tft/run_001/checkpoints/tft_final_epoch10), a run folder
     (its final checkpoint) or an export folder."""
-    parquet_file: Path | None = None
-    """Evaluate on this file instead of the training data (with the training statistics)."""
-    dataset: Literal["es", "spx", "nasdaq", "btc"] | None = None
-    """A bundled set instead of --parquet-file: es, spx, nasdaq or btc (tftjax/data/bundled/SOURCES.md)."""
+    parquet_file: tuple[Path, ...] = ()
+    """Evaluate on these files instead of the training data (with each series' training
+    statistics)."""
+    dataset: str | None = None
+    """Bundled sets instead of --parquet-file, comma-separated (spx,nasdaq): es (ES futures,
+    1 min), spx, nasdaq (daily), btc (hourly); sources in tftjax/data/bundled/SOURCES.md."""
+    instrument: str | None = None
+    """The instrument of a one-series file without a symbol column (default: its file name's
+    stem, a bundled set's name)."""
+    unknown_instrument: Literal["refuse", "embed"] = "refuse"
+    """An instrument the model was not trained on: refuse it, or embed it with the model's
+    reserved unknown row (its statistics fitted on its own training rows)."""
     split: Literal["train", "val", "test"] = "test"
     int8: bool = False
     """Also run the int8 inference path (a --qat checkpoint, or a float one with --calibrate)."""
@@ -44,8 +52,9 @@ class Args:
     on this many training batches (with --int8)."""
 
 
-def evaluate_checkpoint(checkpoint: str | Path, parquet_file: str | Path | None = None,
+def evaluate_checkpoint(checkpoint: str | Path, parquet_file=None,
                         split: str = "test", *, int8: bool = False, calibrate_batches: int = 0,
+                        unknown: str = "refuse", instrument: str | None = None,
                         log: Callable = print) -> dict:
     """Metrics of a saved TFT (checkpoint, run folder or export) on one split beside the
     baselines: :func:`tftjax.training.evaluate_model` of :func:`tftjax.saved.open_model`.
@@ -60,7 +69,8 @@ def evaluate_checkpoint(checkpoint: str | Path, parquet_file: str | Path | None 
     if calibrate_batches and not int8:  # before anything is read, as the model's own checks
         raise ConfigError("--calibrate needs --int8 (it calibrates the int8 activation ranges)")
     return evaluate_model(open_model(checkpoint), parquet_file, split, int8=int8,
-                          calibrate_batches=calibrate_batches, log=log)
+                          calibrate_batches=calibrate_batches, unknown=unknown,
+                          instrument=instrument, log=log)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -69,8 +79,9 @@ def run(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, prog="python -m tftjax.evaluate")
     if args.calibrate < 0:
         raise ConfigError(f"--calibrate must be >= 0, got {args.calibrate}")
-    evaluate_checkpoint(args.checkpoint, data_file(args.parquet_file, args.dataset), args.split,
-                        int8=args.int8, calibrate_batches=args.calibrate)
+    evaluate_checkpoint(args.checkpoint, data_files(args.parquet_file, args.dataset), args.split,
+                        int8=args.int8, calibrate_batches=args.calibrate,
+                        unknown=args.unknown_instrument, instrument=args.instrument)
     return 0
 
 

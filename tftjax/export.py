@@ -99,7 +99,7 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
     import jax
     from safetensors.numpy import save_file
 
-    from tftjax.data import FeatureStats, find_data_file, load_dataset, to_device
+    from tftjax.data import find_data_files, load_dataset, saved_featurisation, to_device
     from tftjax.models.tft import quant_spec
     from tftjax.training import calibrate, open_checkpoint, restore_checkpoint
     from tftjax.training.trainer import to_int8
@@ -118,9 +118,8 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
     params, stats = state.params, state.quant_stats
     if calibrate_batches:
         run_dir = ck.path.resolve().parent.parent
-        stats_json = FeatureStats.from_json(ck.meta["feature_stats"])
-        ds = load_dataset(find_data_file(ck.meta["identity"]["data"], run_dir), cfg.data,
-                          stats=stats_json)
+        ds = load_dataset(find_data_files(ck.meta["identity"]["data"], run_dir), cfg.data,
+                          **saved_featurisation(ck.meta))
         cfg, stats = calibrate(cfg, params, to_device(ds.features), ds.splits.train,
                                calibrate_batches, ck.tc.batch_size)
     quantized = bool(cfg.qat)
@@ -139,6 +138,7 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
             files[INT8_FILE], "weight_scale")
         sizes["int8_activation_range_bytes"] = nbytes(files[INT8_FILE], "quant_stats")
     config = {"format": FORMAT, "model": cfg.to_json(), "feature_stats": ck.meta["feature_stats"],
+              **{k: ck.meta[k] for k in ("series", "vocab", "cuts") if k in ck.meta},
               "data": ck.meta["identity"]["data"], "source": source, "files": sorted(files),
               "output": ("quantiles of the next decoder_steps one-bar log returns in target "
                          "scales (feature_stats.target_scale)"
@@ -174,6 +174,7 @@ class Export(NamedTuple):
     data: dict
     source: dict
     kind: str  # "int8" or "float32"
+    featurisation: dict | None = None  # load_dataset's keywords (tftjax.data.saved_featurisation)
 
 
 def is_export(path: str | Path) -> bool:
@@ -186,7 +187,7 @@ def load(path: str | Path) -> Export:
     from safetensors.numpy import load_file
 
     from tftjax.config import TFTConfig
-    from tftjax.data import DataError, FeatureStats
+    from tftjax.data import DataError, FeatureStats, saved_featurisation
 
     path = Path(path)
     try:
@@ -202,7 +203,7 @@ def load(path: str | Path) -> Export:
             variables.setdefault("quant_stats", {})  # weight-only layers have no observers
         return Export(cfg, variables, {"params": f32["params"]},
                       FeatureStats.from_json(config["feature_stats"]), config["data"],
-                      config["source"], kind)
+                      config["source"], kind, saved_featurisation(config))
     except DataError:
         raise
     except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
@@ -221,7 +222,7 @@ def load_model(path: str | Path):
     return SavedModel(exp.cfg, TrainConfig(), exp.variables, exp.feature_stats, exp.data, path,
                       str(path), path, epoch,
                       f"{path} (export of {exp.source.get('checkpoint')}, epoch {epoch})",
-                      exp.kind, exp.float_variables)
+                      exp.kind, exp.float_variables, exp.featurisation)
 
 
 def run(argv: list[str] | None = None) -> int:

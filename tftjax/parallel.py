@@ -159,11 +159,11 @@ class Parallel:
         return NamedSharding(self.mesh, P(AXIS))
 
     def data_shardings(self):
-        """Shardings of :class:`~tftjax.data.DeviceData` (static always replicated)."""
+        """Shardings of :class:`~tftjax.data.DeviceData` (every field by rows, or replicated)."""
         from tftjax.data import DeviceData
 
         r = self.rows_sharding if self.feature_rows_sharded else self.replicated
-        return DeviceData(r, r, r, self.replicated, r, r)
+        return DeviceData(r, r, r, r, r, r)
 
     def describe(self) -> str:
         kinds = sorted({d.device_kind for d in self.mesh.devices.flat})
@@ -207,8 +207,8 @@ class Parallel:
         if self.feature_rows_sharded:
             n = arrays[0].shape[0]
             pad = -n % self.size
-            arrays = [a if i == 3 else np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)])
-                      for i, a in enumerate(arrays)]
+            arrays = [np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)])
+                      for a in arrays]
         return DeviceData(*[_global(a, s) for a, s in zip(arrays, self.data_shardings())])
 
 
@@ -268,7 +268,7 @@ def gather_rows_sharded(par: Parallel, data, starts: jax.Array, encoder_steps: i
     temporary is the global batch's windows, never the feature matrix."""
     from tftjax.data import Batch, DeviceData
 
-    spec = DeviceData(P(AXIS), P(AXIS), P(AXIS), P(), P(AXIS), P(AXIS))
+    spec = DeviceData(*[P(AXIS)] * 6)
 
     def local(d: DeviceData, s):
         everyone = jax.lax.all_gather(s, AXIS, tiled=True)  # [B] window starts
@@ -285,10 +285,9 @@ def gather_rows_sharded(par: Parallel, data, starts: jax.Array, encoder_steps: i
 
         parts = (take(d.historical, rows[:, :e]), take(d.known, rows[:, :e]),
                  take(d.future, last)[:, :decoder_steps], take(d.target, rows[:, e:]),
-                 take(d.scale, last))
-        hist, known_e, known_d, target, scale = (jax.lax.psum_scatter(p, AXIS, scatter_dimension=0,
-                                                               tiled=True) for p in parts)
-        static = jnp.broadcast_to(d.static, (s.shape[0], d.static.shape[0]))
+                 take(d.scale, last), take(d.static, last))
+        hist, known_e, known_d, target, scale, static = (
+            jax.lax.psum_scatter(p, AXIS, scatter_dimension=0, tiled=True) for p in parts)
         return Batch(static, hist, jnp.concatenate([known_e, known_d], axis=1), target, scale)
 
     out = Batch(P(AXIS), P(AXIS), P(AXIS), P(AXIS), P(AXIS))

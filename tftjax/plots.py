@@ -103,7 +103,9 @@ def training_plots(workdir: Path, history, trainer, params, ds, cfg, write: bool
     tgt = ds.features.target
     past = tgt[picks[:, None] + np.arange(e)]
     future = tgt[picks[:, None] + e + np.arange(d)]
-    titles = window_titles(ds.bars.ts, picks, e)
+    titles = window_titles(ds.ts, picks, e)
+    if len(ds.series) > 1:
+        titles = [f"{ds.names[i]}: {t}" for i, t in zip(ds.series_of(picks), titles)]
     quantile_fan(workdir / "quantile_fan.png", past, future, pred, cfg.quantiles, titles)
     hist_names = list(HISTORICAL_NAMES) + [f"{n} (known)" for n in KNOWN_NAMES]
     variable_importance(workdir / "variable_importance.png",

@@ -18,7 +18,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from tftjax.cli import data_file
+from tftjax.cli import data_files
 from tftjax.cli import main as cli_main
 from tftjax.errors import ConfigError
 
@@ -29,10 +29,18 @@ class Args:
 
     checkpoint: Path
     """A checkpoint, a run folder (its final checkpoint) or an export folder."""
-    parquet_file: Path | None = None
-    """The bars to forecast from (default: the file the model was trained on)."""
-    dataset: Literal["es", "spx", "nasdaq", "btc"] | None = None
-    """A bundled set instead of --parquet-file."""
+    parquet_file: tuple[Path, ...] = ()
+    """The bars to forecast from: one or several files, or a long file (default: the files
+    the model was trained on)."""
+    dataset: str | None = None
+    """Bundled sets instead of --parquet-file, comma-separated (spx,nasdaq): es (ES futures,
+    1 min), spx, nasdaq (daily), btc (hourly); sources in tftjax/data/bundled/SOURCES.md."""
+    instrument: str | None = None
+    """The instrument of a one-series file without a symbol column (default: its file name's
+    stem, a bundled set's name)."""
+    unknown_instrument: Literal["refuse", "embed"] = "refuse"
+    """An instrument the model was not trained on: refuse it, or embed it with the model's
+    reserved unknown row (its statistics fitted on its own training rows)."""
     as_of: str | None = None
     """The origin: the last bar at or before this time (default: the last bar)."""
     origins: str = "last"
@@ -58,7 +66,6 @@ def write_table(table: dict, out: Path) -> None:
     for k in ("origin_time", "target_time"):
         cols[k] = pa.array(cols[k].astype("datetime64[ns]"))
     t = pa.table(cols)
-    out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".csv":
         import pyarrow.csv as pcsv
 
@@ -83,8 +90,11 @@ def run(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--int8: {args.checkpoint} is a float model (train with --qat, or "
                           "export one calibrated with --calibrate N)")
     mode = "int8" if args.int8 or saved.kind == "int8" else None  # an int8 export is int8
-    f = forecast(saved, data_file(args.parquet_file, args.dataset), as_of=args.as_of,
-                 origins=args.origins, mode=mode)
+    if not args.out.parent.is_dir():  # before any work: nothing is written on a refusal
+        raise ConfigError(f"--out {args.out}: no such folder {args.out.parent}")
+    f = forecast(saved, data_files(args.parquet_file, args.dataset), as_of=args.as_of,
+                 origins=args.origins, mode=mode, unknown=args.unknown_instrument,
+                 instrument=args.instrument)
     t = f["table"]
     write_table(t, args.out)
     import numpy as np
@@ -92,8 +102,8 @@ def run(argv: list[str] | None = None) -> int:
     qs = [k for k in t if k.startswith("q")]
     d = saved.cfg.decoder_steps
     last = slice(len(t["horizon"]) - d, None)
-    print(f"{saved.what}: {len(f['rows'])} origin(s) of {f['dataset'].bars.path}, "
-          f"the last the bar of {_minute(t['origin_time'][last][0])} "
+    print(f"{saved.what}: {len(f['rows'])} origin(s) of {f['dataset'].describe()}; the last "
+          f"of {t['instrument'][last][0]} the bar of {_minute(t['origin_time'][last][0])} "
           f"(close {t['close_at_origin'][last][0]:.6g})")
     print("| bar | time | " + " | ".join(f"{k} (log ret)" for k in qs) + " |")
     print("|---|---|" + "---|" * len(qs))
@@ -105,10 +115,10 @@ def run(argv: list[str] | None = None) -> int:
 
         ds, s = f["dataset"], f["starts"][-1:]
         e = saved.cfg.encoder_steps
-        origin = np.datetime64(int(ds.bars.ts[f["rows"][-1]]), "ns").astype("datetime64[m]")
+        origin = np.datetime64(int(ds.ts[f["rows"][-1]]), "ns").astype("datetime64[m]")
         quantile_fan(args.plot, ds.features.target[s[:, None] + np.arange(e)],
                      np.full((1, d), np.nan), f["pred"][-1:], saved.cfg.quantiles,
-                     [f"forecast from the bar of {origin}"])
+                     [f"{t['instrument'][-1]}: forecast from the bar of {origin}"])
     print(f"wrote {args.out} ({len(t['horizon'])} rows)" + (f" and {args.plot}" if args.plot else ""))
     return 0
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from tftjax.cli import main as cli_main
-from tftjax.cli import data_file, parse, peek, run_folder
+from tftjax.cli import data_files, parse, peek, run_folder
 from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset
 
 
@@ -31,12 +31,13 @@ class Args:
 
     model: TFTConfig
     train: TrainConfig
-    parquet_file: Path | None = None
-    """OHLCV bars (time column ts/timestamp/date, open, high, low, close, volume); default: the
-    bundled ES bars, or with --resume the file the run was trained on."""
-    dataset: Literal["es", "spx", "nasdaq", "btc"] | None = None
-    """A bundled set instead of --parquet-file: es (ES futures, 1 min, 2,264 bars), spx (S&P 500
-    daily, 5,031), btc (BTC/USD hourly, 20,111); sources in tftjax/data/bundled/SOURCES.md."""
+    parquet_file: tuple[Path, ...] = ()
+    """OHLCV bars (time column ts/timestamp/date, open, high, low, close, volume): one file, a
+    long file of several instruments (a symbol column), or several files (one model over all
+    their series); default: the bundled ES bars, or with --resume the run's own files."""
+    dataset: str | None = None
+    """Bundled sets instead of --parquet-file, comma-separated (spx,nasdaq): es (ES futures,
+    1 min), spx, nasdaq (daily), btc (hourly); sources in tftjax/data/bundled/SOURCES.md."""
     preset: Literal["tft225", "small", "tiny"] = "tft225"
     """Model sizes: tft225 (the default), small (d=32: a few thousand training windows) or tiny;
     the flags below override single fields."""
@@ -114,7 +115,7 @@ def run(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--remat {args.remat!r} is not a tier; choose one of: "
                           f"{', '.join(CHOICES)}")
     cfg, tc = args.model, args.train
-    args.parquet_file = data_file(args.parquet_file, args.dataset)
+    args.parquet_file = data_files(args.parquet_file, args.dataset)
     par = make_mesh(args, cfg, tc)
     if args.remat == AUTO:
         cfg, tc = plan_auto_tier(cfg, tc, args, par.size)
@@ -150,7 +151,8 @@ def plan_auto_tier(cfg: TFTConfig, tc: TrainConfig, args: Args, devices: int = 1
     ``devices`` runs ``1/devices`` of the batch), as accumulated micro-batches where the whole
     batch fits no tier, and (on a new run without accumulation) the largest batch that fits;
     a resumed run keeps its batch size."""
-    from tftjax.data import default_parquet, find_data_file, read_bars
+    from tftjax.data import default_parquet, find_data_files
+    from tftjax.data.bars import read_series
     from tftjax.memory import parse_bytes, plan_auto
 
     budget = None
@@ -165,8 +167,9 @@ def plan_auto_tier(cfg: TFTConfig, tc: TrainConfig, args: Args, devices: int = 1
         from tftjax.runloop import latest_meta
 
         saved = latest_meta(args.workdir / "checkpoints", "tft")
-        path = find_data_file(saved["identity"]["data"], args.workdir)
-    rows = len(read_bars(path or default_parquet()))
+        path = find_data_files(saved["identity"]["data"], args.workdir)
+    paths = path if isinstance(path, list) else [path or default_parquet()]
+    rows = sum(len(b) for p in paths for b in read_series(p))
     tier, batch, k = plan_auto(dataclasses.replace(cfg, remat="off"), budget,
                                tc.batch_size // devices, rows, grow_batch=not args.resume,
                                eval_batch_size=-(-tc.eval_batch_size // devices),

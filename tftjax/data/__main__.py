@@ -8,39 +8,41 @@ import time
 import numpy as np
 
 from tftjax.cli import main as cli_main
-from tftjax.config import ConfigError, DataConfig
-from tftjax.data import DATASETS, bundled_path, default_parquet, load_dataset
+from tftjax.cli import data_files
+from tftjax.config import DataConfig
+from tftjax.data import DATASETS, load_dataset
 from tftjax.data.calendar import format_interval
 
 
 def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tftjax.data", description=__doc__)
-    parser.add_argument("parquet_file", nargs="?", default=None,
-                        help="OHLCV bars (default: the bundled ES 1-minute bars)")
-    parser.add_argument("--dataset", choices=sorted(DATASETS), default=None,
-                        help="a bundled set instead of a file")
+    parser.add_argument("parquet_file", nargs="*", default=[],
+                        help="OHLCV bars, one or several files (default: the bundled ES bars)")
+    parser.add_argument("--dataset", default=None,
+                        help=f"bundled sets instead of files, comma-separated ({', '.join(DATASETS)})")
     parser.add_argument("--calendar", default=None, help="exchange calendar (XCME, XNYS, 24/7 ...)")
     parser.add_argument("--timezone", default=None, help="wall clock of the calendar features")
     parser.add_argument("--bar-interval", default=None, help="nominal bar interval (1min, 1h, 1d)")
     args = parser.parse_args(argv)
-    if args.dataset and args.parquet_file:
-        raise ConfigError("give a file or --dataset, not both")
-    path = args.parquet_file or (bundled_path(args.dataset) if args.dataset else default_parquet())
+    path = data_files(args.parquet_file, args.dataset)
     cfg = DataConfig(calendar=args.calendar, timezone=args.timezone, bar_interval=args.bar_interval)
     t0 = time.perf_counter()
     ds = load_dataset(path, cfg)
     dt = time.perf_counter() - t0
-    b, s = ds.bars, ds.splits
     fmt = lambda ns: str(np.datetime64(int(ns), "ns").astype("datetime64[s]"))  # noqa: E731
     for w in ds.warnings:
         print(f"warning: {w}")
-    clock = ds.features.stats.clock
-    print(f"{path}: {len(b):,} bars, {fmt(b.ts[0])} .. {fmt(b.ts[-1])}; features in {dt:.2f} s; "
-          f"bar {format_interval(clock.interval)}, calendar {clock.calendar or 'none'}, clock "
-          f"{clock.zone or 'as stored'}")
-    for name in ("train", "val", "test"):
-        a, z = s.rows(name)
-        print(f"  {name:5s} rows {a:>8,}..{z:<8,} {getattr(s, name).size:>8,} windows")
+    if ds.cuts is not None:
+        print(f"{ds.describe()}; split at the global times {fmt(ds.cuts[0])} and "
+              f"{fmt(ds.cuts[1])}")
+    for ser in ds.series:
+        b, s, clock = ser.bars, ser.splits, ser.features.stats.clock
+        print(f"{b.path}: {ser.name}, {len(b):,} bars, {fmt(b.ts[0])} .. {fmt(b.ts[-1])}; "
+              f"features in {dt:.2f} s; bar {format_interval(clock.interval)}, calendar "
+              f"{clock.calendar or 'none'}, clock {clock.zone or 'as stored'}")
+        for name in ("train", "val", "test"):
+            a, z = s.rows(name)
+            print(f"  {name:5s} rows {a:>8,}..{z:<8,} {getattr(s, name).size:>8,} windows")
     return 0
 
 

@@ -9,9 +9,11 @@ Accepted column names (any case): time from ``ts``, ``ts_event``,
 ``timestamp``, ``datetime``, ``date`` (first match in that order; timestamp,
 date, ISO-8601 string or integer epoch in s/ms/us/ns); prices and volume
 from ``open``, ``high``, ``low``, ``close``, ``volume``. Two columns that differ only
-in case (``close`` and ``Close``) are refused, and so is a symbol column
-(``symbol``, ``ticker``, ``instrument`` …) holding more than one instrument:
-one file is one series. Time-zone-aware timestamps are kept as instants with
+in case (``close`` and ``Close``) are refused. A symbol column (``symbol``,
+``ticker``, ``instrument`` …) whose contracts follow one another in time is one rolled
+series; one whose instruments interleave or overlap in time makes a *long* file of
+several series: :func:`read_bars` refuses it, :func:`read_series` splits it by symbol
+(each series named by its symbol). Time-zone-aware timestamps are kept as instants with
 their zone (:attr:`Bars.tz`); see :mod:`tftjax.data.calendar`.
 """
 
@@ -54,6 +56,9 @@ class Bars:
     None for naive (wall-clock) timestamps."""
     notes: tuple[str, ...] = ()
     """What reading noticed that is allowed but worth a word (e.g. a futures roll)."""
+    symbol: str | None = None
+    """The instrument of a series read from a long file's symbol column (None: the file
+    is the series)."""
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
@@ -68,8 +73,7 @@ class Bars:
 
 
 def default_min_rows() -> int:
-    """One encoder+decoder window plus the feature warm-up."""
-    return WARMUP + DataConfig().window
+    return WARMUP + DataConfig().window  # one encoder+decoder window plus the warm-up
 
 
 def _fmt_ts(ns: int) -> str:
@@ -84,10 +88,12 @@ def _find_column(table: pa.Table, wanted: str, path: str = "") -> str | None:
     return hits[0] if hits else None
 
 
-def _check_one_instrument(table: pa.Table, path: str) -> list[str]:
+def _check_one_instrument(table: pa.Table, path: str, long: bool = False
+                          ) -> list[str] | tuple[str, list]:
     """Refuse several instruments interleaved in one file (a symbol that comes back after
     another began); a sequence of contracts one after another (futures rolls) is one series
-    and only noted. Returns the notes."""
+    and only noted. Returns the notes; with ``long``, a long file's ``(column, symbols)``
+    instead of refusing it."""
     notes = []
     for wanted in SYMBOL_COLUMNS:
         name = _find_column(table, wanted, path)
@@ -102,11 +108,17 @@ def _check_one_instrument(table: pa.Table, path: str) -> list[str]:
         runs = change.size + 1
         shown = ", ".join(str(v) for v in values.to_pylist()[:4])
         more = f" and {len(values) - 4} more" if len(values) > 4 else ""
-        if runs > len(values):  # some symbol comes back: interleaved
+        if runs > len(values) or _time_goes_back(table, change, path):  # several series
+            if long:
+                if col.null_count:
+                    row = int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
+                    raise DataError(f"{path}: column '{name}' row {row}: missing symbol (a long "
+                                    "file needs the instrument of every row)")
+                return name, values.to_pylist()
             raise DataError(
                 f"{path}: column '{name}' holds {len(values)} instruments ({shown}{more}), "
-                f"interleaved from row {int(change[0])}: one file is one series; keep the rows "
-                "of one instrument")
+                f"interleaved from row {int(change[0])}: a long file of several series; train "
+                "on it (python -m tftjax.train --parquet-file) or keep one instrument's rows")
         notes.append(f"{path}: column '{name}' changes {runs - 1} time(s) ({shown}{more}), one "
                      f"after another from row {int(change[0])}: read as one rolled series (the "
                      "returns across a roll are the price difference between contracts)")
@@ -155,8 +167,7 @@ def _numeric(col: pa.ChunkedArray, path: str, name: str) -> np.ndarray:
 
 
 def _first(mask: np.ndarray) -> int | None:
-    idx = np.flatnonzero(mask)
-    return int(idx[0]) if idx.size else None
+    return int(np.argmax(mask)) if mask.any() else None
 
 
 def validate(bars: Bars, min_rows: int) -> None:
@@ -198,7 +209,8 @@ def validate(bars: Bars, min_rows: int) -> None:
         raise DataError(
             f"{path}: column 'ts' row {row + 1}: {kind} timestamp {_fmt_ts(bars.ts[row + 1])} "
             f"(previous row {row}: {_fmt_ts(bars.ts[row])})"
-            + ("; several instruments interleaved? one file must hold one series"
+            + ("; several instruments in one file? a long file needs a symbol column ("
+               + ", ".join(SYMBOL_COLUMNS[:3]) + ", …) naming each row's instrument"
                if kind == "duplicate" else "")
         )
     if len(bars) < min_rows:
@@ -209,33 +221,70 @@ def validate(bars: Bars, min_rows: int) -> None:
 
 
 def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
-    """Read a parquet file of OHLCV bars and validate it.
-
-    Args:
-      path: parquet file.
-      min_rows: fewest rows accepted; default one window plus feature warm-up.
-
-    Returns:
-      A :class:`Bars` table.
+    """Read a parquet file of one series' OHLCV bars and validate it (``min_rows``: fewest
+    rows accepted; default one window plus the feature warm-up).
 
     Raises:
       DataError: naming the file, the column and the first offending row.
     """
-    p = Path(path)
+    table, sha = _read_table(path)
     path_s = str(path)
+    notes = _check_one_instrument(table, path_s)
+    return _from_table(table, path_s, sha, tuple(notes), min_rows)
+
+
+def _read_table(path: str | os.PathLike) -> tuple[pa.Table, str]:
+    p, path_s = Path(path), str(path)
     if not p.exists():
         raise DataError(f"{path_s}: file not found")
     if p.is_dir():
         raise DataError(f"{path_s}: is a directory, expected a parquet file")
     try:
         raw = p.read_bytes()
-        table = pq.read_table(pa.BufferReader(raw))
+        return pq.read_table(pa.BufferReader(raw)), hashlib.sha256(raw).hexdigest()
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DataError(f"{path_s}: not a readable parquet file ({type(e).__name__}: {e})") from None
 
-    notes = _check_one_instrument(table, path_s)
-    time_name = next((_find_column(table, c, path_s) for c in TIME_COLUMNS
-                      if _find_column(table, c, path_s)), None)
+
+def read_series(path: str | os.PathLike, *, min_rows: int | None = None) -> list[Bars]:
+    """The series of a parquet file: one, or for a long file (a symbol column whose
+    instruments interleave or overlap in time) one per symbol, in the order of their names,
+    each validated on its own (``path`` reads ``FILE[SYMBOL]`` in messages)."""
+    table, sha = _read_table(path)
+    found = _check_one_instrument(table, str(path), long=True)
+    if isinstance(found, list):
+        return [_from_table(table, str(path), sha, tuple(found), min_rows)]
+    name, symbols = found
+    col = table.column(name)
+    out = []
+    for sym in sorted(symbols, key=str):
+        part = table.filter(pc.equal(col, pa.scalar(sym, col.type)))
+        out.append(dataclasses.replace(
+            _from_table(part, f"{path}[{sym}]", sha, (), min_rows), symbol=str(sym)))
+    return out
+
+
+def _time_goes_back(table: pa.Table, change: np.ndarray, path: str) -> bool:
+    """Whether time goes back where the symbol changes (instruments one after another but
+    each over its own time range: a long file sorted by symbol)."""
+    time_name = _time_column(table, path)
+    if time_name is None or not change.size:
+        return False
+    try:
+        ts = _time_to_ns(table.column(time_name), path, time_name)
+    except DataError:
+        return False
+    return bool(np.any(ts[change] <= ts[change - 1]))
+
+
+def _time_column(table: pa.Table, path: str) -> str | None:
+    return next((_find_column(table, c, path) for c in TIME_COLUMNS
+                 if _find_column(table, c, path)), None)
+
+
+def _from_table(table: pa.Table, path_s: str, sha: str, notes: tuple,
+                min_rows: int | None) -> Bars:
+    time_name = _time_column(table, path_s)
     if time_name is None:
         raise DataError(
             f"{path_s}: no time column (looked for {', '.join(TIME_COLUMNS)}; "
@@ -254,7 +303,7 @@ def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
     # an integer epoch counts from 1970-01-01 UTC: instants, not a wall clock
     tz = t.tz if pa.types.is_timestamp(t) and t.tz else "UTC" if pa.types.is_integer(t) else None
     bars = Bars(path=path_s, ts=np.ascontiguousarray(ts, dtype=np.int64), **cols,
-                sha256=hashlib.sha256(raw).hexdigest(), tz=tz, notes=tuple(notes))
+                sha256=sha, tz=tz, notes=notes)
     validate(bars, default_min_rows() if min_rows is None else min_rows)
     return bars
 

@@ -1,60 +1,281 @@
-"""One parquet file → a :class:`Dataset`: validated bars, time-ordered splits, features
-fitted on the training rows, and what passed validation but deserves a word."""
+"""Parquet files → a :class:`Dataset` of one or more series: validated bars, time-ordered
+splits, features fitted on each series' own training rows, and what passed validation but
+deserves a word.
+
+Several series (several files, a long file with a symbol column, ``--dataset spx,nasdaq``)
+are split at **global cut times** (:func:`~tftjax.data.windows.global_cuts`: every series'
+test period is the same stretch of calendar time; the embargo is counted in each series'
+own rows), featurised with **their own statistics** (normalisation, target scale,
+winsorisation, statics: from that series' training rows), and laid one after another in
+one feature matrix: a window's start is a global row, and every series' window starts
+stay inside its own rows, so no window crosses a series. Each series has an index into
+the model's instrument vocabulary (static input 0, embedded by the model); the vocabulary
+has one more, reserved row for an instrument it has not seen (``unknown="embed"``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+from pathlib import Path
 
 import numpy as np
 
+from tftjax.baselines import ewma_scale
 from tftjax.config import WARMUP, DataConfig
-from tftjax.data.bars import Bars, read_bars
-from tftjax.data.bundled import default_parquet
+from tftjax.data.bars import Bars, read_series
+from tftjax.data.bundled import DATASETS, bundled_path, default_parquet
 from tftjax.data.calendar import format_interval
 from tftjax.data.features import FeatureSet, FeatureStats, build_features
-from tftjax.data.identity import data_identity
-from tftjax.data.windows import Splits, make_splits
+from tftjax.data.identity import combined_identity, data_identity
+from tftjax.data.windows import Splits, global_cuts, make_splits, splits_at
+from tftjax.errors import DataError
+
+UNKNOWN_POLICIES = ("refuse", "embed")
+"""What evaluation and prediction do with an instrument the model was not trained on:
+refuse it (one line naming it), or serve it through the vocabulary's reserved unknown row
+(trained by ``--instrument-dropout``) with statistics fitted on its own training rows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One instrument: its bars, features (with its own statistics) and its own splits."""
+
+    name: str
+    bars: Bars
+    features: FeatureSet
+    splits: Splits  # rows of this series
+    index: int = 0
+    """Its row in the model's instrument vocabulary (``len(vocab)``: the unknown row)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-    bars: Bars
-    features: FeatureSet
-    splits: Splits
+    """Series laid one after another: global rows, global window starts."""
+
+    series: tuple[Series, ...]
     cfg: DataConfig
+    vocab: tuple[str, ...] | None = ()
+    """The instrument vocabulary static input 0 indexes; None: a model from before it
+    (static input 0 is then the old instrument code, kept in the statistics)."""
+    cuts: tuple[int, int] | None = None
+    """Global split times (ns) of several series (None: one series split by fractions)."""
     warnings: tuple[str, ...] = ()
     """What passed validation but deserves a word (irregular steps, zero volume, outliers)."""
 
+    @classmethod
+    def single(cls, bars: Bars, features: FeatureSet, splits: Splits, cfg: DataConfig,
+               warnings: tuple[str, ...] = (), name: str | None = None) -> "Dataset":
+        name = name or series_name(bars)
+        return cls((Series(name, bars, features, splits, 0),), cfg, (name,), None, warnings)
+
+    @functools.cached_property
+    def offsets(self) -> np.ndarray:
+        """``[S+1]``: series ``i`` holds global rows ``offsets[i] .. offsets[i+1]-1``."""
+        return np.cumsum([0] + [len(s.bars) for s in self.series]).astype(np.int64)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.series)
+
+    @property
+    def bars(self) -> Bars:
+        """The bars of a one-series dataset."""
+        if len(self.series) != 1:
+            raise AttributeError("a dataset of several series has no single bars table")
+        return self.series[0].bars
+
+    @functools.cached_property
+    def features(self) -> FeatureSet:
+        """Every series' features one after another (statics per row, with the instrument
+        index as static input 0 under a vocabulary)."""
+        parts = [self._features(s) for s in self.series]
+        if len(parts) == 1:
+            return parts[0]
+        cat = lambda name: np.concatenate([getattr(f, name) for f in parts])  # noqa: E731
+        static = np.concatenate([np.broadcast_to(f.static, (len(f), f.static.size))
+                                 for f in parts]).astype(np.float32)
+        return FeatureSet(cat("historical"), cat("known"), cat("future"), static, cat("target"),
+                          parts[0].stats, None,
+                          np.concatenate([ewma_scale(f.target) for f in parts]))
+
+    def _features(self, s: Series) -> FeatureSet:
+        if self.vocab is None:
+            return s.features
+        static = s.features.static.copy()
+        static[0] = s.index
+        return dataclasses.replace(s.features, static=static)
+
+    @functools.cached_property
+    def splits(self) -> Splits:
+        """Global window starts of every split (row ranges: the first series')."""
+        if len(self.series) == 1:
+            return self.series[0].splits
+        first = self.series[0].splits
+        cat = lambda name: np.concatenate([getattr(s.splits, name) + o for s, o in  # noqa: E731
+                                           zip(self.series, self.offsets)]).astype(np.int32)
+        return Splits(first.train_rows, first.val_rows, first.test_rows,
+                      cat("train"), cat("val"), cat("test"))
+
+    def series_of(self, rows: np.ndarray) -> np.ndarray:
+        """The series index of global rows."""
+        return np.searchsorted(self.offsets, np.asarray(rows), side="right") - 1
+
+    @functools.cached_property
+    def ts(self) -> np.ndarray:
+        return np.concatenate([s.bars.ts for s in self.series])
+
+    @functools.cached_property
+    def close(self) -> np.ndarray:
+        return np.concatenate([s.bars.close for s in self.series])
+
+    def describe(self) -> str:
+        if len(self.series) == 1:
+            return f"{len(self.bars):,} bars from {self.bars.path}"
+        return (f"{len(self.ts):,} bars of {len(self.series)} series ("
+                + ", ".join(f"{s.name} {len(s.bars):,}" for s in self.series) + ")")
+
     def identity(self, run_dir: str | os.PathLike | None = None) -> dict:
         """What a run records of its data and checks on resume and evaluate."""
-        return data_identity(self.bars, run_dir)
+        if len(self.series) == 1:
+            return data_identity(self.bars, run_dir)
+        return combined_identity([(s.name, s.bars) for s in self.series], run_dir)
+
+    def stats_meta(self) -> dict:
+        """What a checkpoint keeps to featurise data as this run did: every series'
+        statistics, the instrument vocabulary and the cut times."""
+        return {"feature_stats": self.series[0].features.stats.to_json(),
+                "series": [{"name": s.name, "feature_stats": s.features.stats.to_json()}
+                           for s in self.series],
+                "vocab": None if self.vocab is None else list(self.vocab),
+                "cuts": None if self.cuts is None else list(self.cuts)}
 
 
-def load_dataset(path: str | os.PathLike | None = None, cfg: DataConfig = DataConfig(), *,
-                 stats: FeatureStats | None = None) -> Dataset:
-    """Read ``path`` (default: the bundled ES bars) into features and splits.
+def saved_featurisation(meta: dict) -> dict:
+    """:func:`load_dataset`'s keywords that featurise data as the run whose checkpoint (or
+    export) metadata is ``meta`` did: every series' statistics, its vocabulary and cut times
+    (a one-series run from before vocabularies: its statistics and no vocabulary)."""
+    if meta.get("series"):
+        return {"stats": {s["name"]: FeatureStats.from_json(s["feature_stats"])
+                          for s in meta["series"]},
+                "vocab": None if meta.get("vocab") is None else tuple(meta["vocab"]),
+                "cuts": None if meta.get("cuts") is None else tuple(meta["cuts"])}
+    return {"stats": FeatureStats.from_json(meta["feature_stats"]), "vocab": None}
+
+
+def series_name(bars: Bars) -> str:
+    """A series' name: its symbol in a long file, a bundled set's name, else the file's stem."""
+    if bars.symbol is not None:
+        return bars.symbol
+    p = Path(bars.path)
+    mine = {bundled_path(k).resolve(): k for k in DATASETS}
+    return mine.get(p.resolve(), p.stem) if bars.sha256 else p.stem
+
+
+def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
+                 stats: FeatureStats | dict[str, FeatureStats] | None = None,
+                 vocab: tuple[str, ...] | None | str = "own", cuts: tuple[int, int] | None = None,
+                 unknown: str = "refuse", instrument: str | None = None,
+                 need_splits: bool = True) -> Dataset:
+    """Read ``path`` (one file, or a list of files; default: the bundled ES bars) into
+    features and splits.
 
     Args:
-      path: parquet file of OHLCV bars.
-      cfg: window lengths and split fractions.
-      stats: feature statistics to reuse (e.g. from a checkpoint); fitted on
-        the training rows when ``None``.
+      path: parquet file(s) of OHLCV bars; a long file (symbol column) gives one series per
+        symbol.
+      cfg: window lengths, split fractions, clock and target options.
+      stats: statistics to reuse (e.g. from a checkpoint): one :class:`FeatureStats` (a
+        one-series model from before vocabularies), or series name → statistics; fitted on
+        each series' training rows when ``None``.
+      vocab: the instrument vocabulary (``"own"``: these series' names; None: none, a model
+        from before vocabularies).
+      cuts: global split times to reuse (several series: computed from their times).
+      unknown: a series not in ``stats``: ``refuse`` (DataError) or ``embed`` (its own
+        statistics, the vocabulary's unknown row).
+      instrument: the name of a one-series file without a symbol column (default its stem).
+      need_splits: refuse data too short or outside the time for its splits (False, for
+        forecasts: a series with saved statistics then has empty splits).
 
     Raises:
-      DataError: bad or too little data, naming the file.
+      DataError: bad or too little data, naming the file; an unknown instrument.
     """
-    path = default_parquet() if path is None else path
-    bars = read_bars(path, min_rows=WARMUP + cfg.window)
-    splits = make_splits(len(bars), cfg, source=str(path))
-    features = build_features(bars, cfg, train_rows=splits.train_rows, stats=stats)
+    paths = [default_parquet()] if path is None else (
+        list(path) if isinstance(path, (list, tuple)) else [path])
+    bars = [b for p in paths for b in read_series(p, min_rows=WARMUP + cfg.window)]
+    names = [series_name(b) for b in bars]
+    if instrument is not None:
+        if len(bars) != 1 or bars[0].symbol is not None:
+            raise DataError(f"--instrument {instrument}: names the one series of a file without "
+                            "a symbol column")
+        names = [instrument]
+    if len(set(names)) < len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise DataError(f"two series are named {dup!r} ({', '.join(b.path for b in bars)}): "
+                        "rename one file")
+    if vocab == "own":
+        vocab = tuple(names)
+    if len(bars) > 1 and not cfg.bar_interval:  # before any split or feature: one line
+        steps = [int(np.median(np.diff(b.ts))) for b in bars]
+        if len(set(steps)) > 1:
+            raise DataError("series of different bar intervals in one run: " + ", ".join(
+                f"{n} {format_interval(i)}" for n, i in zip(names, steps))
+                + "; train one model per bar interval")
+    given = []  # each series' saved statistics (None: fitted here)
+    for name, b in zip(names, bars):
+        own = stats
+        if isinstance(stats, dict):
+            own = stats.get(name)
+            if own is None and unknown != "embed":
+                raise DataError(f"{b.path}: instrument {name!r} is not one the model was trained "
+                                f"on ({', '.join(stats)}): name it with --instrument if it is one "
+                                "of them, or serve it with --unknown-instrument embed")
+        elif stats is not None and len(bars) > 1:
+            raise DataError(f"{', '.join(paths_of(bars))}: this model was trained on one series "
+                            "(before instrument vocabularies): give it one")
+        given.append(own)
+    if len(bars) > 1 or cuts is not None:
+        cuts = cuts or global_cuts([b.ts for b in bars], cfg)
+    splits = []
+    for b, own in zip(bars, given):
+        try:
+            splits.append(splits_at(b.ts, cuts, cfg, source=b.path) if cuts is not None
+                          else make_splits(len(b), cfg, source=str(b.path)))
+        except DataError:
+            if need_splits or own is None:  # statistics to fit need training rows
+                raise
+            splits.append(no_splits())
+    series, warn = [], []
+    for name, b, sp, own in zip(names, bars, splits, given):
+        features = build_features(b, cfg, train_rows=sp.train_rows, stats=own)
+        index = vocab.index(name) if vocab is not None and name in vocab else len(vocab or ())
+        series.append(Series(name, b, features, sp, index))
+        warn += series_warnings(b, features)
+    intervals = {s.features.stats.clock.interval for s in series}
+    if len(intervals) > 1:
+        raise DataError("series of different bar intervals in one run: " + ", ".join(
+            f"{s.name} {format_interval(s.features.stats.clock.interval)}" for s in series)
+            + "; train one model per bar interval")
+    return Dataset(tuple(series), cfg, vocab, cuts if len(bars) > 1 else None, tuple(warn))
+
+
+def no_splits() -> Splits:
+    empty = np.zeros(0, np.int32)
+    return Splits((0, 0), (0, 0), (0, 0), empty, empty, empty)
+
+
+def paths_of(bars: list[Bars]) -> list[str]:
+    return list(dict.fromkeys(str(b.path) for b in bars))
+
+
+def series_warnings(bars: Bars, features: FeatureSet) -> list[str]:
     tl, clock = features.timeline, features.stats.clock
     warn = quality_warnings(bars, clock.interval, features.stats.target_scale)
     off = tl.off_calendar() if tl is not None else 0
     if off:
-        warn.append(f"{path}: {off:,} of {len(bars):,} bars fall outside the sessions of "
+        warn.append(f"{bars.path}: {off:,} of {len(bars):,} bars fall outside the sessions of "
                     f"calendar {clock.calendar} (their session inputs are the last session's)")
-    return Dataset(bars, features, splits, cfg, tuple(warn))
+    return warn
 
 
 def quality_warnings(bars: Bars, interval: int, target_scale: float | None = None) -> list[str]:

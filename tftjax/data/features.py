@@ -240,11 +240,14 @@ class FeatureSet:
     historical: np.ndarray  # [n, 210] float32, normalised and clipped; rows < WARMUP are 0
     known: np.ndarray  # [n, 10] float32, at each bar's own time
     future: np.ndarray  # [n, D, 10] float32, at the D calendar slots after each bar
-    static: np.ndarray  # [5] float32
+    static: np.ndarray  # [5] float32 (several series one after another: [n, 5], per row)
     target: np.ndarray  # [n] float32, r_t / target_scale, clipped to ±target_clip
     stats: FeatureStats
     timeline: Timeline | None = None
     """The bars placed in calendar time (instants, wall clock, calendar slots)."""
+    scale: np.ndarray | None = None
+    """Several series one after another: each one's EWMA volatility on its own returns
+    ``[n]`` (None: computed from ``target`` as one series)."""
 
     def __len__(self) -> int:
         return int(self.historical.shape[0])

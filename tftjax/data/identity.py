@@ -56,6 +56,22 @@ def data_identity(bars: Bars, run_dir: str | os.PathLike | None = None) -> dict:
     return out
 
 
+def combined_identity(series: list[tuple[str, Bars]], run_dir=None) -> dict:
+    """The identity of several series: each one's (with its name), and a hash of theirs."""
+    parts = [{"name": name, **data_identity(b, run_dir)} for name, b in series]
+    h = hashlib.sha256("".join(f"{p['name']}:{p['sha256']};" for p in parts).encode())
+    return {"file": " + ".join(dict.fromkeys(p["file"] for p in parts)),
+            "file_from_run": None, "sha256": "series:" + h.hexdigest(),
+            "rows": sum(p["rows"] for p in parts), "series": parts}
+
+
+def find_data_files(identity: dict, run_dir: str | os.PathLike) -> str | list[str]:
+    """:func:`find_data_file` of a run's data: one file, or the files of several series."""
+    if "series" not in identity:
+        return find_data_file(identity, run_dir)
+    return list(dict.fromkeys(find_data_file(p, run_dir) for p in identity["series"]))
+
+
 def find_data_file(identity: dict, run_dir: str | os.PathLike) -> str:
     """The recorded data file, checked against its hash.
 

@@ -76,6 +76,49 @@ def make_splits(n_rows: int, cfg: DataConfig = DataConfig(), *, warmup: int = WA
     return splits
 
 
+def global_cuts(timestamps: list[np.ndarray], cfg: DataConfig = DataConfig(), *,
+                warmup: int = WARMUP) -> tuple[int, int]:
+    """Global split times ``(train_end, val_end)`` (ns) of several series: the split fractions
+    of the union of their timestamps after each one's warm-up, so that every series' test
+    period is the same stretch of calendar time. For one series :func:`splits_at` at these
+    cuts gives exactly :func:`make_splits`."""
+    union = np.unique(np.concatenate([np.asarray(t[warmup:], np.int64) for t in timestamps]))
+    E = cfg.embargo_rows
+    usable = union.size - 2 * E
+    n_train = int(usable * cfg.train_fraction)
+    n_val = int(usable * cfg.val_fraction)
+    a, b = n_train, n_train + E + n_val
+    if usable < 1 or b >= union.size:
+        raise DataError(f"{union.size} distinct bar times leave no test period")
+    return int(union[a]), int(union[b])
+
+
+def splits_at(ts: np.ndarray, cuts: tuple[int, int], cfg: DataConfig = DataConfig(), *,
+              warmup: int = WARMUP, source: str = "data") -> Splits:
+    """A series' splits at global cut times: train rows end before ``cuts[0]``, val rows
+    start one embargo (of this series' rows) later and end before ``cuts[1]``, test rows
+    start one embargo after that.
+
+    Raises:
+      DataError: a split of this series would hold no complete window (names ``source``).
+    """
+    W, E = cfg.window, cfg.embargo_rows
+    n = len(ts)
+    t_end = max(int(np.searchsorted(ts, cuts[0])), warmup)
+    v_end = max(int(np.searchsorted(ts, cuts[1])), t_end + E)
+    train, val, test = (warmup, t_end), (t_end + E, v_end), (min(v_end + E, n), n)
+    splits = Splits(train, val, test, _starts(train, W), _starts(val, W), _starts(test, W))
+    for name in ("train", "val", "test"):
+        if getattr(splits, name).size == 0 and (name != "val" or cfg.val_fraction > 0):
+            a, b = splits.rows(name)
+            t = lambda ns: str(np.datetime64(int(ns), "ns").astype("datetime64[s]"))  # noqa: E731
+            raise DataError(
+                f"{source}: its {name} split at the global cut times ({t(cuts[0])}, "
+                f"{t(cuts[1])}) holds {max(b - a, 0)} rows, fewer than one {W}-row window (its "
+                f"bars run {t(ts[0])} to {t(ts[-1])}): give series that cover the same period")
+    return splits
+
+
 def epoch_batches(starts: np.ndarray, batch_size: int, *, seed: int, epoch: int,
                   shuffle: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """One epoch of batches covering every window exactly once.
@@ -100,12 +143,12 @@ def epoch_batches(starts: np.ndarray, batch_size: int, *, seed: int, epoch: int,
 
 
 class DeviceData(NamedTuple):
-    """A series' feature arrays, on device once."""
+    """The feature arrays of one series or of several one after another, on device once."""
 
     historical: jax.Array  # [n, 210] float32
     known: jax.Array  # [n, 10] float32, at each bar's own time
     target: jax.Array  # [n] float32
-    static: jax.Array  # [5] float32
+    static: jax.Array  # [n, 5] float32, each row's series' statics
     future: jax.Array  # [n, D, 10] float32, at the D calendar slots after each bar
     scale: jax.Array  # [n] float32, EWMA volatility forecast made at each row (target units)
 
@@ -121,10 +164,13 @@ class Batch(NamedTuple):
 
 
 def device_arrays(features: FeatureSet) -> list[np.ndarray]:
-    """The host arrays of :class:`DeviceData`, in its field order."""
+    """The host arrays of :class:`DeviceData`, in its field order (a series' statics on
+    every row of it; the EWMA scale of each series on its own returns)."""
+    n = len(features)
+    static = np.broadcast_to(np.asarray(features.static, np.float32), (n, features.static.shape[-1]))
+    scale = features.scale if features.scale is not None else ewma_scale(features.target)
     return [np.ascontiguousarray(a) for a in (
-        features.historical, features.known, features.target, features.static,
-        features.future, ewma_scale(features.target))]
+        features.historical, features.known, features.target, static, features.future, scale)]
 
 
 def to_device(features: FeatureSet, device=None) -> DeviceData:
@@ -145,7 +191,7 @@ def gather(data: DeviceData, starts: jax.Array, encoder_steps: int, decoder_step
     rows = starts[:, None] + jnp.arange(steps, dtype=starts.dtype)  # [B, E+D]
     last = starts + (encoder_steps - 1)
     return Batch(
-        static=jnp.broadcast_to(data.static, (starts.shape[0], data.static.shape[0])),
+        static=jnp.take(data.static, last, axis=0, mode="clip"),
         historical=jnp.take(data.historical, rows[:, :encoder_steps], axis=0,
                             mode="clip"),
         known=jnp.concatenate([

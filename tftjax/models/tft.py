@@ -98,8 +98,20 @@ class TFT(nn.Module):
                                      policy=policy, remat_weights=plan.vsn, quant=quant,
                                      fused=plan.vsn and plan.fused, name=name)
 
-        # 1-2. Static covariates and their four contexts.
-        zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]
+        # 1-2. Static covariates and their four contexts. Under a vocabulary, static input
+        # 0 is the instrument's index into a learned table (its last row: unknown).
+        if cfg.instruments:
+            idx = jnp.clip(static[:, 0].astype(jnp.int32), 0, cfg.instruments)
+            if not det and cfg.instrument_dropout > 0:
+                drop = jax.random.bernoulli(self.make_rng("dropout"), cfg.instrument_dropout,
+                                            idx.shape)
+                idx = jnp.where(drop, cfg.instruments, idx)
+            static = static.at[:, 0].set(0).astype(historical.dtype)
+            zeta, static_w = VariableSelection(cfg.num_static, cfg.d_v, d, p, quant=quant,
+                                               vocab=cfg.instruments + 1, name="static_vsn")(
+                static, None, det, idx)
+        else:
+            zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]
         enc_grn = block(GRN, plan.encoders)
         c_s, c_e, c_h, c_c = (enc_grn(d, d, p, name=f"static_{n}")(zeta, None, det)
                               for n in ("selection", "enrichment", "state_h", "state_c"))
@@ -161,7 +173,8 @@ def apply_fn(cfg: TFTConfig, mode: str | None = None):
     def apply(variables, static, historical, known, *args, **kw):
         params = {k: v if k in FLOAT32_MODULES else jax.tree.map(cast, v)
                   for k, v in variables["params"].items()}
-        return model.apply({**variables, "params": params}, cast(static), cast(historical),
+        # the statics stay float32: under a vocabulary, static input 0 is an integer index
+        return model.apply({**variables, "params": params}, static, cast(historical),
                            cast(known), *args, **kw)
 
     return apply

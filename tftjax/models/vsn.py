@@ -52,7 +52,8 @@ class StackedQuant(NamedTuple):
 
 
 def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
-                 sq: StackedQuant | None = None, stats: dict | None = None):
+                 sq: StackedQuant | None = None, stats: dict | None = None,
+                 extra: Array | None = None):
     """m per-variable GRNs and their weighted sum.
 
     Args:
@@ -65,6 +66,8 @@ def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
       rate: dropout rate on ``η_1``.
       sq, stats: quantization (None: float) and the per-variable observers
         (``MinMax`` with ``[m]`` leaves) of the inputs of ``fc1_k`` and ``glu_k``.
+      extra: ``[N, d_v]`` added to variable 0's embedding ``e_0`` (a categorical variable's
+        table row), or None.
 
     Returns:
       ``Σ_j w_j GRN_j(e_j)``, ``[N, d]``, and the observers after this batch.
@@ -98,7 +101,11 @@ def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
     sk, sb = fold(kern("skip_k"))
     skip = xv * sk + (sb + p["skip_b"][:, None, :])  # [m, N, d]
     fk, fb = fold(kern("fc2_k"))
-    h = nn.elu(xv * fk + (fb + p["fc2_b"][:, None, :]))  # [m, N, d_v]
+    h = xv * fk + (fb + p["fc2_b"][:, None, :])  # [m, N, d_v]
+    if extra is not None:  # e_0 += table row: W e_0 gains W · row
+        skip = skip.at[0].add(extra @ kern("skip_k")[0])
+        h = h.at[0].add(extra @ kern("fc2_k")[0])
+    h = nn.elu(h)
     h = bmm("fc1_k", h) + p["fc1_b"][:, None, :]  # η_1 [m, N, d_v]
     if keep is not None:
         h = jnp.where(keep, h / keep_prob(rate), 0.0)
@@ -138,6 +145,10 @@ class VariableSelection(nn.Module):
     policy: Policy = None  # jax.checkpoint policy for the chunk body
     remat_weights: bool = False  # also rematerialise the selection-weight GRN
     quant: QuantSpec | None = None
+    vocab: int = 0
+    """Variable 0 is categorical with this many values (0: every variable is real): its
+    embedding is a row of a learned ``[vocab, d_v]`` table (``instrument_table``), chosen by
+    the ``index`` argument (variable 0's real value is ignored)."""
     fused: bool = False
     """Float per-variable GRNs through the fused recomputing kernel (tftjax.models.fused)
     instead of ``chunk``/``policy``: same function and gradients, a fraction of the time
@@ -145,7 +156,7 @@ class VariableSelection(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, context: Array | None = None,
-                 deterministic: bool = True) -> tuple[Array, Array]:
+                 deterministic: bool = True, index: Array | None = None) -> tuple[Array, Array]:
         m, dv, d = self.num_vars, self.d_v, self.hidden
         lead = x.shape[:-1]
         xf = x.reshape(-1, m)  # [N, m]
@@ -178,17 +189,25 @@ class VariableSelection(nn.Module):
             update = self.is_mutable_collection("quant_stats") and not self.is_initializing()
             sq = StackedQuant(self.quant, covered, update)
         emb_k = qt.dequantize((p["emb_k"], p["emb_k_scale"])) if "emb_k_scale" in p else p["emb_k"]
+        extra = None
+        if self.vocab:
+            table = self.param("instrument_table", nn.initializers.normal(1.0), (self.vocab, dv))
+            extra = jnp.take(table, index.reshape(-1), axis=0, mode="clip").astype(xf.dtype)
+            xf = xf.at[:, 0].set(0)
         # Selection weights from the flattened embeddings (and the context).
         ctx = None
         if context is not None:
             ctx = jnp.broadcast_to(context, lead + context.shape[-1:]).reshape(n, -1)
-        if self.quant is None and m * dv != m:
+        if self.quant is None and m * dv != m and extra is None:
             # Float: the embedding folded into the GRN. Its activations are [N, d] and
             # [N, m] (no [N, m·d_v]): too small to be worth recomputing.
             logits = EmbeddedGRN(min(d, m), m, self.dropout, name="weights")(
                 xf, emb_k, p["emb_b"], ctx, deterministic)
         else:
-            flat = (xf[:, :, None] * emb_k + p["emb_b"]).reshape(n, m * dv)  # [N, m·d_v]
+            flat = xf[:, :, None] * emb_k + p["emb_b"]  # [N, m, d_v]
+            if extra is not None:
+                flat = flat.at[:, 0].add(extra)
+            flat = flat.reshape(n, m * dv)  # [N, m·d_v]
             weight_grn = nn.remat(GRN, static_argnums=(3,)) if self.remat_weights else GRN
             logits = weight_grn(min(d, m), m, self.dropout, self.quant, name="weights")(
                 flat, ctx, deterministic)
@@ -198,7 +217,9 @@ class VariableSelection(nn.Module):
         if not deterministic and self.dropout > 0:
             keep = keep_mask(self.make_rng("dropout"), self.dropout, (m, n, dv))
         xt, wt = xf.T, w.T  # variable-major [m, N]
-        if self.fused and sq is None:
+        if extra is not None:
+            out, new_stats = stacked_grn(p, xt, wt, keep, self.dropout, sq, stats, extra)
+        elif self.fused and sq is None:
             out, new_stats = fused.weighted_grn_sum(p, xt, wt, keep, self.dropout), {}
         elif self.chunk is None or self.chunk >= m:
             out, new_stats = stacked_grn(p, xt, wt, keep, self.dropout, sq, stats)

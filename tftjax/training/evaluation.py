@@ -13,15 +13,27 @@ import numpy as np
 
 from tftjax import losses
 from tftjax.config import ConfigError, TFTConfig
-from tftjax.data import Dataset, find_data_file, load_dataset, to_device
+from tftjax.data import Dataset, find_data_files, load_dataset, to_device
 from tftjax.training.ptq import calibrate
 from tftjax.training.restore import SavedModel
 from tftjax.training.trainer import Trainer
 
 
+def saved_dataset(saved: SavedModel, parquet_file=None, *, unknown: str = "refuse",
+                  instrument: str | None = None, need_splits: bool = True) -> Dataset:
+    """The data a saved model is evaluated or asked on: ``parquet_file`` (one or a list), or
+    the files it was trained on (found relative to its run folder or at their recorded
+    paths, refused when their content changed), featurised with the *training* statistics
+    of each series (``unknown``, ``instrument``: :func:`tftjax.data.load_dataset`)."""
+    path = parquet_file or find_data_files(saved.data, saved.run_dir)
+    kw = saved.featurisation or {"stats": saved.feature_stats, "vocab": None}
+    return load_dataset(path, saved.cfg.data, **kw, unknown=unknown, instrument=instrument,
+                        need_splits=need_splits)
+
+
 def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
-                   int8: bool = False, calibrate_batches: int = 0,
-                   log: Callable = print) -> dict:
+                   int8: bool = False, calibrate_batches: int = 0, unknown: str = "refuse",
+                   instrument: str | None = None, log: Callable = print) -> dict:
     """Metrics of a saved TFT on one split, beside the baselines.
 
     The data is the file the model was trained on (found relative to its run folder or at
@@ -53,13 +65,12 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
         if calibrate_batches and cfg.qat:
             raise ConfigError(f"{saved.path} was trained with --qat: its activation "
                               "ranges are already calibrated; drop --calibrate")
-    path = parquet_file or find_data_file(saved.data, saved.run_dir)
-    ds = load_dataset(path, cfg.data, stats=saved.feature_stats)
+    ds = saved_dataset(saved, parquet_file, unknown=unknown, instrument=instrument)
     same_data = ds.identity()["sha256"] == saved.data["sha256"]
     if same_data:
-        source = f"{ds.bars.path} (the training data)"
+        source = f"{ds.describe()} (the training data)"
     else:
-        source = (f"{ds.bars.path} (another file than the training data, {saved.data['file']}; "
+        source = (f"{ds.describe()} (another file than the training data, {saved.data['file']}; "
                   "featurised with the training run's statistics)")
     trainer = Trainer(cfg, tc, to_device(ds.features))
     if calibrate_batches:
@@ -89,6 +100,8 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
         summary["ptq_batches"] = calibrate_batches
     for name, m in baselines(ds, cfg.quantiles, split).items():
         summary["baselines"][name] = {split: m}
+    if len(ds.series) > 1:
+        summary["series"] = by_series(trainer, variables, ds, cfg, [split])
     log(f"{what} on {source}, {split} split, {starts.size:,} windows")
     log(format_summary(summary, int8_model=int8_export, ptq=bool(calibrate_batches)))
     return summary
@@ -107,6 +120,26 @@ def summarize(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig) -> dict:
     for split in splits:
         for name, m in baselines(ds, cfg.quantiles, split).items():
             out["baselines"].setdefault(name, {})[split] = m
+    if len(ds.series) > 1:
+        out["series"] = by_series(trainer, variables, ds, cfg, splits)
+    return out
+
+
+def by_series(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig, splits) -> dict:
+    """Series name → ``{"model": {split: metrics}, "baselines": {name: {split: metrics}}}``:
+    the model and every baseline on each series' own windows (the pooled ones weigh every
+    window alike, in each series' own target scale)."""
+    out = {}
+    for i, s in enumerate(ds.series):
+        entry: dict[str, Any] = {"model": {}, "baselines": {}}
+        for split in splits:
+            starts = getattr(ds.splits, split)
+            starts = starts[ds.series_of(starts) == i]
+            if starts.size:
+                entry["model"][split] = trainer.evaluate(variables, starts)
+                for name, m in baselines(ds, cfg.quantiles, split, starts).items():
+                    entry["baselines"].setdefault(name, {})[split] = m
+        out[s.name] = entry
     return out
 
 
@@ -116,13 +149,24 @@ def window_targets(ds: Dataset, starts: np.ndarray) -> np.ndarray:
     return ds.features.target[starts[:, None] + e + np.arange(d)]
 
 
-def baselines(ds: Dataset, quantiles, split: str) -> dict[str, dict]:
-    """Metrics of every baseline (:mod:`tftjax.baselines`) on the windows of ``split``."""
+def baselines(ds: Dataset, quantiles, split: str, starts: np.ndarray | None = None
+              ) -> dict[str, dict]:
+    """Metrics of every baseline (:mod:`tftjax.baselines`) on the windows of ``split`` (or
+    those of them at ``starts``), each series' fitted on its own training rows."""
     from tftjax import baselines as bl
 
-    starts = getattr(ds.splits, split)
-    preds = bl.forecasts(ds.features.target, starts + ds.cfg.encoder_steps - 1,
-                         ds.cfg.decoder_steps, quantiles, ds.splits.train_rows)
+    starts = getattr(ds.splits, split) if starts is None else np.asarray(starts)
+    which = ds.series_of(starts)
+    preds: dict[str, np.ndarray] = {}
+    for i, s in enumerate(ds.series):
+        sel = which == i
+        if not sel.any():
+            continue
+        local = starts[sel] - ds.offsets[i]
+        for name, p in bl.forecasts(s.features.target, local + ds.cfg.encoder_steps - 1,
+                                    ds.cfg.decoder_steps, quantiles,
+                                    s.splits.train_rows).items():
+            preds.setdefault(name, np.empty((starts.size,) + p.shape[1:], p.dtype))[sel] = p
     y = window_targets(ds, starts)
     return {name: losses.numpy_metrics(y, p, quantiles) for name, p in preds.items()}
 
@@ -143,12 +187,25 @@ def format_summary(summary: dict, qat: bool | None = None, int8_model: bool = Fa
     rows += [(NAMES.get(k, k), v) for k, v in summary["baselines"].items()]
     head = (f"{'':28s} {'split':6s} {'loss':>9s} {'q-risk P50':>11s} {'q-risk P90':>11s} "
             f"{'cover 10-90':>11s}")
-    lines = [head, "-" * len(head)]
-    for split in ("train", "val", "test"):
+    lines = [head, "-" * len(head)] + _rows(rows, ("train", "val", "test"))
+    series = summary.get("series", {})
+    if series:
+        last = next(s for s in ("test", "val", "train") if s in summary["model"])
+        lines += ["", f"by series ({last} split; above: all series pooled):"]
+        for sname, entry in series.items():
+            lines += [f"{sname}"] + _rows([(f"  {name}", entry["model"])]
+                                          + [(f"  {NAMES.get(k, k)}", v)
+                                             for k, v in entry["baselines"].items()], (last,))
+    return "\n".join(lines)
+
+
+def _rows(rows, splits) -> list[str]:
+    lines = []
+    for split in splits:
         for name, by_split in rows:
             if split in by_split:
                 m = by_split[split]
                 cov = m.get("coverage_80", float("nan"))
                 lines.append(f"{name:28s} {split:6s} {m['loss']:9.4f} {m['q_risk_50']:11.4f} "
                              f"{m['q_risk_90']:11.4f} {cov:11.3f}")
-    return "\n".join(lines)
+    return lines

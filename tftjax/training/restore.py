@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from tftjax import runloop
 from tftjax.checkpoints import list_checkpoints, read_meta, restore_state
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
-from tftjax.data import DataError, Dataset, FeatureStats
+from tftjax.data import DataError, Dataset, FeatureStats, saved_featurisation
 from tftjax.quant import as_minmax
 from tftjax.training.state import TrainState, abstract_train_state
 
@@ -54,6 +54,9 @@ class SavedModel(NamedTuple):
     """``checkpoint``, or an export's ``float32`` / ``int8``."""
     float_variables: dict | None = None
     """An int8 export's float32 weights (evaluated beside the int8 model)."""
+    featurisation: dict | None = None
+    """:func:`tftjax.data.load_dataset`'s keywords that featurise data as training did
+    (:func:`tftjax.data.saved_featurisation`)."""
 
 
 def open_checkpoint(path: str | Path, flag: str = "--checkpoint") -> Checkpoint:
@@ -123,7 +126,8 @@ def load_checkpoint(path: str | Path) -> SavedModel:
     return SavedModel(ck.cfg, ck.tc, restore_checkpoint(ck).variables(),
                       FeatureStats.from_json(ck.meta["feature_stats"]), ck.meta["identity"]["data"],
                       ck.path, str(path), ck.path.resolve().parent.parent,  # RUN/checkpoints/NAME
-                      epoch, f"{ck.path} (weights of epoch {epoch})")
+                      epoch, f"{ck.path} (weights of epoch {epoch})",
+                      featurisation=saved_featurisation(ck.meta))
 
 
 class Initial(NamedTuple):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
 from tftjax import runloop
 from tftjax.config import TFTConfig, TrainConfig
-from tftjax.data import Dataset, FeatureStats, find_data_file, load_dataset
+from tftjax.data import Dataset, find_data_files, load_dataset, saved_featurisation
 from tftjax.training.restore import initial_weights
 from tftjax.training.task import TFTTask
 
@@ -22,8 +23,9 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
     Args:
       cfg: model config; tc: training config.
       workdir: run folder (checkpoints/, metrics.jsonl, summary.json, plots).
-      parquet_file: OHLCV bars (default: the bundled ES bars; on resume, the
-        file the run was trained on, found again by its content hash).
+      parquet_file: OHLCV bars, one file or a list (several series, or a long file of them;
+        default: the bundled ES bars; on resume, the files the run was trained on, found
+        again by their content hashes).
       dataset: a prepared dataset (overrides ``parquet_file``; for tests).
       resume: continue the latest checkpoint in ``workdir`` (data, model and
         training config must match it; only ``tc.epochs`` may grow).
@@ -46,16 +48,18 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
     def make_task(saved: dict | None) -> TFTTask:
         ds = dataset
         if ds is None:
-            stats, path = None, parquet_file
-            if saved is not None:
-                stats = FeatureStats.from_json(saved["feature_stats"])
+            kw, path = {}, parquet_file
+            if saved is not None:  # other data is refused by the identity check, by name
+                kw = {**saved_featurisation(saved), "unknown": "embed"}
                 if path is None:
-                    path = find_data_file(saved["identity"]["data"], workdir)
-            ds = load_dataset(path, cfg.data, stats=stats)
+                    path = find_data_files(saved["identity"]["data"], workdir)
+            ds = load_dataset(path, cfg.data, **kw)
+        # the model's instrument vocabulary is the data's (its unknown row included)
+        model = cfg if ds.vocab is None else dataclasses.replace(cfg, instruments=len(ds.vocab))
         init = None
         if saved is None and tc.init_from:  # on resume the run's own checkpoint has them
-            init = initial_weights(tc.init_from, cfg, ds)
-        return TFTTask(cfg, tc, ds, workdir, progress=progress, profile_dir=profile_dir,
+            init = initial_weights(tc.init_from, model, ds)
+        return TFTTask(model, tc, ds, workdir, progress=progress, profile_dir=profile_dir,
                        init=init, log=log, par=par)
 
     return runloop.run(make_task, workdir, kind="tft", resume=resume, progress=progress,

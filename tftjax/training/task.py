@@ -66,7 +66,7 @@ class TFTTask:
         return self._identity
 
     def extra_meta(self) -> dict:
-        return {"feature_stats": self.ds.features.stats.to_json()}
+        return self.ds.stats_meta()
 
     def init_state(self) -> TrainState:
         state = create_train_state(self.cfg, self.tc, jax.random.key(self.tc.seed),
@@ -118,7 +118,7 @@ class TFTTask:
         cal = (f"; bar {format_interval(clock.interval)}, calendar {clock.calendar or 'none'}, "
                f"clock {clock.zone or 'as stored'}")
         return (warn + (note + "\n" if note else "")
-                + f"TFT {n:,} parameters; {len(ds.bars):,} bars from {ds.bars.path}; windows "
+                + f"TFT {n:,} parameters; {ds.describe()}; windows "
                 f"train {ds.splits.train.size:,} / val {ds.splits.val.size:,} / test "
                 f"{ds.splits.test.size:,}{cal}; remat={self.cfg.remat}, batch "
                 f"{self.tc.batch_size}"
