@@ -10,6 +10,7 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 from conftest import bars_columns, random_bars, write_table
@@ -17,7 +18,7 @@ from conftest import bars_columns, random_bars, write_table
 from tftjax import train as train_cli
 from tftjax.config import DataConfig
 from tftjax.data import DataError, build_features, gather, read_bars, to_device
-from tftjax.data import Bars, default_parquet, quality_warnings
+from tftjax.data import Bars, bundled_path, default_parquet, quality_warnings
 from tftjax.data.calendar import (NS_DAY, NS_MIN, Clock, Timeline, calendar_features,
                                   make_clock, parse_interval)
 from tftjax.data.features import HISTORICAL_NAMES, KNOWN_NAMES, WARMUP, known_inputs
@@ -203,6 +204,44 @@ def test_no_input_of_a_window_depends_on_bars_after_its_forecast_time(source, ca
             got = _window(build_features(other, cfg, stats=stats), int(s))
             for name, a, b in zip(("static", "historical", "known", "scale"), want, got):
                 np.testing.assert_array_equal(a, b, err_msg=f"{name} of window {s}, {what}")
+
+
+@pytest.mark.parametrize("origin", ["2001-09-10", "2004-06-10", "2012-10-26", "2018-11-26",
+                                    "2018-12-04"])
+def test_decoder_slots_are_the_exchange_rules_known_at_the_origin(origin):
+    """S&P 500 daily with XNYS: closures decided after the fact (9/11, Reagan's funeral,
+    hurricane Sandy, G. H. W. Bush's funeral announced on 2018-11-30) are not in the decoder
+    slots of an earlier origin. Reference: numpy's business days (no regular NYSE holiday
+    falls within these ten days)."""
+    bars = read_bars(bundled_path("spx"))
+    cfg = DataConfig(encoder_steps=E, decoder_steps=10, calendar="XNYS")
+    fs = build_features(bars, cfg, train_rows=(0, 3000))
+    t = int(np.flatnonzero(bars.ts == ns(origin))[0])
+    _, wall = fs.timeline.future(10)
+    days = wall[t].astype("datetime64[ns]").astype("datetime64[D]")
+    want = np.busday_offset(np.datetime64(origin, "D"), np.arange(1, 11), roll="forward")
+    np.testing.assert_array_equal(days, want)
+    gaps = fs.future[t][:, KNOWN_NAMES.index("sched_gap")]
+    want_gap = np.log(np.diff(np.concatenate([[np.datetime64(origin, "D")], want]))
+                      .astype(np.int64))
+    np.testing.assert_allclose(gaps, want_gap, atol=1e-6)
+
+
+def test_an_ad_hoc_closure_recorded_later_changes_no_input(monkeypatch):
+    """The calendar's rows after an origin are like its bars: an ad hoc closure that the
+    package records (after the fact) changes no input of any window."""
+    import exchange_calendars as xc
+
+    bars = read_bars(bundled_path("spx")).slice(0, 900)
+    cfg = DataConfig(encoder_steps=E, decoder_steps=D, calendar="XNYS")
+    ref = build_features(bars, cfg, train_rows=(0, 600))
+    extra = [pd.Timestamp("2002-03-12"), pd.Timestamp("2002-03-13")]
+    cls = type(xc.get_calendar("XNYS"))
+    monkeypatch.setattr(cls, "adhoc_holidays", property(lambda self: list(extra)))
+    got = build_features(bars, cfg, train_rows=(0, 600))
+    np.testing.assert_array_equal(ref.future, got.future)
+    np.testing.assert_array_equal(ref.known, got.known)
+    np.testing.assert_array_equal(ref.historical, got.historical)
 
 
 def test_realised_gaps_are_historical_not_known():

@@ -1,4 +1,5 @@
-"""Exchange sessions from ``exchange_calendars`` (or ``24/7``) and their slot grid.
+"""Exchange sessions from ``exchange_calendars`` (or ``24/7``), by the exchange's regular
+rules only (:func:`regular_calendar`), and their slot grid.
 
 A *slot* is where a bar of the nominal interval can start: ``open + j·Δ`` inside each
 trading segment of a session (a session with a break restarts the grid when it
@@ -60,7 +61,7 @@ def sessions(name: str, first_utc: int, last_utc: int) -> Sessions:
                           "(pip install 'tftjax[calendars]', i.e. exchange_calendars); "
                           "--calendar 24/7 needs nothing") from None
     try:
-        cal = xc.get_calendar(real, start=str(lo), end=str(hi))
+        cal = regular_calendar(type(xc.get_calendar(real)))(start=str(lo), end=str(hi))
     except xc.errors.InvalidCalendarName:
         raise ConfigError(f"--calendar {name!r} is not an exchange calendar (e.g. XCME, XNYS, "
                           "XLON, 24/7; exchange_calendars.get_calendar_names())") from None
@@ -81,6 +82,18 @@ def sessions(name: str, first_utc: int, last_utc: int) -> Sessions:
     label = s.index.to_numpy(dtype="datetime64[ns]").astype(np.int64)
     return Sessions(real, str(cal.tz), label, ns("open"), close, np.asarray(bs, np.int64),
                     np.asarray(be, np.int64))
+
+
+def regular_calendar(cls: type) -> type:
+    """An exchange calendar class by its **regular rules only**: without the ad hoc closures,
+    early closes and late opens (9/11, hurricane Sandy, state funerals …) that
+    ``exchange_calendars`` records after the fact. A forecast made before such a closure was
+    announced could not know it; the package does not record announcement dates, so none
+    of them is known at any origin (the missing bars then show in the observed ``miss_L``
+    features, as any missing bar does)."""
+    none = property(lambda self: [])
+    return type(f"{cls.__name__}Regular", (cls,), {
+        "adhoc_holidays": none, "special_closes_adhoc": none, "special_opens_adhoc": none})
 
 
 def slots(sess: Sessions, interval: int) -> np.ndarray:
