@@ -21,6 +21,7 @@ this map names every module::
   data.dataset          one file → a Dataset (bars, features, splits, warnings)
   data                  the pipeline's names in one place
   losses                pinball loss, q-risk, coverage
+  scoring               block bootstrap, Diebold-Mariano, Holm, Kupiec/Christoffersen, CRPS
   quant                 fake-quant (a custom_vjp straight-through estimator), observers, int8
   models.dropout        the stacked GRNs' dropout masks
   models.fused          the fused, recomputing per-variable GRN kernel (CPU)
