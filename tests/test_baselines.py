@@ -106,3 +106,50 @@ def test_garch_baseline_follows_the_garch_recursion_by_hand():
     # h steps ahead: mean reversion at rate alpha + beta
     np.testing.assert_allclose(var[:, 1:], w + (a + b) * var[:, :-1], rtol=1e-6)
     np.testing.assert_allclose(q[..., 0], -q[..., 2], rtol=1e-9)
+
+
+def test_range_baselines_by_hand():
+    """Range EWMA and HAR-RV against plain loops on a short OHLC series."""
+    rng = np.random.default_rng(7)
+    n, lam, train, horizon = 120, 0.94, (0, 80), 3
+    c = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, n)))
+    o = np.concatenate([[c[0]], c[:-1]]) * np.exp(rng.normal(0, 0.002, n))
+    h = np.maximum(o, c) * np.exp(rng.exponential(0.004, n))
+    lo = np.minimum(o, c) * np.exp(-rng.exponential(0.004, n))
+    rv = [np.log(h[0] / lo[0]) ** 2 / (4 * np.log(2))]
+    for t in range(1, n):
+        rv.append(np.log(o[t] / c[t - 1]) ** 2 + np.log(h[t] / lo[t]) ** 2 / (4 * np.log(2)))
+    rv = np.array(rv)
+    np.testing.assert_allclose(baselines.range_variance(o, h, lo, c), rv, rtol=1e-12)
+    r = np.concatenate([[0.0], np.diff(np.log(c))])
+    origins = np.array([90, 100, 110])
+    got = baselines.forecasts(r, origins, horizon, QS, train, ranges=rv, daily=True)
+    # range EWMA: v_t = lam v_{t-1} + (1 - lam) rv_t from the training mean
+    v, prev = [], np.mean(rv[:80])
+    for x in rv:
+        prev = lam * prev + (1 - lam) * x
+        v.append(prev)
+    sig = np.sqrt(v)
+    res = [r[t] / sig[t - 1] for t in range(1, 80)]
+    want = sig[origins][:, None] * np.quantile(res, QS)[None, :]
+    np.testing.assert_allclose(got["range_ewma"][:, 0], want, rtol=1e-10)
+    np.testing.assert_allclose(got["range_ewma"][:, 2], want, rtol=1e-10)
+    # HAR: OLS of rv[t+1] on 1, rv[t], mean(rv[t-4..t]), mean(rv[t-21..t]), t in 21..78
+    def x_at(series, t):
+        return [1.0, series[t], np.mean(series[t - 4 : t + 1]), np.mean(series[t - 21 : t + 1])]
+
+    X = np.array([x_at(rv, t) for t in range(21, 79)])
+    beta = np.linalg.lstsq(X, rv[22:80], rcond=None)[0]
+    floor = 1e-4 * np.mean(rv[:80])
+    fit = [max(np.dot(x_at(rv, t), beta), floor) if t >= 21 else None for t in range(80)]
+    har = baselines.har_features(rv) @ beta  # the first 21 rows: shorter means
+    res = [r[t] / np.sqrt(fit[t - 1] if t - 1 >= 21 else max(har[t - 1], floor))
+           for t in range(1, 80)]
+    for j, T in enumerate(origins):
+        path = list(rv[: T + 1])
+        for k in range(horizon):
+            f = max(np.dot(x_at(np.array(path), len(path) - 1), beta), floor)
+            path.append(f)
+            np.testing.assert_allclose(got["har"][j, k], np.sqrt(f) * np.quantile(res, QS),
+                                       rtol=1e-9)
+    assert "har" not in baselines.forecasts(r, origins, horizon, QS, train, ranges=rv)

@@ -11,7 +11,14 @@ units) from returns at rows ``<= T`` only:
   (``λ = 0.94``, started from the training rows' mean square), Gaussian
   quantiles ``z_q σ_{T+1}``;
 - ``ewma_empirical``: the same ``σ_{T+1}`` times the empirical quantiles of the
-  standardised residuals ``r_t / σ_t`` of the training rows (fat tails, skew).
+  standardised residuals ``r_t / σ_t`` of the training rows (fat tails, skew);
+- with the bars' ranges (:func:`range_variance`, what a desk's vol model sees):
+  ``range_ewma``, the EWMA of the Parkinson variance plus the squared opening gap,
+  ``v_t = λ v_{t-1} + (1-λ) (g_t² + ln(h_t/l_t)² / (4 ln 2))``, times the empirical
+  standardised-residual quantiles; and for daily and coarser bars ``har``, Corsi's HAR-RV
+  on the same range variance, ``RV_{t+1} = β₀ + β_d RV_t + β_w RV^{(5)}_t + β_m RV^{(22)}_t``
+  (OLS on the training rows; steps ``h > 1`` iterate it on its own forecasts), times the
+  empirical quantiles of the training returns standardised by its fitted one-step forecasts.
 
 Horizon: the targets are one-bar returns at steps ``1..D``; RiskMetrics'
 ``h``-step forecast of a one-bar variance is ``σ²_{T+1}`` for every ``h`` (no
@@ -36,7 +43,10 @@ NAMES = {
     "rolling": f"rolling {ROLLING_WINDOW}-bar quantiles",
     "ewma_gauss": "EWMA vol (0.94), Gaussian",
     "ewma_empirical": "EWMA vol (0.94), empirical",
+    "range_ewma": "range EWMA (Parkinson+gap)",
+    "har": "HAR-RV (range), daily",
 }
+HAR_LAGS = (1, 5, 22)
 
 
 def ewma_variance(r: np.ndarray, lam: float = LAMBDA, init: float | None = None) -> np.ndarray:
@@ -74,9 +84,57 @@ def rolling_quantiles(r: np.ndarray, origins: np.ndarray, quantiles, window: int
     return out
 
 
+def range_variance(open_: np.ndarray, high: np.ndarray, low: np.ndarray,
+                   close: np.ndarray) -> np.ndarray:
+    """Per-bar variance proxy of the close-to-close log return from the bar's range and its
+    opening gap: ``ln(o_t / c_{t-1})² + ln(h_t / l_t)² / (4 ln 2)`` (Parkinson plus the gap;
+    row 0 has no gap)."""
+    gap = np.zeros(close.shape[0])
+    gap[1:] = np.log(open_[1:] / close[:-1])
+    return gap * gap + np.log(high / low) ** 2 / (4.0 * np.log(2.0))
+
+
+def har_fit(rv: np.ndarray, a: int, b: int) -> np.ndarray:
+    """OLS ``β`` of ``RV_{t+1}`` on ``[1, RV_t, RV^{(5)}_t, RV^{(22)}_t]`` over ``t`` in the
+    training rows ``[a, b)`` (from the 22nd)."""
+    X = har_features(rv)
+    t = np.arange(max(a, HAR_LAGS[-1] - 1), b - 1)
+    beta, *_ = np.linalg.lstsq(X[t], rv[t + 1], rcond=None)
+    return beta
+
+
+def har_features(rv: np.ndarray) -> np.ndarray:
+    """``[n, 4]``: 1 and the means of the last 1, 5 and 22 values ending at each row (fewer at
+    the start)."""
+    cs = np.concatenate([[0.0], np.cumsum(rv)])
+    t = np.arange(rv.size)
+    cols = [np.ones(rv.size)]
+    for L in HAR_LAGS:
+        lo = np.maximum(t + 1 - L, 0)
+        cols.append((cs[t + 1] - cs[lo]) / (t + 1 - lo))
+    return np.stack(cols, axis=1)
+
+
+def har_forecasts(rv: np.ndarray, beta: np.ndarray, origins: np.ndarray, horizon: int,
+                  floor: float) -> np.ndarray:
+    """``[N, horizon]`` HAR forecasts of ``RV_{T+h}``: step 1 from the data, later steps on
+    the forecasts before them (at least ``floor``)."""
+    m = HAR_LAGS[-1]
+    pad = np.concatenate([np.full(m - 1, np.nan), rv])
+    hist = np.lib.stride_tricks.sliding_window_view(pad, m)[origins].copy()  # [N, 22]
+    out = np.empty((origins.size, horizon))
+    for h in range(horizon):
+        x = [np.ones(origins.size)] + [np.nanmean(hist[:, -L:], axis=1) for L in HAR_LAGS]
+        f = np.maximum(np.stack(x, axis=1) @ beta, floor)
+        out[:, h] = f
+        hist = np.concatenate([hist[:, 1:], f[:, None]], axis=1)
+    return out
+
+
 def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
               train_rows: tuple[int, int], *, lam: float = LAMBDA,
-              window: int = ROLLING_WINDOW) -> dict[str, np.ndarray]:
+              window: int = ROLLING_WINDOW, ranges: np.ndarray | None = None,
+              daily: bool = False) -> dict[str, np.ndarray]:
     """Quantile forecasts ``{name: [N, horizon, Q]}`` of every baseline.
 
     Args:
@@ -85,6 +143,8 @@ def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
       horizon: decoder steps ``D``; quantiles: ``[Q]``.
       train_rows: ``[start, stop)`` of the training rows (fits the unconditional and the
         standardised-residual quantiles and the EWMA's starting variance).
+      ranges: :func:`range_variance` of the bars in target units² (adds ``range_ewma``, and
+        with ``daily`` ``har``).
     """
     qs = np.asarray(quantiles, np.float64)
     y = np.asarray(target, np.float64)
@@ -101,4 +161,18 @@ def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
         "ewma_gauss": sigma_next[origins, None] * norm.ppf(qs)[None, :],
         "ewma_empirical": sigma_next[origins, None] * np.quantile(resid, qs)[None, :],
     }
-    return {k: np.repeat(p[:, None, :], horizon, axis=1) for k, p in per_origin.items()}
+    out = {k: np.repeat(p[:, None, :], horizon, axis=1) for k, p in per_origin.items()}
+    if ranges is not None:
+        rv = np.asarray(ranges, np.float64)
+        vr = np.sqrt(ewma_variance(rv ** 0.5, lam, init=float(np.mean(rv[a:b]))))
+        res = y[a + 1 : b] / np.maximum(vr[a : b - 1], 1e-12)
+        out["range_ewma"] = np.repeat((vr[origins, None] * np.quantile(res, qs)[None, :])
+                                      [:, None, :], horizon, axis=1)
+        if daily:
+            beta = har_fit(rv, a, b)
+            floor = 1e-4 * float(np.mean(rv[a:b]))
+            fit = np.sqrt(np.maximum(har_features(rv) @ beta, floor))  # of RV[t+1], at t
+            res = y[a + 1 : b] / fit[a : b - 1]
+            sig = np.sqrt(har_forecasts(rv, beta, origins, horizon, floor))
+            out["har"] = sig[..., None] * np.quantile(res, qs)[None, None, :]
+    return out

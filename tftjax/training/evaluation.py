@@ -14,6 +14,7 @@ import numpy as np
 from tftjax import losses
 from tftjax.config import ConfigError, TFTConfig
 from tftjax.data import Dataset, find_data_files, load_dataset, to_device
+from tftjax.data.sessions import DAILY
 from tftjax.training.ptq import calibrate
 from tftjax.training.restore import SavedModel
 from tftjax.training.trainer import Trainer
@@ -163,9 +164,12 @@ def baselines(ds: Dataset, quantiles, split: str, starts: np.ndarray | None = No
         if not sel.any():
             continue
         local = starts[sel] - ds.offsets[i]
+        b, stats = s.bars, s.features.stats
+        ranges = bl.range_variance(b.open, b.high, b.low, b.close) / stats.target_scale ** 2
         for name, p in bl.forecasts(s.features.target, local + ds.cfg.encoder_steps - 1,
-                                    ds.cfg.decoder_steps, quantiles,
-                                    s.splits.train_rows).items():
+                                    ds.cfg.decoder_steps, quantiles, s.splits.train_rows,
+                                    ranges=ranges,
+                                    daily=stats.clock.interval >= DAILY[0]).items():
             preds.setdefault(name, np.empty((starts.size,) + p.shape[1:], p.dtype))[sel] = p
     y = window_targets(ds, starts)
     return {name: losses.numpy_metrics(y, p, quantiles) for name, p in preds.items()}
