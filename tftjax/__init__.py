@@ -63,7 +63,8 @@ this map names every module::
   forecast              quantile forecasts of a saved TFT from chosen origins (no lookahead)
 
 Entry points (``python -m``; they import the library, never each other): ``tftjax.train``,
-``tftjax.evaluate``, ``tftjax.predict``, ``tftjax.export``, ``tftjax.memory``, ``tftjax.dqn``, ``tftjax.data``.
+``tftjax.evaluate``, ``tftjax.predict``, ``tftjax.backtest`` (walk-forward folds), ``tftjax.export``,
+``tftjax.memory``, ``tftjax.dqn``, ``tftjax.data``.
 """
 
 __version__ = "0.1.0"

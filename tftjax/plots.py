@@ -145,3 +145,24 @@ def dqn_plots(workdir: Path, history: list[dict], score: str, rollouts: dict) ->
     fig.tight_layout()
     fig.savefig(workdir / "equity_curve.png", dpi=110)
     plt.close(fig)
+
+
+def pit_histogram(path: Path, pit: dict, quantiles) -> None:
+    """Where the targets fell among the forecast quantiles (``{"counts", "expected"}``, from
+    :func:`tftjax.scoring.pit_counts`), as shares per bin against the shares the quantile
+    levels imply: a calibrated forecast matches them bar for bar."""
+    plt = _plt()
+    counts, expected = np.asarray(pit["counts"], float), np.asarray(pit["expected"], float)
+    edges = np.concatenate([[0.0], np.asarray(quantiles, float), [1.0]])
+    labels = [f"{a:g}-{b:g}" for a, b in zip(edges[:-1], edges[1:])]
+    x = np.arange(counts.size)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(x - 0.2, counts / counts.sum(), 0.4, label="observed")
+    ax.bar(x + 0.2, expected / expected.sum(), 0.4, label="expected (calibrated)")
+    ax.set_xticks(x, labels)
+    ax.set(xlabel="quantile bin of the target", ylabel="share of targets",
+           title="PIT histogram of the quantile forecasts")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -194,3 +194,28 @@ def pit_counts(y: np.ndarray, pred: np.ndarray, quantiles) -> tuple[np.ndarray, 
     below = (np.asarray(y)[..., None] < np.asarray(pred)).sum(-1)  # 0..Q: the bin index
     counts = np.bincount((qs.size - below).ravel(), minlength=qs.size + 1)
     return counts, np.diff(np.concatenate([[0.0], qs, [1.0]])) * below.size
+
+
+# ------------------------------------------------------- per-window sums
+SUMS = ("loss", "ql50", "ql90", "abs_y", "inside_80", "points")
+
+
+def window_sums(y: np.ndarray, pred: np.ndarray, quantiles) -> np.ndarray:
+    """Per-window metric sums ``[N, 6]`` (:data:`SUMS`): mean quantile loss, P50 and P90
+    pinball sums, ``Σ|y|``, targets inside the 10-90% band, points. Pooled metrics over any
+    set of windows are :func:`from_sums` of their rows (what a bootstrap resamples)."""
+    qs = np.asarray(quantiles)
+    err = np.asarray(y, np.float64)[..., None] - pred
+    ql = np.maximum(qs * err, (qs - 1.0) * err)
+    i50, i90, i10 = (int(np.argmin(abs(qs - q))) for q in (0.5, 0.9, 0.1))
+    inside = ((y >= pred[..., i10]) & (y <= pred[..., i90])).sum(-1)
+    return np.stack([ql.mean(axis=(-2, -1)), ql[..., i50].sum(-1), ql[..., i90].sum(-1),
+                     np.abs(y).sum(-1), inside, np.full(y.shape[0], y.shape[1])], axis=1)
+
+
+def from_sums(s: np.ndarray) -> dict:
+    """Loss, P50/P90 q-risk and 10-90% coverage from per-window sums ``[..., N, 6]``."""
+    n = s.shape[-2]
+    tot = s.sum(-2)
+    return {"loss": tot[..., 0] / n, "q_risk_50": 2 * tot[..., 1] / tot[..., 3],
+            "q_risk_90": 2 * tot[..., 2] / tot[..., 3], "coverage_80": tot[..., 4] / tot[..., 5]}

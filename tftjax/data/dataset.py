@@ -29,7 +29,7 @@ from tftjax.data.bundled import DATASETS, bundled_path, default_parquet
 from tftjax.data.calendar import format_interval
 from tftjax.data.features import FeatureSet, FeatureStats, build_features
 from tftjax.data.identity import combined_identity, data_identity
-from tftjax.data.windows import Splits, global_cuts, make_splits, splits_at
+from tftjax.data.windows import Splits, fold_splits, global_cuts, make_splits, splits_at
 from tftjax.errors import DataError
 
 UNKNOWN_POLICIES = ("refuse", "embed")
@@ -177,7 +177,8 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
                  stats: FeatureStats | dict[str, FeatureStats] | None = None,
                  vocab: tuple[str, ...] | None | str = "own", cuts: tuple[int, int] | None = None,
                  unknown: str = "refuse", instrument: str | None = None,
-                 need_splits: bool = True) -> Dataset:
+                 need_splits: bool = True, fold: tuple[int, int, int] | None = None
+                 ) -> Dataset:
     """Read ``path`` (one file, or a list of files; default: the bundled ES bars) into
     features and splits.
 
@@ -196,6 +197,9 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
       instrument: the name of a one-series file without a symbol column (default its stem).
       need_splits: refuse data too short or outside the time for its splits (False, for
         forecasts: a series with saved statistics then has empty splits).
+      fold: a walk-forward fold's ``(val_start, test_start, test_end)`` times
+        (:func:`~tftjax.data.windows.walk_forward_times`): its splits and statistics
+        fitted on its training rows.
 
     Raises:
       DataError: bad or too little data, naming the file; an unknown instrument.
@@ -234,12 +238,13 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
             raise DataError(f"{', '.join(paths_of(bars))}: this model was trained on one series "
                             "(before instrument vocabularies): give it one")
         given.append(own)
-    if len(bars) > 1 or cuts is not None:
+    if (len(bars) > 1 or cuts is not None) and fold is None:
         cuts = cuts or global_cuts([b.ts for b in bars], cfg)
     splits = []
     for b, own in zip(bars, given):
         try:
-            splits.append(splits_at(b.ts, cuts, cfg, source=b.path) if cuts is not None
+            splits.append(fold_splits(b.ts, fold, cfg, source=b.path) if fold is not None
+                          else splits_at(b.ts, cuts, cfg, source=b.path) if cuts is not None
                           else make_splits(len(b), cfg, source=str(b.path)))
         except DataError:
             if need_splits or own is None:  # statistics to fit need training rows
@@ -256,7 +261,8 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
         raise DataError("series of different bar intervals in one run: " + ", ".join(
             f"{s.name} {format_interval(s.features.stats.clock.interval)}" for s in series)
             + "; train one model per bar interval")
-    return Dataset(tuple(series), cfg, vocab, cuts if len(bars) > 1 else None, tuple(warn))
+    return Dataset(tuple(series), cfg, vocab, cuts if len(bars) > 1 and fold is None else None,
+                   tuple(warn))
 
 
 def no_splits() -> Splits:

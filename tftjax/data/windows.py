@@ -119,6 +119,59 @@ def splits_at(ts: np.ndarray, cuts: tuple[int, int], cfg: DataConfig = DataConfi
     return splits
 
 
+def walk_forward_times(timestamps: list[np.ndarray], cfg: DataConfig, folds: int,
+                       test_fraction: float, *, warmup: int = WARMUP) -> list[tuple[int, int, int]]:
+    """``(val_start, test_start, test_end)`` times (ns) of each walk-forward fold.
+
+    On the union of the series' bar times after warm-up, the last ``test_fraction`` is cut
+    into ``folds`` consecutive test stretches; each fold validates on the stretch of the same
+    length that ends one embargo before its test stretch, and trains on every row before
+    that, one more embargo earlier (an expanding window). The last fold's ``test_end`` is
+    the end of the data.
+
+    Raises:
+      DataError: a fold too short for one window, or too little left to train on.
+    """
+    union = np.unique(np.concatenate([np.asarray(t[warmup:], np.int64) for t in timestamps]))
+    n, E, W = union.size, cfg.embargo_rows, cfg.window
+    s0 = n - int(n * test_fraction)
+    L = (n - s0) // folds
+    if L < W:
+        raise DataError(f"{folds} folds over the last {test_fraction:g} of {n:,} bar times "
+                        f"leave {L} bars a fold, fewer than one {W}-bar window: fewer folds, a "
+                        "larger --test-fraction or more data")
+    first_train_end = s0 - 2 * E - L
+    if first_train_end < 2 * W:
+        raise DataError(f"the first fold would train on {max(first_train_end, 0)} bar times, "
+                        f"fewer than two {W}-bar windows: a smaller --test-fraction")
+    out = []
+    for k in range(folds):
+        b = s0 + k * L
+        end = np.iinfo(np.int64).max if k == folds - 1 else int(union[b + L])
+        out.append((int(union[b - E - L]), int(union[b]), end))
+    return out
+
+
+def fold_splits(ts: np.ndarray, times: tuple[int, int, int], cfg: DataConfig, *,
+                warmup: int = WARMUP, source: str = "data") -> Splits:
+    """A series' splits in one walk-forward fold (:func:`walk_forward_times`): train windows
+    end one embargo before the validation stretch, validation windows end one embargo
+    before the test stretch, and the test windows are those whose forecast targets all lie in
+    the test stretch (their encoders may reach back before it: the past is known), so that
+    consecutive folds' test targets tile the test region without overlap."""
+    W, E, enc = cfg.window, cfg.embargo_rows, cfg.encoder_steps
+    r = lambda t: int(np.searchsorted(ts, t))  # noqa: E731
+    v0, t0, t1 = r(times[0]), r(times[1]), r(times[2])
+    train, val = (warmup, max(v0 - E, warmup)), (v0, max(t0 - E, v0))
+    test = np.arange(max(t0 - enc, warmup), t1 - W + 1, dtype=np.int32)  # targets in [t0, t1)
+    splits = Splits(train, val, (t0, t1), _starts(train, W), _starts(val, W), test)
+    for name in ("train", "val", "test"):
+        if getattr(splits, name).size == 0:
+            raise DataError(f"{source}: its {name} stretch of a walk-forward fold holds no "
+                            f"complete {W}-bar window: fewer folds or more data")
+    return splits
+
+
 def epoch_batches(starts: np.ndarray, batch_size: int, *, seed: int, epoch: int,
                   shuffle: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """One epoch of batches covering every window exactly once.

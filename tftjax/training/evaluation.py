@@ -154,9 +154,19 @@ def baselines(ds: Dataset, quantiles, split: str, starts: np.ndarray | None = No
               ) -> dict[str, dict]:
     """Metrics of every baseline (:mod:`tftjax.baselines`) on the windows of ``split`` (or
     those of them at ``starts``), each series' fitted on its own training rows."""
+    starts = getattr(ds.splits, split) if starts is None else np.asarray(starts)
+    y = window_targets(ds, starts)
+    return {name: losses.numpy_metrics(y, p, quantiles)
+            for name, p in baselines_forecasts(ds, quantiles, starts).items()}
+
+
+def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str, np.ndarray]:
+    """Every baseline's quantiles ``[n, D, Q]`` for the windows at ``starts``: each series'
+    from its own returns and ranges, fitted on its own training rows (range baselines from
+    the bars' high, low and opening gap; HAR for daily and coarser bars)."""
     from tftjax import baselines as bl
 
-    starts = getattr(ds.splits, split) if starts is None else np.asarray(starts)
+    starts = np.asarray(starts)
     which = ds.series_of(starts)
     preds: dict[str, np.ndarray] = {}
     for i, s in enumerate(ds.series):
@@ -171,8 +181,7 @@ def baselines(ds: Dataset, quantiles, split: str, starts: np.ndarray | None = No
                                     ranges=ranges,
                                     daily=stats.clock.interval >= DAILY[0]).items():
             preds.setdefault(name, np.empty((starts.size,) + p.shape[1:], p.dtype))[sel] = p
-    y = window_targets(ds, starts)
-    return {name: losses.numpy_metrics(y, p, quantiles) for name, p in preds.items()}
+    return preds
 
 
 VARIANT_NAMES = {"float": "TFT: float, no quant", "int8": "TFT: int8 inference"}

@@ -1,0 +1,230 @@
+"""``python -m tftjax.backtest``: walk-forward evaluation of the TFT against the baselines.
+
+    python -m tftjax.backtest --dataset spx --preset small --folds 5
+    python -m tftjax.backtest --dataset btc --folds 6 --test-fraction 0.5 --epochs 30
+
+``--folds`` expanding-window folds (:func:`tftjax.data.windows.walk_forward_times`): each
+fold trains a model **from scratch** on every bar before its validation stretch (feature
+statistics fitted on those rows), early-stops on its own validation stretch (the best
+epoch's weights), and scores its own test stretch once. The folds' test targets tile the
+test region without overlap, and the forecasts are stitched across folds. The baseline the
+TFT is compared with is the one of lowest P90 q-risk on the folds' **validation** stretches
+(pooled); nothing is chosen on test.
+
+Reported, pooled over folds and per fold: P50/P90 q-risk and 10-90% coverage with 95%
+circular-block-bootstrap intervals (block length: Politis–White on the TFT's per-window P90
+loss), the Diebold–Mariano statistic and p-value (Newey–West, HLN correction) of the TFT
+against that baseline on the per-window quantile loss, per-quantile hit rates with Kupiec and
+Christoffersen tests on the one-step-ahead forecasts, the 80% interval score, a CRPS
+approximation, the quantile-crossing rate, and (``--plot``) a PIT histogram. Written to
+``WORKDIR/backtest.json``; the table is printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from tftjax.cli import data_files, parse, peek, run_folder
+from tftjax.cli import main as cli_main
+from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset
+
+
+@dataclasses.dataclass
+class Args:
+    """Walk-forward evaluation: K folds, each trained from scratch and scored on its own test
+    stretch, against the baselines chosen on validation."""
+
+    model: TFTConfig
+    train: TrainConfig
+    parquet_file: tuple[Path, ...] = ()
+    """OHLCV bars (one file, several, or a long file); default: the bundled ES bars."""
+    dataset: str | None = None
+    """Bundled sets instead of --parquet-file, comma-separated (spx, nasdaq, btc, es)."""
+    preset: Literal["tft225", "small", "tiny"] = "small"
+    """Model sizes (the flags below override single fields)."""
+    folds: int = 5
+    """Walk-forward folds (at least 2)."""
+    test_fraction: float = 0.4
+    """Share of the bar times (after warm-up) cut into the folds' test stretches."""
+    workdir: Path = Path("runs/backtest/run_001")
+    """Each fold's run (fold_1 …) and backtest.json go here (default: a new
+    runs/backtest/run_NNN)."""
+    remat: str = "full"
+    """Rematerialisation tier of every fold's training."""
+    bootstrap: int = 2000
+    """Circular block bootstrap resamples of the intervals."""
+    plot: bool = False
+    """Also draw the stitched forecasts' PIT histogram (WORKDIR/pit.png)."""
+    no_progress: bool = False
+
+
+def defaults(argv: list[str] | None) -> Args:
+    pre = peek(argv, preset=None, workdir=None)
+    from tftjax.config import PRESETS
+
+    name = pre.preset if pre.preset in PRESETS else "small"
+    return Args(model=preset(name), train=TrainConfig(epochs=30, patience=3), preset=name,
+                workdir=run_folder(pre.workdir, "runs/backtest", False))
+
+
+def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int = 5,
+             test_fraction: float = 0.4, reps: int = 2000, progress: bool = False,
+             log=print) -> dict:
+    """Train and score every fold; the stitched comparison (see the module docstring)."""
+    from tftjax import scoring
+    from tftjax.data import load_dataset, to_device
+    from tftjax.data.bars import read_series
+    from tftjax.data.windows import walk_forward_times
+    from tftjax.training import Trainer, open_checkpoint, restore_checkpoint, train_and_evaluate
+    from tftjax.training.evaluation import baselines_forecasts, window_targets
+
+    if folds < 2:
+        raise ConfigError(f"--folds must be >= 2 (a walk-forward needs several), got {folds}")
+    if not 0 < test_fraction < 1:
+        raise ConfigError(f"--test-fraction must be in (0, 1), got {test_fraction}")
+    files = paths if isinstance(paths, list) else [paths] if paths is not None else None
+    from tftjax.data import default_parquet
+
+    files = files or [default_parquet()]
+    ts = [b.ts for p in files for b in read_series(p)]
+    times = walk_forward_times(ts, cfg.data, folds, test_fraction)
+    qs = cfg.quantiles
+    rows, fold_out = {"tft": {"val": [], "test": []}}, []
+    y1, p1 = [], []  # one-step-ahead targets and TFT quantiles, stitched (hit tests)
+    all_pred = []
+    for k, fold in enumerate(times, 1):
+        ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
+        run = workdir / f"fold_{k}"
+        train_and_evaluate(cfg, tc, run, dataset=ds, progress=progress, log=lambda *a: None)
+        ck = open_checkpoint(run)
+        trainer = Trainer(ck.cfg, tc, to_device(ds.features))
+        variables = restore_checkpoint(ck).variables()
+        entry = {"fold": k, "weights_epoch": ck.meta.get("weights_epoch"),
+                 "train_rows": [list(s.splits.train_rows) for s in ds.series],
+                 "test_from": str(np.datetime64(fold[1], "ns")),
+                 "windows": {s: int(getattr(ds.splits, s).size) for s in ("train", "val", "test")}}
+        for split in ("val", "test"):
+            starts = getattr(ds.splits, split)
+            y = window_targets(ds, starts)
+            pred, _ = trainer.predict(variables, starts)
+            rows["tft"][split].append(scoring.window_sums(y, pred, qs))
+            for name, p in baselines_forecasts(ds, qs, starts).items():
+                rows.setdefault(name, {"val": [], "test": []})[split].append(
+                    scoring.window_sums(y, p, qs))
+            if split == "test":
+                y1.append(y[:, 0])
+                p1.append(pred[:, 0])
+                all_pred.append((y, pred))
+        entry["test"] = {name: _metrics(scoring, r["test"][-1]) for name, r in rows.items()}
+        fold_out.append(entry)
+        log(f"fold {k}/{folds}: test from {entry['test_from'][:16]}, {entry['windows']['test']} "
+            f"windows, epoch {entry['weights_epoch']}: TFT P90 "
+            f"{entry['test']['tft']['q_risk_90']:.4f}")
+    return summarize(scoring, rows, fold_out, np.concatenate(y1), np.concatenate(p1),
+                     all_pred, qs, cfg.decoder_steps, reps)
+
+
+def _metrics(scoring, sums) -> dict:
+    return {k: float(v) for k, v in scoring.from_sums(sums).items()}
+
+
+def summarize(scoring, rows, fold_out, y1, p1, all_pred, qs, horizon: int, reps: int) -> dict:
+    """Pooled metrics with intervals, the baseline chosen on validation, DM and calibration."""
+    pooled = {n: {s: np.concatenate(r[s]) for s in ("val", "test")} for n, r in rows.items()}
+    names = [n for n in pooled if n != "tft"]
+    best = min(names, key=lambda n: scoring.from_sums(pooled[n]["val"])["q_risk_90"])
+    tft = pooled["tft"]["test"]
+    block = scoring.block_length(tft[:, 2] - pooled[best]["test"][:, 2])
+    table = {}
+    for n in ["tft"] + names:
+        s = pooled[n]["test"]
+        row = {"val": _metrics(scoring, pooled[n]["val"]), "test": _metrics(scoring, s),
+               "ci95": {m: scoring.bootstrap_interval(lambda x, m=m: scoring.from_sums(x)[m], s,
+                                                      block, reps)
+                        for m in ("q_risk_50", "q_risk_90", "coverage_80")}}
+        if n != "tft":
+            row["dm_tft_vs"] = scoring.diebold_mariano(tft[:, 0], s[:, 0], horizon)
+        table[n] = row
+    pvals = [table[n]["dm_tft_vs"]["p"] for n in names]
+    for n, adj in zip(names, scoring.holm(pvals)):
+        table[n]["dm_tft_vs"]["p_holm"] = float(adj)
+    y = np.concatenate([a for a, _ in all_pred])
+    pred = np.concatenate([b for _, b in all_pred])
+    calib = {"crossing_rate": scoring.crossing_rate(pred),
+             "crps": float(scoring.crps_from_quantiles(y, pred, qs).mean()),
+             "hits": {}}
+    qarr = np.asarray(qs)
+    i10, i90 = int(np.argmin(abs(qarr - 0.1))), int(np.argmin(abs(qarr - 0.9)))
+    if abs(qarr[i10] - 0.1) < 1e-9 and abs(qarr[i90] - 0.9) < 1e-9:
+        calib["interval_score_80"] = float(scoring.interval_score(
+            y, pred[..., i10], pred[..., i90], 0.2).mean())
+    for j, q in enumerate(qs):  # one-step hits: y below the q-quantile (lower) or above it
+        hits = y1 < p1[:, j] if q < 0.5 else y1 > p1[:, j]
+        p = q if q < 0.5 else 1 - q
+        if q != 0.5:
+            calib["hits"][f"{q:g}"] = {"kupiec": scoring.kupiec(hits, p),
+                                       "christoffersen": scoring.christoffersen(hits)}
+    counts, expected = scoring.pit_counts(y, pred, qs)
+    calib["pit"] = {"counts": counts.tolist(), "expected": expected.tolist()}
+    return {"folds": fold_out, "pooled": table, "best_baseline_on_val": best, "block": block,
+            "comparisons": len(names), "calibration": calib}
+
+
+def format_table(out: dict) -> str:
+    from tftjax.baselines import NAMES
+
+    best = out["best_baseline_on_val"]
+    lines = [f"pooled over {len(out['folds'])} folds; 95% circular block bootstrap (block "
+             f"{out['block']} windows); DM: TFT - baseline on the per-window quantile loss "
+             f"(negative: the TFT is better), Holm over {out['comparisons']} baselines; best "
+             f"baseline on validation: {NAMES.get(best, best)}",
+             "| model | P50 q-risk | P90 q-risk [95% CI] | cover 10-90 | DM stat | p | p (Holm) |",
+             "|---|---|---|---|---|---|---|"]
+    for n, r in out["pooled"].items():
+        t, ci = r["test"], r["ci95"]["q_risk_90"]
+        dm = r.get("dm_tft_vs")
+        name = "TFT" if n == "tft" else NAMES.get(n, n) + (" (best on val)" if n == best else "")
+        lines.append(f"| {name} | {t['q_risk_50']:.4f} | {t['q_risk_90']:.4f} [{ci[0]:.4f}, "
+                     f"{ci[1]:.4f}] | {t['coverage_80']:.3f} | "
+                     + (f"{dm['stat']:+.2f} | {dm['p']:.3g} | {dm['p_holm']:.3g} |" if dm
+                        else "– | – | – |"))
+    return "\n".join(lines)
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = parse(Args, argv, defaults(argv), "python -m tftjax.backtest",
+                 __doc__.split("\n\n")[0])
+    from tftjax.remat import TIERS
+
+    if args.remat not in TIERS:
+        raise ConfigError(f"--remat {args.remat!r} is not a tier; choose one of: {', '.join(TIERS)}")
+    if args.workdir.exists() and any(args.workdir.iterdir()):
+        raise ConfigError(f"--workdir {args.workdir} is not empty; choose a new folder")
+    cfg = dataclasses.replace(args.model, remat=args.remat)
+    out = backtest(cfg, args.train, data_files(args.parquet_file, args.dataset), args.workdir,
+                   args.folds, args.test_fraction, args.bootstrap,
+                   progress=not args.no_progress)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    (args.workdir / "backtest.json").write_text(json.dumps(out, indent=1))
+    print(format_table(out))
+    if args.plot:
+        from tftjax.plots import pit_histogram
+
+        pit_histogram(args.workdir / "pit.png", out["calibration"]["pit"], cfg.quantiles)
+    print(f"wrote {args.workdir / 'backtest.json'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(run, argv)
+
+
+if __name__ == "__main__":
+    from tftjax.cli import exit as cli_exit
+
+    cli_exit(main())
