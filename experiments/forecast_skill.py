@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from tftjax import baselines, losses
+from tftjax.scoring import from_sums, window_sums  # noqa: F401 (used below, and by other experiments)
 from tftjax.config import TrainConfig, preset
 from tftjax.data import bundled_path, load_dataset, to_device
 from tftjax.provenance import write_result
@@ -94,25 +95,6 @@ def garch_forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quant
     var = f.variance.to_numpy()  # row i: forecasts made at index first + i (of y[a:])
     v = var[origins - a - first]  # [N, horizon]
     return np.sqrt(v)[..., None] * norm.ppf(np.asarray(quantiles))[None, None, :]
-
-
-def window_sums(y: np.ndarray, pred: np.ndarray, quantiles) -> np.ndarray:
-    """Per-window metric sums ``[N, 6]``: loss, ql50, ql90, |y|, inside, points."""
-    qs = np.asarray(quantiles)
-    err = y[..., None] - pred
-    ql = np.maximum(qs * err, (qs - 1.0) * err)
-    i50, i90 = int(np.argmin(abs(qs - 0.5))), int(np.argmin(abs(qs - 0.9)))
-    i10 = int(np.argmin(abs(qs - 0.1)))
-    inside = ((y >= pred[..., i10]) & (y <= pred[..., i90])).sum(-1)
-    return np.stack([ql.mean(axis=(-2, -1)), ql[..., i50].sum(-1), ql[..., i90].sum(-1),
-                     np.abs(y).sum(-1), inside, np.full(y.shape[0], y.shape[1])], axis=1)
-
-
-def from_sums(s: np.ndarray) -> dict:
-    n = s.shape[-2]
-    tot = s.sum(-2)
-    return {"loss": tot[..., 0] / n, "q_risk_50": 2 * tot[..., 1] / tot[..., 3],
-            "q_risk_90": 2 * tot[..., 2] / tot[..., 3], "coverage_80": tot[..., 4] / tot[..., 5]}
 
 
 def bootstrap(s: np.ndarray, reps: int, block: int, seed: int = 0) -> dict:

@@ -12,9 +12,11 @@ statistics come from the same training rows in both). Epochs are chosen on the v
 windows (early stopping, the best epoch's weights); the test windows are scored once.
 
 Per series: the P90 (and P50) q-risk of each seed, of the seed-averaged per-window sums, and
-the paired difference joint - separate with a 95% moving-block bootstrap interval over the
-test windows (blocks of ``--block`` windows: one window length by default, the span over which
-neighbouring windows share inputs). Negative: the joint model is better.
+the paired difference joint - separate with a 95% circular block bootstrap interval over the
+test windows (block length by the Politis-White rule on the per-window P90 differences,
+``tftjax.scoring.block_length``) and a Diebold-Mariano test (Newey-West, HLN) on the
+per-window P90 pinball differences. Negative: the joint model is better. ``--score-only``
+scores the runs already in ``--work`` again without training.
 """
 
 from __future__ import annotations
@@ -23,16 +25,13 @@ import argparse
 import dataclasses
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forecast_skill import from_sums, paired_delta, window_sums  # noqa: E402
-
-from tftjax.config import TrainConfig, preset  # noqa: E402
+from tftjax import scoring
+from tftjax.config import TrainConfig, preset
 from tftjax.data import bundled_path, load_dataset, to_device  # noqa: E402
 from tftjax.training import Trainer, open_checkpoint, restore_checkpoint, train_and_evaluate  # noqa: E402
 from tftjax.training.evaluation import window_targets  # noqa: E402
@@ -44,7 +43,7 @@ def test_sums(run: Path, cfg, tc, ds) -> tuple[np.ndarray, int]:
     model = ck.cfg
     variables = restore_checkpoint(ck).variables()
     pred, _ = Trainer(model, tc, to_device(ds.features)).predict(variables, ds.splits.test)
-    return window_sums(window_targets(ds, ds.splits.test), pred, cfg.quantiles), \
+    return scoring.window_sums(window_targets(ds, ds.splits.test), pred, cfg.quantiles), \
         ck.meta["weights_epoch"]
 
 
@@ -57,7 +56,7 @@ def main() -> None:
     ap.add_argument("--patience", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--bootstrap", type=int, default=2000)
-    ap.add_argument("--block", type=int, default=0, help="bootstrap block (0: one window)")
+    ap.add_argument("--score-only", action="store_true", help="score the runs in --work again")
     ap.add_argument("--work", type=Path, default=Path("runs/joint_vs_separate"))
     ap.add_argument("--out", type=Path, default=Path("joint_vs_separate.json"))
     args = ap.parse_args()
@@ -66,7 +65,6 @@ def main() -> None:
     paths = [bundled_path(n) for n in names]
     cfg = dataclasses.replace(preset(args.preset), remat="full")
     joint_ds = load_dataset(paths, cfg.data)
-    block = args.block or cfg.data.window
     sep_ds = {n: load_dataset(p, cfg.data, cuts=joint_ds.cuts) for n, p in zip(names, paths)}
     for i, n in enumerate(names):  # the same windows and targets in both
         mine = joint_ds.series_of(joint_ds.splits.test) == i
@@ -79,7 +77,9 @@ def main() -> None:
         tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, patience=args.patience,
                          seed=seed, eval_batch_size=512)
         run = args.work / f"joint_{seed}"
-        train_and_evaluate(cfg, tc, run, dataset=joint_ds, progress=False, log=lambda *a: None)
+        if not args.score_only:
+            train_and_evaluate(cfg, tc, run, dataset=joint_ds, progress=False,
+                               log=lambda *a: None)
         sums, ep = test_sums(run, cfg, tc, joint_ds)
         epochs["joint"].append(ep)
         which = joint_ds.series_of(joint_ds.splits.test)
@@ -87,37 +87,45 @@ def main() -> None:
             per[n]["joint"].append(sums[which == i])
         for n in names:
             run = args.work / f"{n}_{seed}"
-            train_and_evaluate(cfg, tc, run, dataset=sep_ds[n], progress=False,
-                               log=lambda *a: None)
+            if not args.score_only:
+                train_and_evaluate(cfg, tc, run, dataset=sep_ds[n], progress=False,
+                                   log=lambda *a: None)
             sums, ep = test_sums(run, cfg, tc, sep_ds[n])
             epochs[n].append(ep)
             per[n]["separate"].append(sums)
         print(f"seed {seed} done in {time.perf_counter() - t0:.0f} s", flush=True)
 
     out = {"datasets": names, "preset": args.preset, "seeds": args.seeds,
-           "epochs_max": args.epochs, "patience": args.patience, "block": block,
+           "epochs_max": args.epochs, "patience": args.patience,
            "cuts": [str(np.datetime64(int(c), "ns")) for c in joint_ds.cuts],
            "best_epochs": epochs, "series": {}, "seconds": time.perf_counter() - t0,
            "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                       capture_output=True, text=True).stdout.strip()}
-    print("| series | test windows | joint P90 (seeds) | separate P90 (seeds) | joint P90 | "
-          "separate P90 | joint - separate [95% CI] |")
-    print("|---|---|---|---|---|---|---|")
+    print("| series | test windows | joint P90 (seeds) | separate P90 (seeds) | joint P90 "
+          "| separate P90 | joint - separate [95% CI] | DM stat (p) |")
+    print("|---|---|---|---|---|---|---|---|")
     for n in names:
         j, s = np.mean(per[n]["joint"], axis=0), np.mean(per[n]["separate"], axis=0)
-        d = paired_delta(j, s, args.bootstrap, block)
-        row = {"windows": int(j.shape[0]),
-               "joint_seeds": [from_sums(x)["q_risk_90"] for x in per[n]["joint"]],
-               "separate_seeds": [from_sums(x)["q_risk_90"] for x in per[n]["separate"]],
-               "joint": {k: float(v) for k, v in from_sums(j).items()},
-               "separate": {k: float(v) for k, v in from_sums(s).items()},
-               "delta_q_risk_90": d["q_risk_90"], "delta_loss": d["loss"]}
+        diff = j[:, 2] - s[:, 2]  # per-window P90 pinball sums
+        block = scoring.block_length(diff)
+        delta = lambda x: (scoring.from_sums(x[:, :6])["q_risk_90"]  # noqa: E731
+                           - scoring.from_sums(x[:, 6:])["q_risk_90"])
+        both = np.concatenate([j, s], axis=1)
+        ci = scoring.bootstrap_interval(delta, both, block, args.bootstrap)
+        dm = scoring.diebold_mariano(j[:, 2], s[:, 2], cfg.decoder_steps)
+        row = {"windows": int(j.shape[0]), "block": block,
+               "joint_seeds": [scoring.from_sums(x)["q_risk_90"] for x in per[n]["joint"]],
+               "separate_seeds": [scoring.from_sums(x)["q_risk_90"] for x in per[n]["separate"]],
+               "joint": {k: float(v) for k, v in scoring.from_sums(j).items()},
+               "separate": {k: float(v) for k, v in scoring.from_sums(s).items()},
+               "delta_q_risk_90": [float(delta(both)), *ci], "dm": dm}
         out["series"][n] = row
         fmt = lambda xs: " / ".join(f"{x:.4f}" for x in xs)  # noqa: E731
-        dq = d["q_risk_90"]
+        dq = row["delta_q_risk_90"]
         print(f"| {n} | {row['windows']} | {fmt(row['joint_seeds'])} | "
               f"{fmt(row['separate_seeds'])} | {row['joint']['q_risk_90']:.4f} | "
-              f"{row['separate']['q_risk_90']:.4f} | {dq[0]:+.4f} [{dq[1]:+.4f}, {dq[2]:+.4f}] |")
+              f"{row['separate']['q_risk_90']:.4f} | {dq[0]:+.4f} [{dq[1]:+.4f}, {dq[2]:+.4f}] "
+              f"| {dm['stat']:+.2f} ({dm['p']:.2g}) |")
     args.out.write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
 

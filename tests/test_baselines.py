@@ -153,3 +153,19 @@ def test_range_baselines_by_hand():
             np.testing.assert_allclose(got["har"][j, k], np.sqrt(f) * np.quantile(res, QS),
                                        rtol=1e-9)
     assert "har" not in baselines.forecasts(r, origins, horizon, QS, train, ranges=rv)
+
+
+def test_cumulative_baselines_by_hand(series):
+    """``--target cumulative``: step k forecasts the k-bar sum."""
+    r, train, horizon = series, (0, 200), 4
+    origins = np.array([260, 300])
+    bar = baselines.forecasts(r, origins, horizon, QS, train, window=50)
+    cum = baselines.forecasts(r, origins, horizon, QS, train, window=50, cumulative=True)
+    for k in range(1, horizon + 1):
+        np.testing.assert_allclose(cum["ewma_gauss"][:, k - 1], np.sqrt(k) * bar["ewma_gauss"][:, 0])
+        sums = [r[t - k + 1: t + 1].sum() for t in range(k - 1, 200)]
+        np.testing.assert_allclose(cum["train_quantiles"][0, k - 1], np.quantile(sums, QS))
+        for j, T in enumerate(origins):
+            last = [r[t - k + 1: t + 1].sum() for t in range(T - 49, T + 1)]
+            np.testing.assert_allclose(cum["rolling"][j, k - 1], np.quantile(last, QS))
+    np.testing.assert_array_equal(cum["zero"], 0.0)

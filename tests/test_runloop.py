@@ -295,6 +295,9 @@ def test_dqn_resume_through_the_cli(tmp_path, capsys):
     (lambda: TFTConfig(dropout=-0.1), "dropout must be in [0, 1)"),
     (lambda: TFTConfig(remat="sideways"), "remat tier 'sideways'"),
     (lambda: TFTConfig(quantiles=(0.1, 0.9)), "must include 0.5 and 0.9"),
+    (lambda: TFTConfig(target="nonsense"), "--target must be one of bar, cumulative, got "
+                                           "'nonsense'"),
+    (lambda: TFTConfig(instrument_dropout=1.0), "--instrument-dropout must be in [0, 1)"),
     (lambda: TrainConfig(seed=-1), "seed must be in [0, 2**32), got -1"),
     (lambda: TrainConfig(learning_rate=float("nan")), "learning_rate must be a finite number"),
     (lambda: TrainConfig(patience=-1), "patience must be >= 0"),

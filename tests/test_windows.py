@@ -143,3 +143,23 @@ def test_fan_titles_show_the_bars_own_times():
             t = t.astimezone(datetime.timezone.utc).replace(tzinfo=None)
         want.append(f"first forecast bar {t.strftime('%Y-%m-%dT%H:%M')}")
     assert window_titles(ds.bars.ts, starts, cfg.encoder_steps) == want
+
+
+def test_cumulative_targets_are_the_k_bar_sums(dataset):
+    """``--target cumulative``: decoder step k's target is the sum of the bars' 1-bar targets
+    from the origin, on the device (the train and eval steps' gather) and on the host."""
+    import dataclasses
+
+    from tftjax.config import preset
+    from tftjax.training.evaluation import window_targets
+    from tftjax.training.steps import _gather_fn
+
+    cfg = preset("tiny", target="cumulative")
+    ds = dataclasses.replace(dataset, cfg=cfg.data)
+    starts = dataset.splits.test[:7]
+    e, d = cfg.encoder_steps, cfg.decoder_steps
+    want = np.cumsum(dataset.features.target[starts[:, None] + e + np.arange(d)].astype(np.float64),
+                     axis=1)
+    got = _gather_fn(cfg, None)(to_device(dataset.features), jnp.asarray(starts)).target
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(window_targets(ds, starts), want, rtol=1e-6, atol=1e-6)

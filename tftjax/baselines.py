@@ -134,7 +134,7 @@ def har_forecasts(rv: np.ndarray, beta: np.ndarray, origins: np.ndarray, horizon
 def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
               train_rows: tuple[int, int], *, lam: float = LAMBDA,
               window: int = ROLLING_WINDOW, ranges: np.ndarray | None = None,
-              daily: bool = False) -> dict[str, np.ndarray]:
+              daily: bool = False, cumulative: bool = False) -> dict[str, np.ndarray]:
     """Quantile forecasts ``{name: [N, horizon, Q]}`` of every baseline.
 
     Args:
@@ -145,6 +145,10 @@ def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
         standardised-residual quantiles and the EWMA's starting variance).
       ranges: :func:`range_variance` of the bars in target units² (adds ``range_ewma``, and
         with ``daily`` ``har``).
+      cumulative: forecast the k-bar cumulative return at step k (``--target cumulative``):
+        the naive and rolling quantiles of k-bar sums, the volatility models' one-bar
+        quantiles times ``√k`` (EWMA: a flat variance forecast) or, for HAR, the square root
+        of its summed variance forecasts over the standardised residual quantiles.
     """
     qs = np.asarray(quantiles, np.float64)
     y = np.asarray(target, np.float64)
@@ -162,17 +166,29 @@ def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
         "ewma_empirical": sigma_next[origins, None] * np.quantile(resid, qs)[None, :],
     }
     out = {k: np.repeat(p[:, None, :], horizon, axis=1) for k, p in per_origin.items()}
+    steps = np.arange(1, horizon + 1)
+    if cumulative:
+        root = np.sqrt(steps)[None, :, None]
+        for k in ("ewma_gauss", "ewma_empirical"):
+            out[k] = out[k] * root
+        for h in steps[1:]:  # k-bar sums: their own empirical quantiles
+            yk = np.convolve(y, np.ones(h))[: y.size]  # yk[t] = y[t-h+1] + … + y[t]
+            out["train_quantiles"][:, h - 1] = np.quantile(yk[a + h - 1 : b], qs)
+            out["rolling"][:, h - 1] = rolling_quantiles(yk, origins, qs, window)
     if ranges is not None:
         rv = np.asarray(ranges, np.float64)
         vr = np.sqrt(ewma_variance(rv ** 0.5, lam, init=float(np.mean(rv[a:b]))))
         res = y[a + 1 : b] / np.maximum(vr[a : b - 1], 1e-12)
         out["range_ewma"] = np.repeat((vr[origins, None] * np.quantile(res, qs)[None, :])
                                       [:, None, :], horizon, axis=1)
+        if cumulative:
+            out["range_ewma"] = out["range_ewma"] * np.sqrt(steps)[None, :, None]
         if daily:
             beta = har_fit(rv, a, b)
             floor = 1e-4 * float(np.mean(rv[a:b]))
             fit = np.sqrt(np.maximum(har_features(rv) @ beta, floor))  # of RV[t+1], at t
             res = y[a + 1 : b] / fit[a : b - 1]
-            sig = np.sqrt(har_forecasts(rv, beta, origins, horizon, floor))
+            var = har_forecasts(rv, beta, origins, horizon, floor)
+            sig = np.sqrt(np.cumsum(var, axis=1) if cumulative else var)
             out["har"] = sig[..., None] * np.quantile(res, qs)[None, None, :]
     return out

@@ -58,6 +58,9 @@ class DataConfig:
     target_clip: float = 20.0
     """Targets (returns in target scales) are clipped to +-this for training and evaluation
     (0: no clip)."""
+    target: str = "bar"
+    """Decoder step k's target: ``bar``, the k-th bar's own 1-bar return, or ``cumulative``,
+    the k-bar cumulative return from the origin (what risk and sizing read)."""
 
     @property
     def window(self) -> int:
@@ -80,6 +83,8 @@ class DataConfig:
             f"winsorize must be in [0, 0.5), got {self.winsorize}": 0 <= self.winsorize < 0.5,
             f"target_clip must be >= 0 (0: off), got {self.target_clip}":
                 _finite(self.target_clip) and self.target_clip >= 0,
+            f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}":
+                self.target in TARGETS,
         }, "DataConfig")  # fmt: skip
         if self.bar_interval is not None:
             from tftjax.data.calendar import parse_interval
@@ -91,6 +96,7 @@ class DataConfig:
             check_zone(self.timezone)
 
 
+TARGETS = ("bar", "cumulative")
 PRECISIONS = ("f32", "bf16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 DEFAULT_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
@@ -156,6 +162,9 @@ class TFTConfig:
     the 5 most extreme values of each tail (0: the plain std)."""
     target_clip: float = 20.0
     """Clip targets to +-this many target scales, in training and evaluation (0: off)."""
+    target: str = "bar"
+    """Decoder step k's target: bar (the k-th bar's 1-bar log return) or cumulative (the k-bar
+    log return from the origin: quantiles of the price k bars ahead)."""
     precision: str = "f32"
     """Compute precision: f32, or bf16 (parameters and the optimizer stay float32; matmuls and
     stored activations run in bfloat16; LayerNorm statistics, softmax, the LSTM cell state,
@@ -185,7 +194,7 @@ class TFTConfig:
     # network runs, what it is fed): models that differ only in these share one init.
     INIT_NEUTRAL_FIELDS = EXECUTION_FIELDS + (
         "dropout", "monotone_quantiles", "vol_target", "qat_freeze_after", "bar_interval",
-        "calendar", "timezone", "winsorize", "target_clip", "instrument_dropout")
+        "calendar", "timezone", "winsorize", "target_clip", "instrument_dropout", "target")
 
     def __post_init__(self) -> None:
         from tftjax.remat import TIERS
@@ -234,7 +243,7 @@ class TFTConfig:
         return DataConfig(encoder_steps=self.encoder_steps, decoder_steps=self.decoder_steps,
                           bar_interval=self.bar_interval, calendar=self.calendar,
                           timezone=self.timezone, winsorize=self.winsorize,
-                          target_clip=self.target_clip)
+                          target_clip=self.target_clip, target=self.target)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -76,10 +76,11 @@ def forecast(saved: SavedModel, parquet_file=None, *, as_of: str | None = None,
 
     Columns: ``instrument``, ``origin_time`` and ``target_time`` (int64 ns, the bars' clock),
     ``horizon`` (1…D), ``close_at_origin``, ``q{p}`` the quantiles of bar k's 1-bar log
-    return (that series' training scale multiplied back) and ``price_q{p}`` = the origin's
-    close times ``exp(q{p})``: bar 1's close quantiles exactly; for k > 1 the origin's close
-    moved by bar k's own return quantile (a per-bar quantile forecast does not determine the
-    quantiles of the cumulative path).
+    return (that series' training scale multiplied back; with ``--target cumulative``, of the
+    k-bar log return from the origin) and ``price_q{p}`` = the origin's close times
+    ``exp(q{p})``: bar 1's close quantiles exactly, and with a cumulative target bar k's too;
+    for a per-bar target and k > 1 the origin's close moved by bar k's own return quantile (a
+    per-bar quantile forecast does not determine the quantiles of the cumulative path).
     """
     from tftjax.training.evaluation import saved_dataset
 

@@ -105,7 +105,8 @@ def run(argv: list[str] | None = None) -> int:
     print(f"{saved.what}: {len(f['rows'])} origin(s) of {f['dataset'].describe()}; the last "
           f"of {t['instrument'][last][0]} the bar of {_minute(t['origin_time'][last][0])} "
           f"(close {t['close_at_origin'][last][0]:.6g})")
-    print("| bar | time | " + " | ".join(f"{k} (log ret)" for k in qs) + " |")
+    what = "k-bar log ret" if saved.cfg.target == "cumulative" else "log ret"
+    print("| bar | time | " + " | ".join(f"{k} ({what})" for k in qs) + " |")
     print("|---|---|" + "---|" * len(qs))
     for i in range(len(t["horizon"]))[last]:
         print(f"| {t['horizon'][i]} | {_minute(t['target_time'][i])} | "

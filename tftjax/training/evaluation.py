@@ -147,7 +147,8 @@ def by_series(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig, splits) 
 def window_targets(ds: Dataset, starts: np.ndarray) -> np.ndarray:
     """Targets ``[n, T_d]`` of the windows at ``starts`` (host numpy)."""
     e, d = ds.cfg.encoder_steps, ds.cfg.decoder_steps
-    return ds.features.target[starts[:, None] + e + np.arange(d)]
+    y = ds.features.target[starts[:, None] + e + np.arange(d)]
+    return np.cumsum(y, axis=1, dtype=np.float64).astype(y.dtype) if ds.cfg.target == "cumulative" else y
 
 
 def baselines(ds: Dataset, quantiles, split: str, starts: np.ndarray | None = None
@@ -178,8 +179,8 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
         ranges = bl.range_variance(b.open, b.high, b.low, b.close) / stats.target_scale ** 2
         for name, p in bl.forecasts(s.features.target, local + ds.cfg.encoder_steps - 1,
                                     ds.cfg.decoder_steps, quantiles, s.splits.train_rows,
-                                    ranges=ranges,
-                                    daily=stats.clock.interval >= DAILY[0]).items():
+                                    ranges=ranges, daily=stats.clock.interval >= DAILY[0],
+                                    cumulative=ds.cfg.target == "cumulative").items():
             preds.setdefault(name, np.empty((starts.size,) + p.shape[1:], p.dtype))[sel] = p
     return preds
 

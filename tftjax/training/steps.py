@@ -61,9 +61,18 @@ def _gather_fn(cfg: TFTConfig, par):
     if par is not None and par.feature_rows_sharded:
         from tftjax.parallel import gather_rows_sharded
 
-        return lambda data, idx: gather_rows_sharded(par, data, idx, cfg.encoder_steps,
-                                                     cfg.decoder_steps)
-    return lambda data, idx: gather(data, idx, cfg.encoder_steps, cfg.decoder_steps)
+        g = lambda data, idx: gather_rows_sharded(par, data, idx, cfg.encoder_steps,  # noqa: E731
+                                                  cfg.decoder_steps)
+    else:
+        g = lambda data, idx: gather(data, idx, cfg.encoder_steps, cfg.decoder_steps)  # noqa: E731
+    if cfg.target == "cumulative":  # step k: the k-bar return from the origin
+        return lambda data, idx: cumulative(g(data, idx))
+    return g
+
+
+def cumulative(batch):
+    """The batch with its targets summed along the decoder steps (``--target cumulative``)."""
+    return batch._replace(target=jnp.cumsum(batch.target, axis=1))
 
 
 @functools.lru_cache(maxsize=None)
