@@ -82,7 +82,7 @@ def test_settings_that_do_not_touch_the_parameters_share_one_init(model):
                                   target_clip=5.0, bar_interval="1min", timezone="UTC",
                                   calendar="24/7", precision="bf16",
                                   matmul_precision="highest", platform="gpu",
-                                  instrument_dropout=0.3)
+                                  instrument_dropout=0.3, target="cumulative")
     assert {f for f in CFG.to_json() if getattr(CFG, f) != getattr(variant, f)} == set(
         CFG.INIT_NEUTRAL_FIELDS) - {"qat_freeze_after"}  # (that one needs --qat)
     direct = jax.jit(TFT(variant).init)(jax.random.key(0), *dummy_inputs(variant, 2))["params"]

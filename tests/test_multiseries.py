@@ -121,19 +121,24 @@ def test_statics_and_the_instrument_embedding_reach_the_model(files):
     b = gather(to_device(ds.features), starts, cfg.encoder_steps, cfg.decoder_steps)
     static = jnp.stack([jnp.asarray(s0), jnp.asarray(s1)])  # same window, other statics
     f = apply_fn(cfg)
-    out = f(variables, static, b.historical, b.known, True)[0]
+    out = jax.jit(lambda v: f(v, static, b.historical, b.known, True)[0])(variables)
     assert float(jnp.abs(out[0] - out[1]).max()) > 1e-4
 
-    def loss(params, key=None):
-        kw = {} if key is None else {"rngs": {"dropout": key}}
-        return f({"params": params}, static, b.historical, b.known, key is None, **kw)[0].sum()
+    def table_grad(params, key, train):  # d(sum of outputs)/d(instrument table)
+        def loss(p):
+            if not train:
+                return f({"params": p}, static, b.historical, b.known, True)[0].sum()
+            return f({"params": p}, static, b.historical, b.known, False,
+                     rngs={"dropout": key})[0].sum()
+        return jax.grad(loss)(params)["static_vsn"]["instrument_table"]
 
-    g = jax.grad(loss)(variables["params"])["static_vsn"]["instrument_table"]
+    grad = jax.jit(table_grad, static_argnums=2)
+    g = grad(variables["params"], jax.random.key(0), False)
     norms = np.linalg.norm(np.asarray(g), axis=1)
     assert norms[0] > 0 and norms[1] > 0 and norms[2] == 0  # the unknown row: unused here
     # in training, --instrument-dropout sends some windows to the unknown row: it learns
-    hit = [np.linalg.norm(np.asarray(jax.grad(loss)(variables["params"], jax.random.key(i))
-                                     ["static_vsn"]["instrument_table"][2])) for i in range(8)]
+    hit = [np.linalg.norm(np.asarray(grad(variables["params"], jax.random.key(i), True)[2]))
+           for i in range(8)]
     assert max(hit) > 0
 
 

@@ -63,7 +63,7 @@ this map names every module::
   forecast              quantile forecasts of a saved TFT from chosen origins (no lookahead)
 
 Entry points (``python -m``; they import the library, never each other): ``tftjax.train``,
-``tftjax.evaluate``, ``tftjax.predict``, ``tftjax.backtest`` (walk-forward folds), ``tftjax.export``,
+``tftjax.evaluate``, ``tftjax.predict``, ``tftjax.backtest`` (walk-forward folds), ``tftjax.tune`` (Optuna on validation), ``tftjax.export``,
 ``tftjax.memory``, ``tftjax.dqn``, ``tftjax.data``.
 """
 

@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-from tftjax.cli import data_files, parse, peek, run_folder
+from tftjax.cli import data_files, parse, peek, run_folder, with_config
 from tftjax.cli import main as cli_main
 from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset
 
@@ -47,6 +47,9 @@ class Args:
     """Bundled sets instead of --parquet-file, comma-separated (spx, nasdaq, btc, es)."""
     preset: Literal["tft225", "small", "tiny"] = "small"
     """Model sizes (the flags below override single fields)."""
+    config: Path | None = None
+    """A settings file (python -m tftjax.tune's best.json) applied over the preset; flags
+    still win. The table then says the settings were tuned."""
     folds: int = 5
     """Walk-forward folds (at least 2)."""
     test_fraction: float = 0.4
@@ -68,7 +71,8 @@ def defaults(argv: list[str] | None) -> Args:
     from tftjax.config import PRESETS
 
     name = pre.preset if pre.preset in PRESETS else "small"
-    return Args(model=preset(name), train=TrainConfig(epochs=30, patience=3), preset=name,
+    model, train = with_config(argv, preset(name), TrainConfig(epochs=30, patience=3))
+    return Args(model=model, train=train, preset=name,
                 workdir=run_folder(pre.workdir, "runs/backtest", False))
 
 
@@ -209,8 +213,12 @@ def run(argv: list[str] | None = None) -> int:
     out = backtest(cfg, args.train, data_files(args.parquet_file, args.dataset), args.workdir,
                    args.folds, args.test_fraction, args.bootstrap,
                    progress=not args.no_progress)
+    out["settings"] = {"preset": args.preset, "config": str(args.config) if args.config else None,
+                       "tuned": args.config is not None}
     args.workdir.mkdir(parents=True, exist_ok=True)
     (args.workdir / "backtest.json").write_text(json.dumps(out, indent=1))
+    print(("settings tuned on validation (--config " + str(args.config) + ")" if args.config
+           else f"settings: the {args.preset} preset as given (not tuned)"))
     print(format_table(out))
     if args.plot:
         from tftjax.plots import pit_histogram

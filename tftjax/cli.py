@@ -130,6 +130,54 @@ def data_files(parquet_files, dataset: str | None):
     return None if not files else files[0] if len(files) == 1 else files
 
 
+def apply_settings(model, train, settings: dict, source: str = "--config"):
+    """``{"model": {...}, "train": {...}}`` (e.g. ``python -m tftjax.tune``'s best.json)
+    applied to a model and a training config.
+
+    Raises:
+      ConfigError: unknown sections or fields, or values the configs refuse.
+    """
+    import dataclasses
+
+    from tftjax.errors import ConfigError
+
+    known = {"model": {f.name for f in dataclasses.fields(model)},
+             "train": {f.name for f in dataclasses.fields(train)}}
+    bad = [s for s in settings if s not in known] + [
+        f"{sec}.{k}" for sec, kv in settings.items() if sec in known for k in kv
+        if k not in known[sec]]
+    if bad:
+        raise ConfigError(f"{source}: unknown setting(s) {', '.join(bad)}")
+    return (dataclasses.replace(model, **settings.get("model", {})),
+            dataclasses.replace(train, **settings.get("train", {})))
+
+
+def with_config(argv: list[str] | None, model, train):
+    """The preset's configs with ``--config FILE`` (a JSON settings file) applied: the defaults
+    the command-line flags then override.
+
+    Raises:
+      ConfigError: a missing or unreadable file, or settings the configs refuse.
+    """
+    import json
+
+    from tftjax.errors import ConfigError
+
+    given = peek(argv, config=None).config
+    if given is None:
+        return model, train
+    try:
+        data = json.loads(Path(given).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--config {given}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--config {given}: not a JSON settings file ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {given}: expected an object with 'model' and 'train'")
+    data.pop("tuned", None)  # how the settings were found: a record, not a setting
+    return apply_settings(model, train, data, f"--config {given}")
+
+
 def peek(argv: list[str] | None, **flags) -> argparse.Namespace:
     """Flags needed before the full parse (a preset, ``--resume``, ``--workdir``); the full
     parse validates them and everything else. ``flags``: name → default (bool: a switch)."""

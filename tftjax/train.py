@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from tftjax.cli import main as cli_main
-from tftjax.cli import data_files, parse, peek, run_folder
+from tftjax.cli import data_files, parse, peek, run_folder, with_config
 from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset
 
 
@@ -46,6 +46,9 @@ class Args:
     runs/tft/run_NNN; with --resume, the newest of them)."""
     resume: bool = False
     """Continue the latest complete checkpoint in --workdir with its own settings and data."""
+    config: Path | None = None
+    """A settings file ({"model": {...}, "train": {...}}, e.g. python -m tftjax.tune's
+    best.json) applied over the preset; flags still win."""
     remat: str = "full"
     """Rematerialisation tier: off, minimal, aggressive, full, offload, or auto -- see
     tftjax.remat. Default: the fastest on this platform (CPU: full, also the smallest);
@@ -85,7 +88,7 @@ def defaults(argv: list[str] | None) -> Args:
     from tftjax.config import PRESETS
 
     name = pre.preset if pre.preset in PRESETS else "tft225"
-    model, train = preset(name), TrainConfig()
+    model, train = with_config(argv, preset(name), TrainConfig())
     if pre.resume:
         saved = latest_meta(workdir / "checkpoints", "tft")
         train = TrainConfig.from_json(saved["identity"]["train"])
