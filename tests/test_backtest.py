@@ -78,6 +78,7 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys):
     lo, hi = out["pooled"]["tft"]["ci95"]["q_risk_90"]
     assert lo <= out["pooled"]["tft"]["test"]["q_risk_90"] <= hi
     assert set(out["calibration"]["hits"]) == {"0.1", "0.9"}
+    assert len(out["pooled"]["tft"]["q_risk_90_by_step"]) == 5  # one per forecast step
     assert "| TFT |" in capsys.readouterr().out
 
 

@@ -86,3 +86,17 @@ def test_scores_of_quantile_forecasts_by_hand():
                                           np.tile(pred, (5, 1)), qs)
     np.testing.assert_array_equal(counts, [1, 1, 2, 1])
     np.testing.assert_allclose(expected, [1.25, 1.25, 1.25, 1.25])
+
+
+def test_quantile_levels_are_exact_never_the_nearest():
+    qs = (0.05, 0.5, 0.9)
+    assert scoring.level(qs, 0.9) == 2
+    with pytest.raises(ValueError, match="do not include 0.1"):
+        scoring.level(qs, 0.1)
+    y = np.array([[0.0, 1.0]])
+    pred = np.array([[[-1.0, 0.0, 1.0], [-1.0, 0.0, 1.0]]])
+    s = scoring.window_sums(y, pred, qs)
+    assert np.isnan(s[0, 4])  # no 10% quantile: no 10-90% coverage (the 5% one is not it)
+    assert np.isnan(scoring.from_sums(s)["coverage_80"])
+    sq = scoring.step_q_risk(y, pred, qs)  # y - q90 = -1, 0: pinball 0.1, 0
+    np.testing.assert_allclose(sq[0], [[0.1, 0.0], [0.0, 1.0]])

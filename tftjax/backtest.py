@@ -98,7 +98,7 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
     ts = [b.ts for p in files for b in read_series(p)]
     times = walk_forward_times(ts, cfg.data, folds, test_fraction)
     qs = cfg.quantiles
-    rows, fold_out = {"tft": {"val": [], "test": []}}, []
+    rows, fold_out, steps = {"tft": {"val": [], "test": []}}, [], {}
     y1, p1 = [], []  # one-step-ahead targets and TFT quantiles, stitched (hit tests)
     all_pred = []
     for k, fold in enumerate(times, 1):
@@ -117,9 +117,13 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
             y = window_targets(ds, starts)
             pred, _ = trainer.predict(variables, starts)
             rows["tft"][split].append(scoring.window_sums(y, pred, qs))
+            if split == "test":
+                steps.setdefault("tft", []).append(scoring.step_q_risk(y, pred, qs))
             for name, p in baselines_forecasts(ds, qs, starts).items():
                 rows.setdefault(name, {"val": [], "test": []})[split].append(
                     scoring.window_sums(y, p, qs))
+                if split == "test":
+                    steps.setdefault(name, []).append(scoring.step_q_risk(y, p, qs))
             if split == "test":
                 y1.append(y[:, 0])
                 p1.append(pred[:, 0])
@@ -129,8 +133,12 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
         log(f"fold {k}/{folds}: test from {entry['test_from'][:16]}, {entry['windows']['test']} "
             f"windows, epoch {entry['weights_epoch']}: TFT P90 "
             f"{entry['test']['tft']['q_risk_90']:.4f}")
-    return summarize(scoring, rows, fold_out, np.concatenate(y1), np.concatenate(p1),
-                     all_pred, qs, cfg.decoder_steps, reps)
+    out = summarize(scoring, rows, fold_out, np.concatenate(y1), np.concatenate(p1),
+                    all_pred, qs, cfg.decoder_steps, reps)
+    for name, parts in steps.items():  # P90 q-risk per forecast step, pooled over folds
+        tot = np.concatenate(parts).sum(axis=0)  # [D, 2]
+        out["pooled"][name]["q_risk_90_by_step"] = (2 * tot[:, 0] / tot[:, 1]).tolist()
+    return out
 
 
 def _metrics(scoring, sums) -> dict:

@@ -207,10 +207,30 @@ def window_sums(y: np.ndarray, pred: np.ndarray, quantiles) -> np.ndarray:
     qs = np.asarray(quantiles)
     err = np.asarray(y, np.float64)[..., None] - pred
     ql = np.maximum(qs * err, (qs - 1.0) * err)
-    i50, i90, i10 = (int(np.argmin(abs(qs - q))) for q in (0.5, 0.9, 0.1))
-    inside = ((y >= pred[..., i10]) & (y <= pred[..., i90])).sum(-1)
+    i50, i90 = level(qs, 0.5), level(qs, 0.9)  # both required of every model's quantiles
+    i10 = level(qs, 0.1, required=False)
+    inside = (((y >= pred[..., i10]) & (y <= pred[..., i90])).sum(-1) if i10 is not None
+              else np.full(y.shape[0], np.nan))  # no 10% quantile: no 10-90% coverage
     return np.stack([ql.mean(axis=(-2, -1)), ql[..., i50].sum(-1), ql[..., i90].sum(-1),
                      np.abs(y).sum(-1), inside, np.full(y.shape[0], y.shape[1])], axis=1)
+
+
+def level(qs, q: float, required: bool = True) -> int | None:
+    """The index of quantile level ``q`` in ``qs`` (exactly, never the nearest one)."""
+    hit = np.flatnonzero(np.isclose(np.asarray(qs, np.float64), q))
+    if hit.size:
+        return int(hit[0])
+    if required:
+        raise ValueError(f"the forecast quantiles {tuple(qs)} do not include {q}")
+    return None
+
+
+def step_q_risk(y: np.ndarray, pred: np.ndarray, quantiles, q: float = 0.9) -> np.ndarray:
+    """Per-window, per-step ``[N, D, 2]``: the ``q`` pinball loss and ``|y|`` (q-risk per
+    forecast horizon: ``2 Σ[..., 0] / Σ[..., 1]`` over windows)."""
+    j = level(quantiles, q)
+    err = np.asarray(y, np.float64) - pred[..., j]
+    return np.stack([np.maximum(q * err, (q - 1.0) * err), np.abs(y)], axis=-1)
 
 
 def from_sums(s: np.ndarray) -> dict:

@@ -202,6 +202,9 @@ def format_summary(summary: dict, qat: bool | None = None, int8_model: bool = Fa
     head = (f"{'':28s} {'split':6s} {'loss':>9s} {'q-risk P50':>11s} {'q-risk P90':>11s} "
             f"{'cover 10-90':>11s}")
     lines = [head, "-" * len(head)] + _rows(rows, ("train", "val", "test"))
+    if any("train" in v for _, v in rows[1:]):
+        lines.append("(train rows: in-sample for the baselines too, whose statistics are "
+                     "fitted on them)")
     series = summary.get("series", {})
     if series:
         last = next(s for s in ("test", "val", "train") if s in summary["model"])
