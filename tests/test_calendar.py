@@ -206,16 +206,21 @@ def test_no_input_of_a_window_depends_on_bars_after_its_forecast_time(source, ca
                 np.testing.assert_array_equal(a, b, err_msg=f"{name} of window {s}, {what}")
 
 
+@pytest.fixture(scope="module")
+def spx_xnys():
+    bars = read_bars(bundled_path("spx"))
+    cfg = DataConfig(encoder_steps=E, decoder_steps=10, calendar="XNYS")
+    return bars, build_features(bars, cfg, train_rows=(0, 3000))
+
+
 @pytest.mark.parametrize("origin", ["2001-09-10", "2004-06-10", "2012-10-26", "2018-11-26",
                                     "2018-12-04"])
-def test_decoder_slots_are_the_exchange_rules_known_at_the_origin(origin):
+def test_decoder_slots_are_the_exchange_rules_known_at_the_origin(origin, spx_xnys):
     """S&P 500 daily with XNYS: closures decided after the fact (9/11, Reagan's funeral,
     hurricane Sandy, G. H. W. Bush's funeral announced on 2018-11-30) are not in the decoder
     slots of an earlier origin. Reference: numpy's business days (no regular NYSE holiday
     falls within these ten days)."""
-    bars = read_bars(bundled_path("spx"))
-    cfg = DataConfig(encoder_steps=E, decoder_steps=10, calendar="XNYS")
-    fs = build_features(bars, cfg, train_rows=(0, 3000))
+    bars, fs = spx_xnys
     t = int(np.flatnonzero(bars.ts == ns(origin))[0])
     _, wall = fs.timeline.future(10)
     days = wall[t].astype("datetime64[ns]").astype("datetime64[D]")

@@ -229,7 +229,7 @@ def test_a_checkpoint_from_before_vocabularies_still_evaluates(files, tmp_path, 
     ds = load_dataset(files / "es.parquet", CFG.data, vocab=None)
     tc = TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=2, patience=0)
     train_and_evaluate(CFG, tc, tmp_path / "old", dataset=ds, progress=False,
-                       log=lambda *a: None)
+                       log=lambda *a: None, plots=False)
     final = next((tmp_path / "old" / "checkpoints").glob("tft_final_epoch*"))
     meta_file = final / "meta" / "metadata"
     meta = json.loads(meta_file.read_text())

@@ -104,7 +104,8 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
     for k, fold in enumerate(times, 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
         run = workdir / f"fold_{k}"
-        train_and_evaluate(cfg, tc, run, dataset=ds, progress=progress, log=lambda *a: None)
+        train_and_evaluate(cfg, tc, run, dataset=ds, progress=progress, log=lambda *a: None,
+                           plots=False)
         ck = open_checkpoint(run)
         trainer = Trainer(ck.cfg, tc, to_device(ds.features))
         variables = restore_checkpoint(ck).variables()

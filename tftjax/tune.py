@@ -123,7 +123,7 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
         run = workdir / f"trial_{trial.number:03d}"
         try:
             s = train_and_evaluate(model, train, run, dataset=ds, progress=progress,
-                                   callback=report, log=lambda *a: None)
+                                   callback=report, log=lambda *a: None, plots=False)
         finally:
             rows.append({"trial": trial.number, **{k: v for sec in drawn.values()
                                                    for k, v in sec.items()},

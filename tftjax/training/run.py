@@ -17,7 +17,7 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
                        parquet_file: str | Path | None = None, dataset: Dataset | None = None,
                        resume: bool = False, progress: bool = True,
                        profile_dir: str | None = None, callback: Callable | None = None,
-                       log: Callable = print, par=None) -> dict:
+                       log: Callable = print, par=None, plots: bool = True) -> dict:
     """Train, validate every epoch, checkpoint, and evaluate the best epoch on the test split.
 
     Args:
@@ -32,6 +32,8 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
       progress: a per-epoch progress bar; profile_dir: a ``jax.profiler``
         trace of steps 2-6 of epoch 1.
       callback: ``(epoch, state, metrics, is_final)`` after each epoch.
+      plots: draw the loss curves, quantile fans and variable importance (off for the
+        walk-forward's and the tuner's many runs).
       par: the device mesh (:func:`tftjax.parallel.make_parallel`; default: every local
         device, features replicated).
 
@@ -60,7 +62,7 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
         if saved is None and tc.init_from:  # on resume the run's own checkpoint has them
             init = initial_weights(tc.init_from, model, ds)
         return TFTTask(model, tc, ds, workdir, progress=progress, profile_dir=profile_dir,
-                       init=init, log=log, par=par)
+                       init=init, log=log, par=par, plots=plots)
 
     return runloop.run(make_task, workdir, kind="tft", resume=resume, progress=progress,
                        callback=callback, log=log)

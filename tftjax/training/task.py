@@ -36,7 +36,8 @@ class TFTTask:
 
     def __init__(self, cfg: TFTConfig, tc: TrainConfig, ds: Dataset, workdir: Path, *,
                  progress: bool = True, profile_dir: str | None = None,
-                 init: Initial | None = None, log: Callable = print, par=None):
+                 init: Initial | None = None, log: Callable = print, par=None,
+                 plots: bool = True):
         self.cfg, self.tc, self.ds, self.log, self.init = cfg, tc, ds, log, init
         # the mesh: all local devices unless told (one on a plain CPU); the batch is sharded
         # over it, the state replicated
@@ -53,7 +54,7 @@ class TFTTask:
         self.total_steps = steps_per_epoch(tc, ds.splits.train.size) * tc.epochs
         if tc.lr_schedule == "cosine":  # the schedule spans the run's epochs: they are fixed
             self.may_change = tuple(f for f in self.may_change if f != "train.epochs")
-        self.progress, self.profile_dir = progress, profile_dir
+        self.progress, self.profile_dir, self.plots = progress, profile_dir, plots
         self.trainer = Trainer(cfg, tc, self.par.put_data(ds.features), par=self.par)
         self._identity = {"data": ds.identity(workdir), "model": cfg.to_json(),
                           "train": tc.to_json()}
@@ -223,8 +224,9 @@ class TFTTask:
         try:
             from tftjax import plots
 
-            plots.training_plots(workdir, history, self.trainer, state.variables(), self.ds,
-                                 self.cfg, write=is_primary())
+            if self.plots:
+                plots.training_plots(workdir, history, self.trainer, state.variables(),
+                                     self.ds, self.cfg, write=is_primary())
         except Exception as e:  # plots must never lose a finished run
             self.log(f"warning: plots not written ({type(e).__name__}: {e})")
         return summary, format_summary(summary)
