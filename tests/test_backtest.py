@@ -68,11 +68,33 @@ def test_the_baseline_is_chosen_on_validation_never_on_test():
 
 
 @pytest.mark.xdist_group("runloop_base")
-def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys):
+def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
+    # tuning inside each fold: the search (tested in test_tune.py) stands in here, to show
+    # what each fold's search is given and that the fold trains with what it chose
+    import tftjax.training.search
+    from tftjax.training import open_checkpoint
+
+    seen = []
+
+    def search(cfg, tc, paths, workdir, trials, seed=0, progress=False, log=print,
+               dataset=None):
+        sp = dataset.splits
+        seen.append((sp.train_rows, sp.val_rows, sp.test_rows, trials, tc.epochs))
+        return {"settings": {"model": {"dropout": 0.05 * (seed + 1)}, "train": {}}}
+
+    monkeypatch.setattr(tftjax.training.search, "tune", search)
     assert call(backtest.main, *TINY_TFT, "--folds", "2", "--epochs", "1", "--parquet-file",
-                short_es(), "--workdir", tmp_path / "bt", "--bootstrap", "100") == 0
+                short_es(), "--workdir", tmp_path / "bt", "--bootstrap", "100",
+                "--tune-trials", "3", "--tune-epochs", "2") == 0
     out = json.loads((tmp_path / "bt" / "backtest.json").read_text())
     assert [f["fold"] for f in out["folds"]] == [1, 2]
+    assert out["settings"]["tuned"] == "in each fold"
+    assert len(seen) == 2 and all(t[3:] == (3, 2) for t in seen)
+    for k, (tr, va, te, *_) in enumerate(seen, 1):  # each fold's search: its own stretches
+        assert tr[1] <= va[0] and va[1] <= te[0]
+        assert out["folds"][k - 1]["tuned"] == {"model": {"dropout": 0.05 * k}, "train": {}}
+        assert open_checkpoint(tmp_path / "bt" / f"fold_{k}").cfg.dropout == pytest.approx(0.05 * k)
+    assert seen[0][2][0] < seen[1][2][0]  # the second fold's search reaches further
     assert out["folds"][0]["train_rows"][0][1] < out["folds"][1]["train_rows"][0][1]
     assert out["best_baseline_on_val"] in out["pooled"]
     lo, hi = out["pooled"]["tft"]["ci95"]["q_risk_90"]
@@ -86,6 +108,8 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys):
     (["--folds", "1"], "--folds must be >= 2"),
     (["--folds", "40"], "leave 5 bars a fold, fewer than one 25-bar window"),
     (["--test-fraction", "1.5"], "--test-fraction must be in (0, 1)"),
+    (["--tune-trials", "-1"], "--tune-trials must be >= 0"),
+    (["--target", "nonsense"], "--target must be one of"),
 ])
 def test_bad_backtest_input_exits_2_with_one_line(tmp_path, capsys, args, expect):
     rc = call(backtest.main, *TINY_TFT, "--parquet-file", short_es(), "--workdir",

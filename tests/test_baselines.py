@@ -169,3 +169,52 @@ def test_cumulative_baselines_by_hand(series):
             last = [r[t - k + 1: t + 1].sum() for t in range(T - 49, T + 1)]
             np.testing.assert_allclose(cum["rolling"][j, k - 1], np.quantile(last, QS))
     np.testing.assert_array_equal(cum["zero"], 0.0)
+
+
+def _pinball(y, p, q):
+    e = y - p
+    return np.maximum(q * e, (q - 1) * e).mean()
+
+
+def test_quantile_regression_reaches_the_linear_programs_optimum():
+    """The linear quantile regression baseline against the exact fit: the LP
+    ``min Σ q u⁺ + (1-q) u⁻  s.t.  z·w + c + u⁺ - u⁻ = y`` (scipy's HiGHS) on the same
+    principal-component scores, per step and level; and it is causal and train-only."""
+    from scipy.optimize import linprog
+
+    rng = np.random.default_rng(0)
+    n, f, d = 600, 6, 2
+    x = rng.normal(size=(n, f)).astype(np.float32)
+    scale = np.exp(0.5 * x[:, 0])  # the features predict the spread of the next targets
+    y = np.stack([scale * rng.standard_t(5, n), scale * rng.standard_t(5, n)], axis=1)
+    dt = np.full((n, d), np.nan, np.float32)
+    dt[:-1, 0], dt[:-2, 1] = y[1:, 0], y[2:, 1]  # row t's targets lie after t
+    dt[100, 1] = np.nan  # a missing target is left out of the fit
+    train = (0, 400)
+    qs = np.array([0.1, 0.5, 0.9])
+    origins = np.arange(0, 398)
+    got = baselines.quantile_regression(x, dt, origins, qs, train, components=3)
+    # the same scores by hand: centred, the first 3 principal directions, unit variance
+    fit = x[: 400 - d].astype(np.float64)
+    mu = fit.mean(0)
+    _, sv, vt = np.linalg.svd(fit - mu, full_matrices=False)
+    z = (fit - mu) @ (vt[:3].T / (sv[:3] / np.sqrt(len(fit))))
+    zc = np.concatenate([z, np.ones((len(z), 1))], axis=1)
+    for j in range(d):
+        ok = np.isfinite(dt[: 400 - d, j])
+        A, b = zc[ok], dt[: 400 - d, j][ok].astype(np.float64)
+        m, p = A.shape
+        for i, q in enumerate(qs):
+            c = np.concatenate([np.zeros(p), np.full(m, q), np.full(m, 1 - q)])
+            res = linprog(c, A_eq=np.hstack([A, np.eye(m), -np.eye(m)]), b_eq=b,
+                          bounds=[(None, None)] * p + [(0, None)] * (2 * m), method="highs")
+            exact = _pinball(b, A @ res.x[:p], q)
+            ours = _pinball(b, got[: 400 - d][ok, j, i], q)
+            assert exact <= ours <= exact * 1.01, (j, q, exact, ours)
+    # causal: later features and targets change no forecast at earlier origins
+    x2, dt2 = x.copy(), dt.copy()
+    x2[450:] += 5
+    dt2[420:] = 0
+    again = baselines.quantile_regression(x2, dt2, origins[:440], qs, train, components=3)
+    np.testing.assert_allclose(again, got[:440], rtol=1e-6, atol=1e-6)
+    assert np.all(np.diff(got, axis=-1) >= 0)  # rearranged: no crossing

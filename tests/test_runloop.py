@@ -206,14 +206,14 @@ def test_nan_mid_epoch_stops_within_the_epoch(tmp_path):
     tc = TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=4, patience=0)
     train_and_evaluate(cfg, tc, tmp_path, dataset=es, **quiet)
     before = snapshot(tmp_path / "checkpoints")
-    # One NaN target row, hit first by the third batch of epoch 2 (batch order by numpy).
+    # NaN decoder inputs at one origin row, first used by the third batch of epoch 2 (batch
+    # order by numpy). (A NaN *target* is a missing one, masked: it cannot make the loss NaN.)
     idx, _ = epoch_batches(es.splits.train, 32, seed=0, epoch=2)
-    E, D = cfg.encoder_steps, cfg.decoder_steps
-    hits = lambda rows, r: (rows[:, None] + E + np.arange(D) == r).any(axis=1)  # noqa: E731
-    row = next(s + E for s in idx[2] if not any(hits(idx[k], s + E).any() for k in (0, 1)))
-    target = es.features.target.copy()
-    target[row] = np.nan
-    bad = Dataset.single(es.bars, dataclasses.replace(es.features, target=target), es.splits,
+    E = cfg.encoder_steps
+    row = int(next(s for s in idx[2] if s not in idx[:2])) + E - 1
+    future = es.features.future.copy()
+    future[row] = np.nan
+    bad = Dataset.single(es.bars, dataclasses.replace(es.features, future=future), es.splits,
                          es.cfg)
     with pytest.raises(TrainingDiverged, match="at step 3 of epoch 2.*tft_epoch_1"):
         train_and_evaluate(cfg, dataclasses.replace(tc, epochs=3), tmp_path, dataset=bad,

@@ -91,12 +91,67 @@ def test_gather_shapes_and_values_equal_numpy_slices(dataset, gather_jit):
         np.testing.assert_array_equal(batch.known[i, :50], fs.known[s : s + 50])
         # decoder steps: the calendar slots after the last encoder bar, not the later bars
         np.testing.assert_array_equal(batch.known[i, 50:], fs.future[s + 49])
-        np.testing.assert_array_equal(batch.target[i], fs.target[s + 50 : s + 60])
+        np.testing.assert_allclose(batch.target[i], grid_targets(dataset, s + 49, 10),
+                                   rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(batch.static[i], fs.static)
-    # The target of a window is the next 10 bars' log returns after its last encoder bar.
-    s = int(starts[1])
-    r = np.diff(np.log(dataset.bars.close[s + 49 : s + 60])) / fs.stats.target_scale
-    np.testing.assert_allclose(batch.target[1], r, rtol=1e-5)
+
+
+def grid_targets(ds, origin: int, steps: int, cumulative: bool = False) -> np.ndarray:
+    """By hand from the bars: step k's target is the bar stamped origin + k minutes (the
+    bundled ES bars' grid without a calendar), its log return since the bar before it
+    (cumulative: since the origin's close) in target scales; NaN where no bar has that time."""
+    ts, close = ds.bars.ts.astype(np.int64), ds.bars.close.astype(np.float64)
+    out = np.full(steps, np.nan)
+    for k in range(1, steps + 1):
+        j = np.flatnonzero(ts == ts[origin] + k * 60_000_000_000)
+        if j.size:
+            ref = origin if cumulative else j[0] - 1
+            out[k - 1] = np.log(close[j[0]] / close[ref]) / ds.features.stats.target_scale
+    return out
+
+
+def test_decoder_targets_are_masked_at_the_bundled_es_gaps(dataset):
+    """A missing minute is a missing target, not the next bar shifted into its step: at every
+    window whose 10 decoder slots cross one of the ES file's gaps, the steps after the gap
+    keep their own minutes' bars, and the loss and the metrics leave the missing ones out."""
+    from tftjax import losses, scoring
+    from tftjax.config import preset
+    from tftjax.training.evaluation import window_targets
+
+    ts = dataset.bars.ts.astype(np.int64)
+    gaps = np.flatnonzero(np.diff(ts) > 60_000_000_000)  # bar gaps[i] is followed by a gap
+    gaps = gaps[(gaps > WARMUP + 60) & (gaps < len(ts) - 20)]
+    assert gaps.size >= 5
+    starts = np.concatenate([gaps - 49 - 3, gaps - 49 - 8]).astype(np.int32)  # gap after step 3/8
+    y = window_targets(dataset, starts)
+    for s, row in zip(starts, y):
+        np.testing.assert_allclose(row, grid_targets(dataset, s + 49, 10), rtol=1e-5, atol=1e-6)
+    assert np.isnan(y).any() and np.isfinite(y).any()
+    # the first gap: the step after it is missing where the shifted target was a bar's return
+    first = y[0]
+    assert np.isfinite(first[:3]).all() and np.isnan(first[3])
+    # masked loss and metric sums against a numpy reference over the observed steps only
+    qs = preset("tiny").quantiles
+    rng = np.random.default_rng(0)
+    pred = np.sort(rng.normal(size=y.shape + (len(qs),)), axis=-1).astype(np.float32)
+    ok = np.isfinite(y)
+    err = np.where(ok, y, 0)[..., None] - pred
+    pin = np.maximum(np.asarray(qs) * err, (np.asarray(qs) - 1) * err) * ok[..., None]
+    want = pin.mean(-1).sum(-1).mean() / y.shape[1]
+    got = losses.quantile_loss(jnp.asarray(y), jnp.asarray(pred), qs)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    i90 = list(qs).index(0.9)
+    q90 = 2 * pin[..., i90].sum() / np.abs(y[ok]).sum()
+    m = losses.finalize(losses.metric_sums(jnp.asarray(y), jnp.asarray(pred), qs,
+                                           jnp.ones(len(y), bool)))
+    np.testing.assert_allclose(m["q_risk_90"], q90, rtol=1e-5)
+    np.testing.assert_allclose(scoring.from_sums(scoring.window_sums(y, pred, qs))["q_risk_90"],
+                               q90, rtol=1e-6)
+    np.testing.assert_allclose(losses.numpy_metrics(y, pred, qs)["q_risk_90"], q90, rtol=1e-6)
+    assert scoring.window_sums(y, pred, qs)[:, 5].sum() == ok.sum()
+    # and the gradient of the loss is finite (a NaN target must not poison the update)
+    g = jax.grad(lambda p: losses.quantile_loss(jnp.asarray(y), p, qs))(jnp.asarray(pred))
+    assert np.isfinite(np.asarray(g)).all()
 
 
 def test_gather_runs_on_device_without_host_copies(dataset, gather_jit):
@@ -148,18 +203,23 @@ def test_fan_titles_show_the_bars_own_times():
 def test_cumulative_targets_are_the_k_bar_sums(dataset):
     """``--target cumulative``: decoder step k's target is the sum of the bars' 1-bar targets
     from the origin, on the device (the train and eval steps' gather) and on the host."""
-    import dataclasses
-
     from tftjax.config import preset
     from tftjax.training.evaluation import window_targets
     from tftjax.training.steps import _gather_fn
 
     cfg = preset("tiny", target="cumulative")
-    ds = dataclasses.replace(dataset, cfg=cfg.data)
-    starts = dataset.splits.test[:7]
+    ds = load_dataset(None, cfg.data)
     e, d = cfg.encoder_steps, cfg.decoder_steps
-    want = np.cumsum(dataset.features.target[starts[:, None] + e + np.arange(d)].astype(np.float64),
-                     axis=1)
-    got = _gather_fn(cfg, None)(to_device(dataset.features), jnp.asarray(starts)).target
-    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(window_targets(ds, starts), want, rtol=1e-6, atol=1e-6)
+    ts = ds.bars.ts.astype(np.int64)
+    gap = int(np.flatnonzero(np.diff(ts) > 60_000_000_000)[5])
+    starts = np.concatenate([ds.splits.test[:6], [gap - e - 2]]).astype(np.int32)  # + a gap
+    want = np.stack([grid_targets(ds, s + e - 1, d, cumulative=True) for s in starts])
+    assert np.isnan(want[-1]).any()
+    got = _gather_fn(cfg, None)(to_device(ds.features), jnp.asarray(starts)).target
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(window_targets(ds, starts), want, rtol=1e-5, atol=1e-5)
+    # without gaps, step k is the sum of the next k bars' own targets
+    full = np.isfinite(want).all(axis=1)
+    per_bar = ds.features.target[starts[full, None] + e + np.arange(d)].astype(np.float64)
+    np.testing.assert_allclose(window_targets(ds, starts)[full], np.cumsum(per_bar, axis=1),
+                               rtol=1e-6, atol=1e-6)

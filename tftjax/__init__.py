@@ -45,6 +45,7 @@ this map names every module::
   training.task         the TFT's part of the run loop
   training.run          train_and_evaluate: the whole TFT job
   training              the training package's names in one place
+  training.search       the Optuna search of tune and backtest --tune-trials
   memory.targets        GPU specs to compile for without a GPU (--target h100, ...)
   memory.analysis       XLA's compiled memory analysis of the steps (here or for a target)
   memory.planning       the largest batch for a budget, --remat auto's plan

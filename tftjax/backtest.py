@@ -49,7 +49,12 @@ class Args:
     """Model sizes (the flags below override single fields)."""
     config: Path | None = None
     """A settings file (python -m tftjax.tune's best.json) applied over the preset; flags
-    still win. The table then says the settings were tuned."""
+    still win. The table then says the settings were tuned (once, not inside each fold)."""
+    tune_trials: int = 0
+    """Tune inside each fold: that many Optuna trials (python -m tftjax.tune's search) on the
+    fold's own training and validation stretches before its training (0: no tuning)."""
+    tune_epochs: int = 8
+    """Epochs of each tuning trial (patience 2, median pruning)."""
     folds: int = 5
     """Walk-forward folds (at least 2)."""
     test_fraction: float = 0.4
@@ -78,8 +83,12 @@ def defaults(argv: list[str] | None) -> Args:
 
 def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int = 5,
              test_fraction: float = 0.4, reps: int = 2000, progress: bool = False,
-             log=print) -> dict:
-    """Train and score every fold; the stitched comparison (see the module docstring)."""
+             log=print, tune_trials: int = 0, tune_epochs: int = 8, tune_fn=None) -> dict:
+    """Train and score every fold; the stitched comparison (see the module docstring).
+    ``tune_trials``: before each fold's training, search its settings with that many
+    :func:`tftjax.training.search.tune` trials on the fold's training and validation
+    stretches (its test windows dropped from the search's dataset), then train the fold with
+    the best."""
     from tftjax import scoring
     from tftjax.data import load_dataset, to_device
     from tftjax.data.bars import read_series
@@ -91,6 +100,14 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
         raise ConfigError(f"--folds must be >= 2 (a walk-forward needs several), got {folds}")
     if not 0 < test_fraction < 1:
         raise ConfigError(f"--test-fraction must be in (0, 1), got {test_fraction}")
+    if tune_trials < 0:
+        raise ConfigError(f"--tune-trials must be >= 0 (0: no tuning), got {tune_trials}")
+    if tune_trials:
+        from tftjax.cli import apply_settings
+        from tftjax.training.search import tune
+
+        tune_fn = tune_fn or tune
+        tune_tc = dataclasses.replace(tc, epochs=tune_epochs, patience=min(tc.patience, 2))
     files = paths if isinstance(paths, list) else [paths] if paths is not None else None
     from tftjax.data import default_parquet
 
@@ -104,12 +121,18 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
     for k, fold in enumerate(times, 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
         run = workdir / f"fold_{k}"
-        train_and_evaluate(cfg, tc, run, dataset=ds, progress=progress, log=lambda *a: None,
-                           plots=False)
+        fold_cfg, fold_tc, chosen = cfg, tc, None
+        if tune_trials:  # on this fold's training and validation stretches only
+            t = tune_fn(cfg, tune_tc, None, workdir / f"tune_{k}", tune_trials, seed=k - 1,
+                        progress=False, log=lambda *a: None, dataset=ds)
+            chosen = t["settings"]
+            fold_cfg, fold_tc = apply_settings(cfg, tc, chosen, "tuning")
+        train_and_evaluate(fold_cfg, fold_tc, run, dataset=ds, progress=progress,
+                           log=lambda *a: None, plots=False)
         ck = open_checkpoint(run)
         trainer = Trainer(ck.cfg, tc, to_device(ds.features))
         variables = restore_checkpoint(ck).variables()
-        entry = {"fold": k, "weights_epoch": ck.meta.get("weights_epoch"),
+        entry = {"fold": k, "weights_epoch": ck.meta.get("weights_epoch"), "tuned": chosen,
                  "train_rows": [list(s.splits.train_rows) for s in ds.series],
                  "test_from": str(np.datetime64(fold[1], "ns")),
                  "windows": {s: int(getattr(ds.splits, s).size) for s in ("train", "val", "test")}}
@@ -152,7 +175,8 @@ def summarize(scoring, rows, fold_out, y1, p1, all_pred, qs, horizon: int, reps:
     names = [n for n in pooled if n != "tft"]
     best = min(names, key=lambda n: scoring.from_sums(pooled[n]["val"])["q_risk_90"])
     tft = pooled["tft"]["test"]
-    block = scoring.block_length(tft[:, 2] - pooled[best]["test"][:, 2])
+    seen = tft[:, 5] > 0  # windows with an observed target (the same for every model)
+    block = scoring.block_length(tft[seen, 2] - pooled[best]["test"][seen, 2])
     table = {}
     for n in ["tft"] + names:
         s = pooled[n]["test"]
@@ -161,7 +185,7 @@ def summarize(scoring, rows, fold_out, y1, p1, all_pred, qs, horizon: int, reps:
                                                       block, reps)
                         for m in ("q_risk_50", "q_risk_90", "coverage_80")}}
         if n != "tft":
-            row["dm_tft_vs"] = scoring.diebold_mariano(tft[:, 0], s[:, 0], horizon)
+            row["dm_tft_vs"] = scoring.diebold_mariano(tft[seen, 0], s[seen, 0], horizon)
         table[n] = row
     pvals = [table[n]["dm_tft_vs"]["p"] for n in names]
     for n, adj in zip(names, scoring.holm(pvals)):
@@ -169,13 +193,16 @@ def summarize(scoring, rows, fold_out, y1, p1, all_pred, qs, horizon: int, reps:
     y = np.concatenate([a for a, _ in all_pred])
     pred = np.concatenate([b for _, b in all_pred])
     calib = {"crossing_rate": scoring.crossing_rate(pred),
-             "crps": float(scoring.crps_from_quantiles(y, pred, qs).mean()),
+             "crps": float(np.nanmean(scoring.crps_from_quantiles(y, pred, qs))),
+             "missing_targets": float(np.mean(~np.isfinite(y))),
              "hits": {}}
     qarr = np.asarray(qs)
     i10, i90 = int(np.argmin(abs(qarr - 0.1))), int(np.argmin(abs(qarr - 0.9)))
     if abs(qarr[i10] - 0.1) < 1e-9 and abs(qarr[i90] - 0.9) < 1e-9:
-        calib["interval_score_80"] = float(scoring.interval_score(
-            y, pred[..., i10], pred[..., i90], 0.2).mean())
+        calib["interval_score_80"] = float(np.nanmean(scoring.interval_score(
+            y, pred[..., i10], pred[..., i90], 0.2)))
+    seen = np.isfinite(y1)  # one-step hits of the observed targets
+    y1, p1 = y1[seen], p1[seen]
     for j, q in enumerate(qs):  # one-step hits: y below the q-quantile (lower) or above it
         hits = y1 < p1[:, j] if q < 0.5 else y1 > p1[:, j]
         p = q if q < 0.5 else 1 - q
@@ -219,15 +246,28 @@ def run(argv: list[str] | None = None) -> int:
     if args.workdir.exists() and any(args.workdir.iterdir()):
         raise ConfigError(f"--workdir {args.workdir} is not empty; choose a new folder")
     cfg = dataclasses.replace(args.model, remat=args.remat)
+    if args.tune_trials < 0:
+        raise ConfigError(f"--tune-trials must be >= 0 (0: no tuning), got {args.tune_trials}")
+    if args.tune_trials and args.tune_epochs < 1:
+        raise ConfigError(f"--tune-epochs must be >= 1, got {args.tune_epochs}")
+    if args.tune_trials:
+        try:
+            import optuna  # noqa: F401
+        except ImportError:
+            raise ConfigError("--tune-trials needs optuna: pip install 'tftjax[tune]'") from None
     out = backtest(cfg, args.train, data_files(args.parquet_file, args.dataset), args.workdir,
                    args.folds, args.test_fraction, args.bootstrap,
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, tune_trials=args.tune_trials,
+                   tune_epochs=args.tune_epochs)
+    tuned = ("in each fold" if args.tune_trials else "once (--config)" if args.config else "no")
     out["settings"] = {"preset": args.preset, "config": str(args.config) if args.config else None,
-                       "tuned": args.config is not None}
+                       "tuned": tuned, "tune_trials": args.tune_trials}
     args.workdir.mkdir(parents=True, exist_ok=True)
     (args.workdir / "backtest.json").write_text(json.dumps(out, indent=1))
-    print(("settings tuned on validation (--config " + str(args.config) + ")" if args.config
-           else f"settings: the {args.preset} preset as given (not tuned)"))
+    print(f"settings tuned inside each fold ({args.tune_trials} trials on its training and "
+          "validation stretches)" if args.tune_trials else
+          "settings tuned on validation (--config " + str(args.config) + ")" if args.config
+          else f"settings: the {args.preset} preset as given (not tuned)")
     print(format_table(out))
     if args.plot:
         from tftjax.plots import pit_histogram

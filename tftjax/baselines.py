@@ -18,7 +18,10 @@ units) from returns at rows ``<= T`` only:
   standardised-residual quantiles; and for daily and coarser bars ``har``, Corsi's HAR-RV
   on the same range variance, ``RV_{t+1} = β₀ + β_d RV_t + β_w RV^{(5)}_t + β_m RV^{(22)}_t``
   (OLS on the training rows; steps ``h > 1`` iterate it on its own forecasts), times the
-  empirical quantiles of the training returns standardised by its fitted one-step forecasts.
+  empirical quantiles of the training returns standardised by its fitted one-step forecasts;
+- with the TFT's own features (:func:`quantile_regression`): ``qr``, a linear quantile
+  regression of every decoder step's target on the encoder features at the origin (their
+  first 16 principal components on the training rows), fitted on the training windows.
 
 Horizon: the targets are one-bar returns at steps ``1..D``; RiskMetrics'
 ``h``-step forecast of a one-bar variance is ``σ²_{T+1}`` for every ``h`` (no
@@ -30,7 +33,13 @@ forecasts revert to the long-run variance with ``h``, is in
 
 from __future__ import annotations
 
+import functools
+import weakref
+
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 from scipy.signal import lfilter
 from scipy.stats import norm
 
@@ -45,7 +54,10 @@ NAMES = {
     "ewma_empirical": "EWMA vol (0.94), empirical",
     "range_ewma": "range EWMA (Parkinson+gap)",
     "har": "HAR-RV (range), daily",
+    "qr": "linear quantile regression (features)",
 }
+QR_COMPONENTS = 16
+QR_STEPS = 400
 HAR_LAGS = (1, 5, 22)
 
 
@@ -134,7 +146,9 @@ def har_forecasts(rv: np.ndarray, beta: np.ndarray, origins: np.ndarray, horizon
 def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
               train_rows: tuple[int, int], *, lam: float = LAMBDA,
               window: int = ROLLING_WINDOW, ranges: np.ndarray | None = None,
-              daily: bool = False, cumulative: bool = False) -> dict[str, np.ndarray]:
+              daily: bool = False, cumulative: bool = False,
+              features: np.ndarray | None = None,
+              decoder_target: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Quantile forecasts ``{name: [N, horizon, Q]}`` of every baseline.
 
     Args:
@@ -149,6 +163,8 @@ def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
         the naive and rolling quantiles of k-bar sums, the volatility models' one-bar
         quantiles times ``√k`` (EWMA: a flat variance forecast) or, for HAR, the square root
         of its summed variance forecasts over the standardised residual quantiles.
+      features, decoder_target: the encoder features ``[n, F]`` and every row's decoder
+        targets ``[n, horizon]`` (NaN: missing) add ``qr`` (:func:`quantile_regression`).
     """
     qs = np.asarray(quantiles, np.float64)
     y = np.asarray(target, np.float64)
@@ -191,4 +207,79 @@ def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
             var = har_forecasts(rv, beta, origins, horizon, floor)
             sig = np.sqrt(np.cumsum(var, axis=1) if cumulative else var)
             out["har"] = sig[..., None] * np.quantile(res, qs)[None, None, :]
+    if features is not None and decoder_target is not None:
+        out["qr"] = quantile_regression(features, decoder_target, origins, qs, train_rows)
     return out
+
+
+_QR_FITS: dict = {}
+
+
+def quantile_regression(features: np.ndarray, decoder_target: np.ndarray, origins: np.ndarray,
+                        quantiles, train_rows: tuple[int, int], *,
+                        components: int = QR_COMPONENTS, steps: int = QR_STEPS) -> np.ndarray:
+    """Linear quantile regression on the encoder features at the origin, ``[N, D, Q]``.
+
+    Fitted on the training windows only: origins ``t`` with ``[t, t + D]`` inside
+    ``train_rows``. The features of row ``t`` (built from bars ``<= t``) are centred and
+    projected on their first ``components`` principal directions on those rows, scaled to
+    unit variance (210 collinear columns would overfit the ~10³-10⁴ training windows); then
+    for every decoder step ``k`` and level ``q`` a linear model ``z_t · w_{k,q} + c_{k,q}``
+    minimises the mean pinball loss over the observed targets (a convex problem, solved by
+    ``steps`` full-batch Adam steps from the unconditional quantiles, deterministic). The
+    forecasts are sorted along the levels (rearrangement: it never raises the pinball loss).
+    Each fit is kept for the same arrays, so the train, validation and test tables share it.
+    """
+    qs = np.asarray(quantiles, np.float64)
+    a, b = train_rows
+    d = decoder_target.shape[1]
+    key = (id(features), features.shape, id(decoder_target), a, b, tuple(qs), components, steps)
+    hit = _QR_FITS.get(key)
+    if hit is None or hit[0]() is not features or hit[1]() is not decoder_target:
+        x = np.asarray(features[a : b - d], np.float64)
+        y = np.asarray(decoder_target[a : b - d], np.float64)
+        mu = x.mean(axis=0)
+        _, sv, vt = np.linalg.svd(x - mu, full_matrices=False)
+        k = min(components, vt.shape[0])
+        proj = vt[:k].T / np.maximum(sv[:k] / np.sqrt(x.shape[0]), 1e-12)
+        z = (x - mu) @ proj
+        rows = 1 << int(np.ceil(np.log2(max(z.shape[0], 2))))  # padded: few compiles
+        zp = np.zeros((rows, k), np.float32)
+        zp[: z.shape[0]] = z
+        yp = np.full((rows, d), np.nan, np.float32)
+        yp[: y.shape[0]] = y
+        c0 = np.stack([np.nanquantile(y[:, j], qs) if np.isfinite(y[:, j]).any()
+                       else np.zeros(qs.size) for j in range(d)]).astype(np.float32)
+        w, c = _qr_solve(jnp.asarray(zp), jnp.asarray(yp), jnp.asarray(qs, jnp.float32),
+                         jnp.asarray(c0), steps)
+        hit = (weakref.ref(features), weakref.ref(decoder_target), mu, proj,
+               np.asarray(w, np.float64), np.asarray(c, np.float64))
+        _QR_FITS.clear()  # one fit kept: a dataset's tables come one after another
+        _QR_FITS[key] = hit
+    _, _, mu, proj, w, c = hit
+    z = (np.asarray(features[origins], np.float64) - mu) @ proj
+    return np.sort(np.einsum("nk,kdq->ndq", z, w) + c, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _qr_solve(z, y, qs, c0, steps: int):
+    """Minimise the mean observed pinball loss of ``z @ w + c`` (``[n, D, Q]``) by Adam
+    (jitted once per padded shape)."""
+    ok = jnp.isfinite(y)
+    y0 = jnp.where(ok, y, 0.0)
+
+    def loss(p):
+        err = y0[..., None] - (jnp.einsum("nk,kdq->ndq", z, p[0]) + p[1])
+        pin = jnp.maximum(qs * err, (qs - 1.0) * err) * ok[..., None]
+        return pin.sum() / jnp.maximum(ok.sum() * qs.size, 1)
+
+    opt = optax.adam(optax.cosine_decay_schedule(0.05, steps))
+    p = (jnp.zeros((z.shape[1],) + c0.shape, jnp.float32), c0)
+
+    def step(carry, _):
+        p, s = carry
+        u, s = opt.update(jax.grad(loss)(p), s, p)
+        return (optax.apply_updates(p, u), s), None
+
+    (p, _), _ = jax.lax.scan(step, (p, opt.init(p)), None, length=steps)
+    return p

@@ -26,12 +26,23 @@ def pinball(y: Array, pred: Array, quantiles: Array) -> Array:
     return jnp.maximum(q * err, (q - 1.0) * err)
 
 
+def observed(y: Array) -> tuple[Array, Array]:
+    """``(y, ok)``: targets with the missing ones (NaN: no bar in the step's calendar slot)
+    set to 0, and the mask of the observed ones."""
+    ok = jnp.isfinite(y)
+    return jnp.where(ok, y, 0.0), ok
+
+
 def quantile_loss(y: Array, pred: Array, quantiles, mask: Array | None = None,
                   denom: Array | None = None) -> Array:
-    """Mean pinball loss over batch, horizon and quantiles; ``mask [B]`` drops padded rows.
-    ``denom``: divide the masked sum by this instead of the valid rows of this batch (the
-    valid rows of the whole batch when this is one micro-batch of it)."""
-    per_row = pinball(y, pred, quantiles).mean(axis=(-2, -1))  # [B]
+    """Mean pinball loss over batch, horizon and quantiles; ``mask [B]`` drops padded rows,
+    and a missing target (NaN) adds nothing (a window's loss is its observed steps' sum over
+    ``T``: every step weighs alike). ``denom``: divide the masked sum by this instead of the
+    valid rows of this batch (the valid rows of the whole batch when this is one micro-batch
+    of it)."""
+    y, ok = observed(y)
+    per_step = pinball(y, pred, quantiles).mean(axis=-1)  # [B, T]
+    per_row = jnp.where(ok, per_step, 0.0).sum(axis=-1) / y.shape[-1]  # [B]
     if mask is None:
         return per_row.mean()
     m = mask.astype(per_row.dtype)
@@ -54,22 +65,24 @@ def metric_sums(y: Array, pred: Array, quantiles, mask: Array) -> MetricSums:
     """Sums for loss and q-risk at P50/P90 (quantiles must include 0.5 and 0.9)."""
     qs = np.asarray(quantiles)
     i50, i90 = _index(qs, 0.5), _index(qs, 0.9)
-    ql = pinball(y, pred, qs)  # [B, T, Q]
+    y, ok = observed(y)
+    okf = ok.astype(pred.dtype)
+    ql = pinball(y, pred, qs) * okf[..., None]  # [B, T, Q], 0 at missing targets
     m = mask.astype(ql.dtype)
     hits = np.flatnonzero(np.isclose(qs, 0.1))
     if hits.size:
         inside = ((y >= pred[..., int(hits[0])]) & (y <= pred[..., i90])).astype(ql.dtype)
-        inside = jnp.sum(inside.sum(-1) * m)
+        inside = jnp.sum((inside * okf).sum(-1) * m)
     else:
         inside = jnp.asarray(jnp.nan, ql.dtype)
     return MetricSums(
-        loss=jnp.sum(ql.mean(axis=(-2, -1)) * m),
+        loss=jnp.sum(ql.mean(axis=-1).sum(axis=-1) / y.shape[-1] * m),
         count=m.sum(),
         ql50=jnp.sum(ql[..., i50].sum(-1) * m),
         ql90=jnp.sum(ql[..., i90].sum(-1) * m),
         abs_y=jnp.sum(jnp.abs(y).sum(-1) * m),
         inside=inside,
-        points=m.sum() * y.shape[-1],
+        points=jnp.sum(okf.sum(-1) * m),
     )
 
 
@@ -104,12 +117,14 @@ def numpy_sums(y: np.ndarray, pred: np.ndarray, quantiles) -> MetricSums:
     """:func:`metric_sums` in float64 numpy (for baselines and bootstraps)."""
     qs = np.asarray(quantiles, np.float64)
     y, pred = np.asarray(y, np.float64), np.asarray(pred, np.float64)
+    ok = np.isfinite(y)  # missing targets (NaN) count nowhere
+    y = np.where(ok, y, 0.0)
     err = y[..., None] - pred
-    ql = np.maximum(qs * err, (qs - 1.0) * err)
+    ql = np.maximum(qs * err, (qs - 1.0) * err) * ok[..., None]
     i50, i90 = _index(qs, 0.5), _index(qs, 0.9)
     hits = np.flatnonzero(np.isclose(qs, 0.1))
-    inside = (np.sum((y >= pred[..., int(hits[0])]) & (y <= pred[..., i90])) if hits.size
+    inside = (np.sum((y >= pred[..., int(hits[0])]) & (y <= pred[..., i90]) & ok) if hits.size
               else np.nan)
-    return MetricSums(loss=ql.mean(axis=(-2, -1)).sum(), count=float(y.shape[0]),
+    return MetricSums(loss=ql.mean(axis=-1).sum() / y.shape[-1], count=float(y.shape[0]),
                       ql50=ql[..., i50].sum(), ql90=ql[..., i90].sum(), abs_y=np.abs(y).sum(),
-                      inside=inside, points=float(y.size))
+                      inside=inside, points=float(ok.sum()))

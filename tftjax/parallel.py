@@ -284,7 +284,7 @@ def gather_rows_sharded(par: Parallel, data, starts: jax.Array, encoder_steps: i
             return jnp.where(own.reshape(own.shape + (1,) * (x.ndim - own.ndim)), x, 0)
 
         parts = (take(d.historical, rows[:, :e]), take(d.known, rows[:, :e]),
-                 take(d.future, last)[:, :decoder_steps], take(d.target, rows[:, e:]),
+                 take(d.future, last)[:, :decoder_steps], take(d.target, last)[:, :decoder_steps],
                  take(d.scale, last), take(d.static, last))
         hist, known_e, known_d, target, scale, static = (
             jax.lax.psum_scatter(p, AXIS, scatter_dimension=0, tiled=True) for p in parts)

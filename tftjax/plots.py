@@ -90,6 +90,7 @@ def training_plots(workdir: Path, history, trainer, params, ds, cfg, write: bool
     processes of a multi-host run) runs the predictions, in which every process takes part,
     and draws nothing."""
     from tftjax.data.features import HISTORICAL_NAMES, KNOWN_NAMES, STATIC_NAMES
+    from tftjax.training.evaluation import window_targets
 
     test = ds.splits.test
     picks = test[np.linspace(0, len(test) - 1, num=min(4, len(test))).astype(int)]
@@ -99,10 +100,10 @@ def training_plots(workdir: Path, history, trainer, params, ds, cfg, write: bool
         return
     if history:
         loss_curves(workdir / "loss_curves.png", history)
-    e, d = cfg.encoder_steps, cfg.decoder_steps
+    e = cfg.encoder_steps
     tgt = ds.features.target
     past = tgt[picks[:, None] + np.arange(e)]
-    future = tgt[picks[:, None] + e + np.arange(d)]
+    future = window_targets(ds, picks)  # on the calendar grid (NaN: no bar in the slot)
     titles = window_titles(ds.ts, picks, e)
     if len(ds.series) > 1:
         titles = [f"{ds.names[i]}: {t}" for i, t in zip(ds.series_of(picks), titles)]

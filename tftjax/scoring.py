@@ -172,7 +172,8 @@ def interval_score(y: np.ndarray, lower: np.ndarray, upper: np.ndarray, alpha: f
 
 def crps_from_quantiles(y: np.ndarray, pred: np.ndarray, quantiles) -> np.ndarray:
     """CRPS approximated from quantile forecasts: ``2 ∫ pinball_τ dτ``, the integral by the
-    trapezoid rule over the forecast levels (extended flat to 0 and 1). ``pred [..., Q]``."""
+    trapezoid rule over the forecast levels (extended flat to 0 and 1). ``pred [..., Q]``
+    (NaN where ``y`` is missing)."""
     qs = np.asarray(quantiles, np.float64)
     err = np.asarray(y, np.float64)[..., None] - np.asarray(pred, np.float64)
     pin = np.maximum(qs * err, (qs - 1.0) * err)
@@ -191,7 +192,9 @@ def pit_counts(y: np.ndarray, pred: np.ndarray, quantiles) -> tuple[np.ndarray, 
     below the first quantile, between each pair, above the last, against the shares the
     levels imply (``diff([0, levels, 1])``)."""
     qs = np.asarray(quantiles, np.float64)
-    below = (np.asarray(y)[..., None] < np.asarray(pred)).sum(-1)  # 0..Q: the bin index
+    y, pred = np.asarray(y), np.asarray(pred)
+    ok = np.isfinite(y)  # observed targets only
+    below = (y[ok][..., None] < pred[ok]).sum(-1)  # 0..Q: the bin index
     counts = np.bincount((qs.size - below).ravel(), minlength=qs.size + 1)
     return counts, np.diff(np.concatenate([[0.0], qs, [1.0]])) * below.size
 
@@ -205,14 +208,17 @@ def window_sums(y: np.ndarray, pred: np.ndarray, quantiles) -> np.ndarray:
     pinball sums, ``Σ|y|``, targets inside the 10-90% band, points. Pooled metrics over any
     set of windows are :func:`from_sums` of their rows (what a bootstrap resamples)."""
     qs = np.asarray(quantiles)
-    err = np.asarray(y, np.float64)[..., None] - pred
-    ql = np.maximum(qs * err, (qs - 1.0) * err)
+    y = np.asarray(y, np.float64)
+    ok = np.isfinite(y)  # a missing target (NaN: no bar in the slot) counts nowhere
+    y = np.where(ok, y, 0.0)
+    err = y[..., None] - pred
+    ql = np.maximum(qs * err, (qs - 1.0) * err) * ok[..., None]
     i50, i90 = level(qs, 0.5), level(qs, 0.9)  # both required of every model's quantiles
     i10 = level(qs, 0.1, required=False)
-    inside = (((y >= pred[..., i10]) & (y <= pred[..., i90])).sum(-1) if i10 is not None
+    inside = (((y >= pred[..., i10]) & (y <= pred[..., i90]) & ok).sum(-1) if i10 is not None
               else np.full(y.shape[0], np.nan))  # no 10% quantile: no 10-90% coverage
-    return np.stack([ql.mean(axis=(-2, -1)), ql[..., i50].sum(-1), ql[..., i90].sum(-1),
-                     np.abs(y).sum(-1), inside, np.full(y.shape[0], y.shape[1])], axis=1)
+    return np.stack([ql.mean(axis=-1).sum(-1) / y.shape[1], ql[..., i50].sum(-1),
+                     ql[..., i90].sum(-1), np.abs(y).sum(-1), inside, ok.sum(-1)], axis=1)
 
 
 def level(qs, q: float, required: bool = True) -> int | None:
@@ -229,8 +235,11 @@ def step_q_risk(y: np.ndarray, pred: np.ndarray, quantiles, q: float = 0.9) -> n
     """Per-window, per-step ``[N, D, 2]``: the ``q`` pinball loss and ``|y|`` (q-risk per
     forecast horizon: ``2 Σ[..., 0] / Σ[..., 1]`` over windows)."""
     j = level(quantiles, q)
-    err = np.asarray(y, np.float64) - pred[..., j]
-    return np.stack([np.maximum(q * err, (q - 1.0) * err), np.abs(y)], axis=-1)
+    y = np.asarray(y, np.float64)
+    ok = np.isfinite(y)  # missing targets add nothing
+    y = np.where(ok, y, 0.0)
+    err = y - pred[..., j]
+    return np.stack([np.maximum(q * err, (q - 1.0) * err) * ok, np.abs(y)], axis=-1)
 
 
 def from_sums(s: np.ndarray) -> dict:

@@ -20,18 +20,12 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from tftjax.cli import apply_settings, data_files, parse, peek, run_folder, with_config
+from tftjax.cli import data_files, parse, peek, run_folder, with_config
 from tftjax.cli import main as cli_main
 from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset
+from tftjax.training.search import SPACE, format_trials, suggest, tune
 
-SPACE = {
-    "train.learning_rate": ("log", 1e-4, 1e-2),
-    "train.weight_decay": ("log", 1e-6, 1e-2),
-    "model.dropout": ("float", 0.0, 0.4),
-    "model.hidden": ("choice", (16, 32, 64)),
-}
-"""The searched settings: ``section.field`` → (kind, range)."""
-
+__all__ = ["SPACE", "format_trials", "main", "run", "suggest", "tune"]
 
 @dataclasses.dataclass
 class Args:
@@ -67,103 +61,6 @@ def defaults(argv: list[str] | None) -> Args:
     model, train = with_config(argv, preset(name), TrainConfig(epochs=8, patience=2))
     return Args(model=model, train=train, preset=name,
                 workdir=run_folder(pre.workdir, "runs/tune", False))
-
-
-def suggest(trial, model: TFTConfig, train: TrainConfig):
-    """The trial's configs: the searched fields drawn, the rest as given."""
-    drawn = {"model": {}, "train": {}}
-    for key, (kind, *rng) in SPACE.items():
-        sec, name = key.split(".")
-        if kind == "log":
-            v = trial.suggest_float(key, rng[0], rng[1], log=True)
-        elif kind == "float":
-            v = trial.suggest_float(key, rng[0], rng[1])
-        else:
-            v = trial.suggest_categorical(key, list(rng[0]))
-        drawn[sec][name] = v
-    return apply_settings(model, train, drawn, "tune"), drawn
-
-
-def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, seed: int = 0,
-         progress: bool = False, log=print) -> dict:
-    """Run the search; the trials and the best settings (see the module docstring)."""
-    try:
-        import optuna
-    except ImportError:
-        raise ConfigError("python -m tftjax.tune needs optuna: pip install 'tftjax[tune]'") from None
-    from tftjax.data import load_dataset
-    from tftjax.training import train_and_evaluate
-
-    if trials < 1:
-        raise ConfigError(f"--trials must be >= 1, got {trials}")
-    import numpy as np
-
-    ds = load_dataset(paths, cfg.data)  # read once: every trial trains on the same windows
-    # the test windows are not even evaluated: no trial's summary can show them
-    ds = dataclasses.replace(ds, series=tuple(
-        dataclasses.replace(s, splits=dataclasses.replace(s.splits, test=np.zeros(0, np.int32)))
-        for s in ds.series))
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="minimize",
-                                sampler=optuna.samplers.TPESampler(seed=seed),
-                                pruner=optuna.pruners.MedianPruner(n_startup_trials=3,
-                                                                   n_warmup_steps=1))
-    rows = []
-
-    def objective(trial):
-        (model, train), drawn = suggest(trial, cfg, tc)
-
-        def report(epoch, state, metrics, is_final):
-            if metrics.get("val_loss") is None:
-                return
-            trial.report(metrics["val_loss"], epoch)
-            if trial.should_prune():
-                raise optuna.TrialPruned()
-
-        run = workdir / f"trial_{trial.number:03d}"
-        try:
-            s = train_and_evaluate(model, train, run, dataset=ds, progress=progress,
-                                   callback=report, log=lambda *a: None, plots=False)
-        finally:
-            rows.append({"trial": trial.number, **{k: v for sec in drawn.values()
-                                                   for k, v in sec.items()},
-                         "run": str(run)})
-        best = min(h["val_loss"] for h in s["history"] if h.get("val_loss") is not None)
-        rows[-1].update(best_val_loss=best, weights_epoch=s["weights_epoch"],
-                        val_q_risk_90=s["model"]["val"]["q_risk_90"])
-        log(f"trial {trial.number}: val loss {best:.4f} (epoch {s['weights_epoch']}) "
-            + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                        for sec in drawn.values() for k, v in sec.items()))
-        return best
-
-    study.optimize(objective, n_trials=trials, catch=())
-    for r, t in zip(rows, study.trials):
-        r["state"] = t.state.name.lower()
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    if not done:
-        raise ConfigError("every trial was pruned or failed: more --trials or epochs")
-    best = study.best_trial
-    settings = {"model": {}, "train": {}}
-    for key, v in best.params.items():
-        sec, name = key.split(".")
-        settings[sec][name] = v
-    return {"trials": rows, "best": {"trial": best.number, "val_loss": best.value, **settings},
-            "settings": settings, "searched": list(SPACE)}
-
-
-def format_trials(out: dict) -> str:
-    keys = [k.split(".")[1] for k in out["searched"]]
-    lines = ["| trial | " + " | ".join(keys) + " | state | best val loss | epoch |",
-             "|---" * (len(keys) + 4) + "|"]
-    for r in out["trials"]:
-        vals = [f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k)) for k in keys]
-        loss = f"{r['best_val_loss']:.4f}" if "best_val_loss" in r else "–"
-        lines.append(f"| {r['trial']} | " + " | ".join(vals) + f" | {r.get('state', '?')} | "
-                     f"{loss} | {r.get('weights_epoch', '–')} |")
-    b = out["best"]
-    lines.append(f"best: trial {b['trial']}, validation loss {b['val_loss']:.4f}: "
-                 + json.dumps(out["settings"]))
-    return "\n".join(lines)
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -29,7 +29,8 @@ from tftjax.data.bundled import DATASETS, bundled_path, default_parquet
 from tftjax.data.calendar import format_interval
 from tftjax.data.features import FeatureSet, FeatureStats, build_features
 from tftjax.data.identity import combined_identity, data_identity
-from tftjax.data.windows import Splits, fold_splits, global_cuts, make_splits, splits_at
+from tftjax.data.windows import (Splits, fold_splits, global_cuts, make_splits, splits_at,
+                                 window_decoder_targets)
 from tftjax.errors import DataError
 
 UNKNOWN_POLICIES = ("refuse", "embed")
@@ -98,7 +99,8 @@ class Dataset:
                                  for f in parts]).astype(np.float32)
         return FeatureSet(cat("historical"), cat("known"), cat("future"), static, cat("target"),
                           parts[0].stats, None,
-                          np.concatenate([ewma_scale(f.target) for f in parts]))
+                          np.concatenate([ewma_scale(f.target) for f in parts]),
+                          np.concatenate([window_decoder_targets(f) for f in parts]))
 
     def _features(self, s: Series) -> FeatureSet:
         if self.vocab is None:

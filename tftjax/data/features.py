@@ -60,8 +60,8 @@ the training rows' returns winsorised at the ``winsorize`` tail quantiles and
 at least the 5 most extreme values of each tail (so that a bad print cannot
 set the scale), and clipped to ``±target_clip``
 scales (0: no clip);
-a window starting at row ``s`` forecasts ``target[s+E : s+E+D]``, the next
-``D`` bars' returns after the last encoder bar ``s+E-1``.
+decoder step ``k`` forecasts the bar of the ``k``-th calendar slot after the origin, missing
+(NaN, masked) where the slot has no bar (:func:`~tftjax.data.stats.decoder_targets`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ from tftjax.config import NUM_HISTORICAL, WARMUP, DataConfig
 from tftjax.data.calendar import (KNOWN_NAMES, NS_MIN, Clock, Timeline, calendar_features,
                                   make_clock)
 from tftjax.data.stats import (FAMILIES, HISTORICAL_NAMES, STATIC_NAMES, WINDOWS, FeatureStats,
-                               column_stats, finish_stats, log_returns, train_block)
+                               column_stats, decoder_targets, finish_stats, log_returns,
+                               train_block)
 
 __all__ = ["CLIP", "FAMILIES", "HISTORICAL_NAMES", "KNOWN_NAMES", "STATIC_NAMES", "WINDOWS",
            "WARMUP", "FeatureSet", "FeatureStats", "build_features", "historical_columns",
@@ -248,6 +249,9 @@ class FeatureSet:
     scale: np.ndarray | None = None
     """Several series one after another: each one's EWMA volatility on its own returns
     ``[n]`` (None: computed from ``target`` as one series)."""
+    decoder_target: np.ndarray | None = None
+    """``[n, D]``: row ``t``'s decoder targets on the calendar grid, NaN where the slot has
+    no bar (None: the next ``D`` rows' ``target``, a grid without gaps)."""
 
     def __len__(self) -> int:
         return int(self.historical.shape[0])
@@ -301,12 +305,16 @@ def build_features(bars, cfg: DataConfig = DataConfig(), *,
     target = log_returns(bars.close) / stats.target_scale
     if cfg.target_clip > 0:
         target = np.clip(target, -cfg.target_clip, cfg.target_clip)
+    target = target.astype(np.float32)
     return FeatureSet(
         historical=hist,
         known=known,
         future=future,
         static=stats.static.astype(np.float32),
-        target=target.astype(np.float32),
+        target=target,
         stats=stats,
         timeline=timeline,
+        decoder_target=decoder_targets(target, timeline.slot_index(), cfg.decoder_steps,
+                                       cfg.target == "cumulative"),
     )
+

@@ -136,3 +136,37 @@ def finish_stats(bars, mean, std, train_rows, start, stop, clock, winsorize) -> 
     scale = robust_scale(r, winsorize)
     static = _static_features(bars, train_rows[0], stop, scale)
     return FeatureStats(mean, std, scale, static, (int(train_rows[0]), int(stop)), clock)
+
+
+def decoder_targets(target: np.ndarray, slot: np.ndarray | None, steps: int,
+                    cumulative: bool = False) -> np.ndarray:
+    """Every row's decoder targets on the calendar grid, ``[n, steps]`` float32.
+
+    Row ``t`` (a window's last encoder bar, on slot ``p_t``) gets at step ``k`` the bar on
+    slot ``p_t + k`` (the last such row if several share it), provided it lies within the
+    ``steps`` rows after ``t`` (a window's own rows); else NaN. Its value is the sum of the
+    per-bar ``target`` since the previous bar (``cumulative``: since ``t``); with no gap that
+    is ``target[t + k]`` exactly (``cumulative``: ``Σ target[t+1 .. t+k]``).
+    ``slot`` None: no gaps (step ``k`` is row ``t + k``)."""
+    target = np.asarray(target, np.float32)
+    n = target.shape[0]
+    t = np.arange(n, dtype=np.int64)[:, None]
+    k = np.arange(1, steps + 1, dtype=np.int64)
+    if slot is None:
+        want = t + k
+        row = want
+        prev = want - 1
+        ok = want < n
+    else:
+        slot = np.asarray(slot, np.int64)
+        want = slot[:, None] + k  # the slots
+        row = np.searchsorted(slot, want, side="right") - 1  # last bar at or before the slot
+        prev = np.searchsorted(slot, want, side="left") - 1  # last bar before the slot
+        ok = (row >= 0) & (slot[np.clip(row, 0, n - 1)] == want) & (row <= t + steps)
+    row, prev = np.clip(row, 0, n - 1), np.clip(prev, 0, n - 1)
+    csum = np.concatenate([[0.0], np.cumsum(target, dtype=np.float64)])  # csum[i] = Σ target[:i]
+    if cumulative:
+        val = csum[row + 1] - csum[t + 1]
+    else:  # one bar since the previous: the bar's own target, exactly
+        val = np.where(prev == row - 1, target[row], csum[row + 1] - csum[prev + 1])
+    return np.where(ok, val, np.nan).astype(np.float32)

@@ -25,6 +25,7 @@ import numpy as np
 from tftjax.baselines import ewma_scale
 from tftjax.config import WARMUP, DataConfig
 from tftjax.data.features import FeatureSet
+from tftjax.data.stats import decoder_targets
 from tftjax.errors import DataError
 
 
@@ -200,7 +201,7 @@ class DeviceData(NamedTuple):
 
     historical: jax.Array  # [n, 210] float32
     known: jax.Array  # [n, 10] float32, at each bar's own time
-    target: jax.Array  # [n] float32
+    target: jax.Array  # [n, D] float32, each row's decoder targets (NaN: no bar in the slot)
     static: jax.Array  # [n, 5] float32, each row's series' statics
     future: jax.Array  # [n, D, 10] float32, at the D calendar slots after each bar
     scale: jax.Array  # [n] float32, EWMA volatility forecast made at each row (target units)
@@ -212,7 +213,7 @@ class Batch(NamedTuple):
     static: jax.Array  # [B, 5]
     historical: jax.Array  # [B, E, 210]
     known: jax.Array  # [B, E+D, 10]
-    target: jax.Array  # [B, D]
+    target: jax.Array  # [B, D], NaN where the step's calendar slot has no bar (masked)
     scale: jax.Array  # [B], the EWMA volatility at the forecast time (``--vol-target``)
 
 
@@ -223,7 +224,16 @@ def device_arrays(features: FeatureSet) -> list[np.ndarray]:
     static = np.broadcast_to(np.asarray(features.static, np.float32), (n, features.static.shape[-1]))
     scale = features.scale if features.scale is not None else ewma_scale(features.target)
     return [np.ascontiguousarray(a) for a in (
-        features.historical, features.known, features.target, static, features.future, scale)]
+        features.historical, features.known, window_decoder_targets(features), static,
+        features.future, scale)]
+
+
+def window_decoder_targets(features: FeatureSet) -> np.ndarray:
+    """``[n, D]``: every row's decoder targets (:attr:`FeatureSet.decoder_target`, or, for a
+    feature set built without a timeline, the next ``D`` rows' per-bar targets)."""
+    if features.decoder_target is not None:
+        return features.decoder_target
+    return decoder_targets(features.target, None, features.future.shape[1])
 
 
 def to_device(features: FeatureSet, device=None) -> DeviceData:
@@ -250,6 +260,6 @@ def gather(data: DeviceData, starts: jax.Array, encoder_steps: int, decoder_step
         known=jnp.concatenate([
             jnp.take(data.known, rows[:, :encoder_steps], axis=0, mode="clip"),
             jnp.take(data.future, last, axis=0, mode="clip")[:, :decoder_steps]], axis=1),
-        target=jnp.take(data.target, rows[:, encoder_steps:], axis=0, mode="clip"),
+        target=jnp.take(data.target, last, axis=0, mode="clip")[:, :decoder_steps],
         scale=jnp.take(data.scale, last, axis=0, mode="clip"),
     )

@@ -92,7 +92,7 @@ def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig 
     f32 = jnp.float32
     data = DeviceData(jax.ShapeDtypeStruct((rows, cfg.num_historical), f32),
                       jax.ShapeDtypeStruct((rows, cfg.num_known), f32),
-                      jax.ShapeDtypeStruct((rows,), f32),
+                      jax.ShapeDtypeStruct((rows, cfg.decoder_steps), f32),
                       jax.ShapeDtypeStruct((rows, cfg.num_static), f32),
                       jax.ShapeDtypeStruct((rows, cfg.decoder_steps, cfg.num_known), f32),
                       jax.ShapeDtypeStruct((rows,), f32))

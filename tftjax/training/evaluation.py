@@ -145,10 +145,12 @@ def by_series(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig, splits) 
 
 
 def window_targets(ds: Dataset, starts: np.ndarray) -> np.ndarray:
-    """Targets ``[n, T_d]`` of the windows at ``starts`` (host numpy)."""
+    """Targets ``[n, T_d]`` of the windows at ``starts`` (host numpy; NaN where the step's
+    calendar slot has no bar: missing, not shifted)."""
+    from tftjax.data.windows import window_decoder_targets
+
     e, d = ds.cfg.encoder_steps, ds.cfg.decoder_steps
-    y = ds.features.target[starts[:, None] + e + np.arange(d)]
-    return np.cumsum(y, axis=1, dtype=np.float64).astype(y.dtype) if ds.cfg.target == "cumulative" else y
+    return window_decoder_targets(ds.features)[np.asarray(starts) + e - 1, :d]
 
 
 def baselines(ds: Dataset, quantiles, split: str, starts: np.ndarray | None = None
@@ -166,6 +168,7 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
     from its own returns and ranges, fitted on its own training rows (range baselines from
     the bars' high, low and opening gap; HAR for daily and coarser bars)."""
     from tftjax import baselines as bl
+    from tftjax.data.windows import window_decoder_targets
 
     starts = np.asarray(starts)
     which = ds.series_of(starts)
@@ -180,7 +183,9 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
         for name, p in bl.forecasts(s.features.target, local + ds.cfg.encoder_steps - 1,
                                     ds.cfg.decoder_steps, quantiles, s.splits.train_rows,
                                     ranges=ranges, daily=stats.clock.interval >= DAILY[0],
-                                    cumulative=ds.cfg.target == "cumulative").items():
+                                    cumulative=ds.cfg.target == "cumulative",
+                                    features=s.features.historical,
+                                    decoder_target=window_decoder_targets(s.features)).items():
             preds.setdefault(name, np.empty((starts.size,) + p.shape[1:], p.dtype))[sel] = p
     return preds
 

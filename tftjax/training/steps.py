@@ -65,14 +65,7 @@ def _gather_fn(cfg: TFTConfig, par):
                                                   cfg.decoder_steps)
     else:
         g = lambda data, idx: gather(data, idx, cfg.encoder_steps, cfg.decoder_steps)  # noqa: E731
-    if cfg.target == "cumulative":  # step k: the k-bar return from the origin
-        return lambda data, idx: cumulative(g(data, idx))
-    return g
-
-
-def cumulative(batch):
-    """The batch with its targets summed along the decoder steps (``--target cumulative``)."""
-    return batch._replace(target=jnp.cumsum(batch.target, axis=1))
+    return g  # (--target cumulative: the device targets are the k-bar returns already)
 
 
 @functools.lru_cache(maxsize=None)
