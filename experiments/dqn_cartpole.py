@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from tftjax.dqn.config import DQN_PRESETS
-from tftjax.dqn.env import EVAL_EPISODES, greedy_episodes, make_cartpole
+from tftjax.dqn.cartpole import EVAL_EPISODES, greedy_episodes, make_cartpole
 from tftjax.dqn.train import iterations_per_epoch, make_train
 from tftjax.provenance import write_result
 

@@ -18,8 +18,9 @@ from tftjax.dqn.config import DQNConfig
 from tftjax.data import build_features, load_dataset, make_splits
 from tftjax.data.bars import Bars
 from tftjax.dqn import agent, buffer
-from tftjax.dqn.env import (TradingEnv, baseline_metrics, greedy_rollout, make_cartpole,
-                            select_features, trading_metrics)
+from tftjax.dqn.cartpole import make_cartpole
+from tftjax.dqn.env import (TradingEnv, baseline_metrics, greedy_rollout, select_features,
+                            trading_metrics)
 from tftjax.config import ConfigError
 from tftjax.dqn import make_train, run
 
@@ -27,14 +28,20 @@ from tftjax.dqn import make_train, run
 TINY = DQNConfig(window=4, features=("r1", "ret_5", "rvol_10"), episode_len=64, num_envs=4,
                  steps_per_epoch=200, hidden=(16,), batch_size=32, buffer_size=2_000,
                  learning_starts=64, target_update_every=20, eps_decay_steps=400, epochs=3,
-                 patience=0)
+                 patience=0, min_epochs=0, smooth_epochs=1)
 
 
-def hand_env(ret, cost_bps=10.0, window=1, episode_len=10, scale=1.0):
+def hand_env(ret, cost_bps=10.0, window=1, episode_len=10, scale=1.0, gap=None, ends=None,
+             next_open=False, latency=0):
+    """An environment on close-to-close returns ``ret`` (all of it open to close unless
+    ``gap`` splits it), filled at the close unless ``next_open``."""
     n = len(ret)
     feats = jnp.asarray(np.arange(n, dtype=np.float32)[:, None])
-    return TradingEnv(feats, jnp.asarray(ret, jnp.float32), 0, n, window, episode_len,
-                      cost_bps * 1e-4, scale, 252.0)
+    gap = np.zeros(n, np.float32) if gap is None else np.asarray(gap, np.float32)
+    ends = np.zeros(n, bool) if ends is None else np.asarray(ends, bool)
+    return TradingEnv(feats, jnp.asarray(gap), jnp.asarray(np.asarray(ret, np.float32) - gap),
+                      jnp.asarray(ends), jnp.float32(cost_bps * 1e-4), jnp.float32(scale), 0, n,
+                      window, episode_len, 252.0, next_open, latency)
 
 
 # ----------------------------------------------------------------- environment
@@ -66,7 +73,7 @@ def test_episode_ends_by_time_limit_and_resets_inside_the_split():
         state = out.state
     assert bool(out.done) and float(out.terminal) == 0.0
     # s' is the true next observation (bar start+5, long), not the reset one.
-    np.testing.assert_array_equal(np.asarray(out.next_obs), np.asarray(env.observe(start + 5, 1)))
+    np.testing.assert_array_equal(np.asarray(out.next_obs), np.asarray(env.observe(start + 5, jnp.array([1]))))
     assert int(state.steps) == 0 and int(state.pos) == 0
     assert 12 <= int(state.t) and int(state.t) + env.horizon <= 29
 
@@ -87,14 +94,16 @@ def test_observation_uses_no_bar_after_t():
                    np.minimum(bars.low * np.r_[np.ones(t + 1), shock], close), close,
                    bars.volume * np.r_[np.ones(t + 1), rng.uniform(0.1, 5, k)])
     alt = build_features(changed, stats=ref.stats)
-    envs = [TradingEnv(jnp.asarray(select_features(f, names)), jnp.zeros(len(bars)), 0, len(bars),
-                       8, 10, 0.0, 1.0, 1.0) for f in (ref, alt)]
+    z = jnp.zeros(len(bars))
+    envs = [TradingEnv(jnp.asarray(select_features(f, names)), z, z, z.astype(bool),
+                       jnp.float32(0), jnp.float32(1), 0, len(bars), 8, 10, 1.0)
+            for f in (ref, alt)]
     for tt in (150, 300, t):
         for pos in (-1, 0, 1):
-            np.testing.assert_array_equal(np.asarray(envs[0].observe(tt, pos)),
-                                          np.asarray(envs[1].observe(tt, pos)))
-    assert not np.array_equal(np.asarray(envs[0].observe(t + 1, 0)),
-                              np.asarray(envs[1].observe(t + 1, 0)))
+            np.testing.assert_array_equal(np.asarray(envs[0].observe(tt, jnp.array([pos]))),
+                                          np.asarray(envs[1].observe(tt, jnp.array([pos]))))
+    assert not np.array_equal(np.asarray(envs[0].observe(t + 1, jnp.array([0]))),
+                              np.asarray(envs[1].observe(t + 1, jnp.array([0]))))
 
 
 def test_trading_metrics_by_hand():
@@ -189,7 +198,7 @@ def sine_bars(n=1600, period=8, amp=2e-3):
 
 def test_agent_beats_buy_and_hold_and_flat_on_a_deterministic_series(tmp_path):
     path = write_table(tmp_path / "sine.parquet", bars_columns(sine_bars()))
-    cfg = dataclasses.replace(TINY, features=("r1",), window=4, cost_bps=0.5, epochs=12,
+    cfg = dataclasses.replace(TINY, features=("r1",), window=4, fee_bps=0.5, epochs=12,
                               steps_per_epoch=1000, hidden=(32,), learning_rate=3e-3,
                               eps_decay_steps=4000, gamma=0.5, episode_len=64)
     summary = run(cfg, tmp_path / "run", parquet_file=path, progress=False, log=lambda *a: None)
@@ -291,8 +300,8 @@ def test_whole_run_in_one_jit_matches_the_epoch_loop():
     ds = load_dataset(None, DataConfig(encoder_steps=TINY.window, decoder_steps=1))
     from tftjax.dqn.env import make_trading_env
 
-    env = make_trading_env(ds, window=TINY.window, features=TINY.features,
-                           episode_len=TINY.episode_len, cost_bps=1.0, reward_scale=1e4)
+    env = make_trading_env(ds, dataclasses.replace(TINY, fee_bps=1.0, spread_bps=0.0,
+                                                   slippage_bps=0.0, reward_scale=100.0))
     dqn = make_train(dataclasses.replace(TINY, epochs=2), env)
     key = jax.random.PRNGKey(5)
     state, metrics = dqn.train(key)
@@ -314,13 +323,14 @@ def cli(*args, timeout=600):
 
 def test_cli_runs_on_the_bundled_bars(tmp_path, capsys):
     wd = tmp_path / "cli"
-    p = cli("--epochs", "2", "--steps-per-epoch", "256", "--num-envs", "4", "--cost-bps", "0.5",
+    p = cli("--epochs", "2", "--steps-per-epoch", "256", "--num-envs", "4", "--fee-bps", "0.5",
             "--workdir", str(wd), "--no-progress")
     assert p.returncode == 0, p.stderr
     assert "buy_and_hold" in p.stdout and "Sharpe" in p.stdout
     assert "dqn_final_epoch2" in list_checkpoints(wd / "checkpoints")
     cfg = json.loads((wd / "summary.json").read_text())["config"]
-    assert cfg["cost_bps"] == 0.5 and cfg["num_envs"] == 4
+    assert cfg["fee_bps"] == 0.5 and cfg["num_envs"] == 4
+    assert cfg["spread_bps"] == 1.5 and cfg["fill"] == "next-open"  # the ES default spread
     # the resume in-process (its compiled epoch comes from the shared cache)
     from tftjax.dqn import __main__ as dqn_cli
 
@@ -364,7 +374,10 @@ def test_cli_cartpole_through_the_same_loop(tmp_path, capsys):
               "--workdir", wd, "--no-progress")
     out, err = capsys.readouterr()
     assert rc == 0, err
-    assert "CartPole-v1" in out and "greedy return over 10 episodes" in out
+    assert "CartPole-v1" in out and "greedy return over 10 fresh episodes each epoch" in out
+    assert "final greedy return over 100 fresh episodes" in out
+    summary = json.loads((wd / "summary.json").read_text())
+    assert summary["last10_at_475"] is not None and summary["final_return_fresh"] > 0
     assert "| val | dqn |" in out
     assert "dqn_final_epoch2" in list_checkpoints(wd / "checkpoints")
     assert (wd / "learning_curves.png").exists() and not (wd / "equity_curve.png").exists()

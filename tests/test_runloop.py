@@ -270,7 +270,7 @@ def test_dqn_resume_through_the_cli(tmp_path, capsys):
     assert call(dqn_cli.main, *TINY_DQN, "--epochs", "2", "--workdir", wd) == 0
     before = snapshot(wd)
     for args, expect in [
-        (["--cost-bps", "0.5"], "config.cost_bps: 1.0 in the checkpoint, 0.5 now"),
+        (["--fee-bps", "0.5"], "config.fee_bps: 0.2 in the checkpoint, 0.5 now"),
         (["--parquet-file", other_file(tmp_path)], "other.parquet (1500 rows"),
         (["--env", "cartpole"], "config.env: 'trading' in the checkpoint, 'cartpole' now"),
     ]:

@@ -55,7 +55,9 @@ this map names every module::
   dqn.config            the DQN's configuration and presets
   dqn.buffer            the replay buffer
   dqn.agent             Q-network and the double-DQN loss
-  dqn.env               trading (and CartPole) environments in JAX
+  dqn.metrics           Sharpe, drawdown, turnover of a position path; bars per year
+  dqn.env               the trading environment in JAX: fills, latency, costs, sessions
+  dqn.cartpole          gymnax CartPole-v1 behind the same interface
   dqn.train             make_train: the fully jitted DQN epoch
   dqn.loop              the DQN's part of the run loop
   dqn                   the DQN package's names in one place

@@ -1,32 +1,21 @@
-"""The one host loop every trainer uses (TFT and DQN): run folder, identity-checked
-resume, metrics log, early stopping that restores the best weights, NaN stop,
-epoch and final checkpoints, summary.
+"""The one host loop every trainer uses (TFT and DQN), given a :class:`Task` (its state, one
+epoch of training, validation, the summary of the weights it is given):
 
-A trainer hands the loop a :class:`Task`: its state, one epoch of training,
-validation, and the summary of the weights it is given. Everything else is
-here, once:
-
-* **Run folder.** ``workdir/checkpoints`` (Orbax), ``metrics.jsonl`` (one line
-  per epoch), ``summary.json``. A folder holding another run's checkpoints is
-  never written to unless ``resume`` is asked for.
-* **Resume.** The latest complete epoch checkpoint's metadata is read *first*:
-  its data identity (content hash and rows of the file), model and training
-  configs must equal this run's, field by field (only what the task declares in
-  ``may_change``, e.g. ``epochs``, may differ); a difference, a missing
-  checkpoint or ``epochs`` below the epochs already trained raise
-  :class:`~tftjax.config.ConfigError` before anything in the folder changes.
-* **Early stopping** on the task's validation ``score`` with ``patience``;
-  the final checkpoint ``{kind}_final_epoch{N}`` (N: the last epoch run), the
-  summary, the plots and the test metrics all come from the *best* epoch's
-  state, said in the summary and the checkpoint (``weights_epoch``). An empty
-  validation split turns early stopping off (the last epoch is then "best").
-* **NaN stop.** Tasks raise :class:`TrainingDiverged` within the epoch it
-  happens in; nothing of that epoch is saved; the manager is closed in a
-  ``finally`` so that an interrupted async save still commits or is ignored.
-* **Several processes** (multi-host): every process runs the loop and takes part in the
-  checkpoints; only process 0 writes ``metrics.jsonl`` and ``summary.json``.
-* **Final checkpoint on resume** when the last run ended between its last
-  epoch checkpoint and its final one.
+* **Run folder**: ``checkpoints`` (Orbax), ``metrics.jsonl``, ``summary.json``; a folder
+  with another run's checkpoints is never written to unless ``resume`` is asked for.
+* **Resume**: the latest complete epoch checkpoint's metadata is read *first*; its data
+  identity (content hash, rows) and configs must equal this run's, field by field (except
+  the task's ``may_change``, e.g. ``epochs``), else :class:`~tftjax.config.ConfigError`
+  before anything in the folder changes.
+* **Early stopping** on the validation ``score`` (or ``task.rank(history)``, e.g. smoothed)
+  with ``patience``, never while ``task.may_stop(epoch, metrics)`` says no (a resume with
+  another patience trains on). The final checkpoint ``{kind}_final_epoch{N}`` (N: the last
+  epoch run), the summary, the plots and the test metrics come from the *best* epoch's state
+  (``weights_epoch``); an empty validation split turns early stopping off.
+* **NaN stop**: :class:`TrainingDiverged` within the epoch; nothing of it is saved; the
+  manager is closed in a ``finally`` (an interrupted async save commits or is ignored).
+* **Several processes**: all run the loop and the checkpoints; process 0 writes the files.
+* **Final checkpoint on resume** when the last run ended before writing it.
 """
 
 from __future__ import annotations
@@ -178,6 +167,16 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
         loop = dict(saved["loop"])
         for line in resume_changes(saved, task):
             log(f"--resume: {line}")
+        if loop["stopped_early"] and task.epochs > loop["epoch"]:
+            if loop.get("patience", task.patience) != task.patience:  # an explicit new patience
+                log(f"--resume: the run stopped early at epoch {loop['epoch']}; training on to "
+                    f"epoch {task.epochs} with patience {task.patience}")
+                loop.update(stopped_early=False, bad_epochs=0)
+            else:
+                log(f"--resume: the run stopped early at epoch {loop['epoch']} (patience "
+                    f"{task.patience}); to train on, pass --epochs N with another --patience "
+                    "(0: no early stop)")
+    loop["patience"] = task.patience
     start = loop["epoch"]
     metrics_path = workdir / "metrics.jsonl"
     history = read_history(metrics_path, upto=start)
@@ -214,14 +213,17 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
             if score is not None and not math.isfinite(score):
                 raise TrainingDiverged(f"{task.score} became {score} in epoch {epoch}; stopped "
                                        f"(last good checkpoint: {_last(ckpt_dir, task.kind)})")
+            metrics = {"epoch": epoch, **train_m, **val}
+            if score is not None and hasattr(task, "rank"):  # e.g. smoothed over epochs
+                score = task.rank(history + [metrics])
             improved = score is None or _is_better(score, loop["best_score"], task.mode)
             if improved:
                 loop.update(best_epoch=epoch, best_score=score, bad_epochs=0)
             else:
                 loop["bad_epochs"] += 1
-            stop = task.patience > 0 and score is not None and loop["bad_epochs"] >= task.patience
+            stop = (task.patience > 0 and score is not None and loop["bad_epochs"] >= task.patience
+                    and (not hasattr(task, "may_stop") or task.may_stop(epoch, metrics)))
             loop.update(epoch=epoch, stopped_early=stop)
-            metrics = {"epoch": epoch, **train_m, **val}
             history.append(metrics)
             if primary:
                 with metrics_path.open("a") as f:

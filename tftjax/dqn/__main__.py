@@ -2,7 +2,8 @@
 
 Examples:
   python -m tftjax.dqn --epochs 100
-  python -m tftjax.dqn --parquet-file bars.parquet --cost-bps 0.5 --workdir runs/dqn-btc
+  python -m tftjax.dqn --dataset btc --calendar 24/7 --workdir runs/dqn-btc
+  python -m tftjax.dqn --parquet-file bars.parquet --spread-bps 2 --fee-bps 0.5 --latency 1
   python -m tftjax.dqn --resume --workdir runs/dqn --epochs 150
   python -m tftjax.dqn --env cartpole --workdir runs/cartpole
 

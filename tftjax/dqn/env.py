@@ -3,19 +3,22 @@ gymnax CartPole-v1 (for verifying the agent), behind one small interface.
 
 Trading (:class:`TradingEnv`): at bar ``t`` the agent sees the last ``W``
 rows of a compact, causal feature subset (rows ``t-W+1 .. t``; every feature
-at a row depends only on bars up to it) and its current position, one-hot.
-It picks ``a ∈ {0: short, 1: flat, 2: long}``, i.e. the position
-``p' = a - 1`` held from ``t`` to ``t+1``, and earns
-
-    reward = p' · r_{t+1} − cost · |p' − p|,    r_{t+1} = log(c_{t+1} / c_t),
-
-``cost`` being ``cost_bps · 1e-4`` per unit of position change (a flip from
-short to long pays twice). The learning reward is that times
-``reward_scale`` (1e4: basis points, so that Q-values are O(1)); every
-reported figure uses the raw log return. Episodes are random contiguous
-segments of ``episode_len`` decisions inside one split's rows, starting
-flat; they end by time limit (never terminal: the target bootstraps
-through), and the environment resets itself.
+at a row depends only on bars up to it) and its decisions not yet superseded,
+one-hot. It picks ``a ∈ {0: short, 1: flat, 2: long}``, the position ``a - 1``,
+on bar ``t``'s close. The order fills (:func:`execute`) at the next bar's open
+(``--fill next-open``, the default) or at that close (``close``), ``--latency``
+bars later, paying ``cost`` per unit of position change: half the spread plus
+fee plus slippage (a flip pays twice). The net log return of bar ``t+1`` is
+then ``p_before · log(o/c_t) + p_after · log(c_{t+1}/o) − cost · |Δp|`` (next
+open) or ``p_after · log(c_{t+1}/c_t) − cost · |Δp|`` (close); with
+``--flatten-at-session-end`` the last bar of each calendar session closes
+everything at its close. The learning reward is that times ``reward_scale``
+(default 1 / the training split's target scale, the std of its returns, so
+that rewards and Q are O(1) on any market); every reported figure uses the raw
+log return. Episodes are random contiguous segments of ``episode_len``
+decisions inside one split's rows, starting flat; they end by time limit
+(never terminal: the target bootstraps through), and the environment resets
+itself.
 
 Both environments implement ``reset(key) -> (obs, state)`` and
 ``step(key, state, action) -> Step`` for one episode (the training loop vmaps
@@ -27,7 +30,6 @@ equity plot; ``None`` where there is no equity).
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -37,13 +39,17 @@ from flax import struct
 
 from tftjax.config import ConfigError
 from tftjax.data.features import CLIP, HISTORICAL_NAMES, KNOWN_NAMES
+from tftjax.dqn.metrics import baseline_metrics, bars_per_year, trading_metrics
+
+__all__ = ["Step", "TradingEnv", "TradingState", "baseline_metrics", "bars_per_year", "execute",
+           "greedy_rollout", "make_trading_env", "select_features", "session_ends",
+           "trading_metrics"]
 
 NUM_POSITIONS = 3  # short, flat, long
 R1 = "r1"
 """Feature name of the normalised 1-bar log return ``r_t / std`` (clipped to ±10)."""
 DEFAULT_FEATURES = (R1, "ret_5", "ret_20", "ret_60", "rvol_10", "rvol_60", "clv_20", "vz_20",
                     "rsi_13", "sma_30", "tod_sin", "tod_cos")  # fmt: skip
-_YEAR_NS = 365.25 * 86400 * 1e9
 
 
 class Step(NamedTuple):
@@ -77,35 +83,45 @@ def select_features(features, names: tuple[str, ...], source: str = "features") 
     return np.stack(cols, axis=1).astype(np.float32)
 
 
-def bars_per_year(ts: np.ndarray) -> float:
-    """Bars per calendar year at the density of this series (sessions and gaps included):
-    the annualisation factor of a per-bar Sharpe ratio."""
-    span = float(ts[-1] - ts[0])
-    return (len(ts) - 1) / (span / _YEAR_NS) if span > 0 else 252.0
-
-
 @struct.dataclass
 class TradingState:
     t: jax.Array  # int32: the bar the agent is at
-    pos: jax.Array  # int32 in {-1, 0, 1}
+    hist: jax.Array  # [latency + 1] int32 in {-1, 0, 1}: decisions at t-1, t-2, … (pending or held)
     steps: jax.Array  # int32: decisions made in this episode
+
+    @property
+    def pos(self) -> jax.Array:
+        """The latest decision (the position ordered)."""
+        return self.hist[..., 0]
 
 
 @struct.dataclass
 class TradingEnv:
+    """Bars, their returns split at the open (``gap``: close to open, ``intra``: open to
+    close), the session ends, and the execution terms (static)."""
+
     feats: jax.Array  # [n, F] float32, causal features
-    ret: jax.Array  # [n] float32, ret[t] = log(c_t / c_{t-1})
+    gap: jax.Array  # [n] float32, log(o_t / c_{t-1})
+    intra: jax.Array  # [n] float32, log(c_t / o_t)
+    session_end: jax.Array  # [n] bool: bar t is the last of its session (flatten there)
+    cost: jax.Array  # float32 []: per unit of position change (a fraction)
+    reward_scale: jax.Array  # float32 []: learning reward per unit of net log return
     lo: int = struct.field(pytree_node=False)  # rows [lo, hi) of the split episodes live in
     hi: int = struct.field(pytree_node=False)
     window: int = struct.field(pytree_node=False)
     episode_len: int = struct.field(pytree_node=False)
-    cost: float = struct.field(pytree_node=False)  # per unit of position change (fraction)
-    reward_scale: float = struct.field(pytree_node=False)
     annualisation: float = struct.field(pytree_node=False)  # bars per year
+    next_open: bool = struct.field(pytree_node=False, default=True)  # fill at the next open
+    latency: int = struct.field(pytree_node=False, default=0)  # bars before the fill
 
     num_actions = NUM_POSITIONS
     score_name = "sharpe"
     eval_note = "one greedy pass over each split from flat, net of costs"
+
+    @property
+    def ret(self) -> jax.Array:
+        """Close-to-close log returns ``ret[t] = log(c_t / c_{t-1})``."""
+        return self.gap + self.intra
 
     @property
     def default_steps_per_epoch(self) -> int:
@@ -114,7 +130,7 @@ class TradingEnv:
 
     @property
     def obs_dim(self) -> int:
-        return self.window * self.feats.shape[1] + NUM_POSITIONS
+        return self.window * self.feats.shape[1] + NUM_POSITIONS * (self.latency + 1)
 
     @property
     def first_decision(self) -> int:
@@ -137,23 +153,32 @@ class TradingEnv:
                               "too few bars for this split (lower --window or add data)")
         return env
 
-    def observe(self, t: jax.Array, pos: jax.Array) -> jax.Array:
-        """Rows ``t-W+1 .. t`` of the features, flattened, and the position one-hot."""
+    def flat(self) -> jax.Array:
+        return jnp.zeros((self.latency + 1,), jnp.int32)
+
+    def observe(self, t: jax.Array, hist: jax.Array) -> jax.Array:
+        """Rows ``t-W+1 .. t`` of the features, flattened, and the decisions not yet
+        superseded by a fill (the latest first), one-hot."""
         rows = jax.lax.dynamic_slice_in_dim(self.feats, t - self.window + 1, self.window, axis=0)
-        return jnp.concatenate([rows.reshape(-1), jax.nn.one_hot(pos + 1, NUM_POSITIONS)])
+        return jnp.concatenate([rows.reshape(-1),
+                                jax.nn.one_hot(hist + 1, NUM_POSITIONS).reshape(-1)])
+
+    def execute(self, t: jax.Array, hist: jax.Array, new_pos: jax.Array):
+        """``(net log return of bar t+1, held position, decisions after)`` for the decision
+        ``new_pos`` on bar ``t``'s close (:func:`execute`)."""
+        return execute(hist, new_pos, self.gap[t + 1], self.intra[t + 1], self.session_end[t],
+                       self.cost, self.next_open, self.latency)
 
     def reset(self, key: jax.Array) -> tuple[jax.Array, TradingState]:
         t0 = jax.random.randint(key, (), self.first_decision,
                                 self.first_decision + self.decisions - self.horizon + 1)
-        state = TradingState(t0.astype(jnp.int32), jnp.zeros((), jnp.int32),
-                             jnp.zeros((), jnp.int32))
-        return self.observe(state.t, state.pos), state
+        state = TradingState(t0.astype(jnp.int32), self.flat(), jnp.zeros((), jnp.int32))
+        return self.observe(state.t, state.hist), state
 
     def step(self, key: jax.Array, state: TradingState, action: jax.Array) -> Step:
-        new_pos = action.astype(jnp.int32) - 1
-        raw = trade_reward(state.pos, new_pos, self.ret[state.t + 1], self.cost)
-        nxt = TradingState(state.t + 1, new_pos, state.steps + 1)
-        next_obs = self.observe(nxt.t, nxt.pos)
+        raw, _, hist = self.execute(state.t, state.hist, action.astype(jnp.int32) - 1)
+        nxt = TradingState(state.t + 1, hist, state.steps + 1)
+        next_obs = self.observe(nxt.t, nxt.hist)
         done = nxt.steps >= self.horizon
         obs_re, state_re = self.reset(key)
         state_out = jax.tree.map(lambda a, b: jnp.where(done, a, b), state_re, nxt)
@@ -161,9 +186,9 @@ class TradingEnv:
         return Step(obs, next_obs, state_out, raw * self.reward_scale, raw,
                     jnp.zeros((), jnp.float32), done)
 
-
     def rollout(self, apply_fn, params) -> dict:
-        """Positions, net returns and bar returns of a greedy pass over the rows (host numpy)."""
+        """Held positions, net returns and bar returns of a greedy pass over the rows (host
+        numpy)."""
         pos, net, nxt = jax.device_get(_greedy_rollout(apply_fn, params, self))
         return {"positions": pos, "net": net, "next_ret": nxt}
 
@@ -172,145 +197,98 @@ class TradingEnv:
         return trading_metrics(r["net"], r["positions"], self.annualisation)
 
     def baselines(self) -> dict[str, dict]:
-        nxt = np.asarray(self.ret[self.first_decision + 1 : self.hi])
-        return baseline_metrics(nxt, self.cost, self.annualisation)
+        """Buy-and-hold (long throughout, entering like any order) and flat, through the same
+        fills, latency, costs and session flattening as the agent."""
+        out = {}
+        for name, p in (("buy_and_hold", 1), ("flat", 0)):
+            pos, net, _ = jax.device_get(_constant_rollout(self, p))
+            out[name] = trading_metrics(net, pos, self.annualisation)
+        return out
 
 
-def trade_reward(pos: jax.Array, new_pos: jax.Array, next_ret: jax.Array, cost: float) -> jax.Array:
-    """``new_pos · next_ret − cost · |new_pos − pos|`` (log return of one bar, net of costs)."""
-    return new_pos * next_ret - cost * jnp.abs(new_pos - pos).astype(jnp.float32)
+def execute(hist, new_pos, gap, intra, session_end, cost, next_open: bool, latency: int):
+    """One bar of execution: ``(net log return over (c_t, c_{t+1}], held position, decisions
+    after)``.
+
+    ``hist`` holds the decisions made on closes ``t-1, …, t-L-1`` (``L = latency``); with
+    ``new_pos`` decided on close ``t`` in front, the order decided on close ``t-L`` fills now:
+    at the close ``t`` (``--fill close``: held over the whole bar) or at the next open
+    (``next-open``: the position filled at open ``t`` is held until then, over the gap).
+    Each fill pays ``cost`` per unit of change. On the last bar of a session (``session_end``)
+    everything is closed at that close and pending orders are cancelled."""
+    full = jnp.concatenate([new_pos[None].astype(jnp.int32), hist])  # decisions t, t-1, …
+    after, before = full[latency], full[latency + 1]  # the fill now, what it replaces
+    a, b = after.astype(jnp.float32), before.astype(jnp.float32)
+    if next_open:
+        net = b * gap + a * intra - cost * jnp.abs(a - b)
+    else:
+        net = a * (gap + intra) - cost * jnp.abs(a - b)
+    # session end: ``before`` is what is held at close t (either fill); closed there, flat after
+    net = jnp.where(session_end, -cost * jnp.abs(b), net)
+    held = jnp.where(session_end, 0, after)
+    new_hist = jnp.where(session_end, jnp.zeros_like(hist), full[: latency + 1])
+    return net, held, new_hist
 
 
-def make_trading_env(ds, *, window: int, features: tuple[str, ...], episode_len: int,
-                     cost_bps: float, reward_scale: float, split: str = "train") -> TradingEnv:
-    """A :class:`TradingEnv` over a :class:`~tftjax.data.Dataset`'s ``split`` rows."""
-    feats = select_features(ds.features, features, source=str(ds.bars.path))
-    ret = np.zeros(len(ds.bars), np.float32)
-    ret[1:] = np.diff(np.log(ds.bars.close))
-    env = TradingEnv(jnp.asarray(feats), jnp.asarray(ret), 0, len(ret), window, episode_len,
-                     cost_bps * 1e-4, reward_scale, bars_per_year(ds.bars.ts))
+def make_trading_env(ds, cfg, split: str = "train", reward_scale: float | None = None
+                     ) -> TradingEnv:
+    """A :class:`TradingEnv` over a :class:`~tftjax.data.Dataset`'s ``split`` rows with the
+    execution terms of a :class:`~tftjax.dqn.config.DQNConfig` (costs filled in)."""
+    b = ds.bars
+    feats = select_features(ds.features, tuple(cfg.features), source=str(b.path))
+    close = np.asarray(b.close, np.float64)
+    opn = np.asarray(b.open, np.float64)
+    gap = np.zeros(len(b), np.float32)
+    gap[1:] = np.log(opn[1:] / close[:-1])
+    intra = np.log(close / opn).astype(np.float32)
+    intra[0] = 0.0
+    ends = session_ends(ds.features.timeline) if cfg.flatten_at_session_end else \
+        np.zeros(len(b), bool)
+    scale = reward_scale if reward_scale is not None else cfg.reward_scale
+    annual, _ = bars_per_year(b.ts, ds.features.timeline)
+    env = TradingEnv(jnp.asarray(feats), jnp.asarray(gap), jnp.asarray(intra), jnp.asarray(ends),
+                     jnp.float32(cfg.cost), jnp.float32(scale), 0, len(b), cfg.window,
+                     cfg.episode_len, annual, cfg.fill == "next-open", cfg.latency)
     return env.on(ds.splits.rows(split))
 
 
+def session_ends(timeline) -> np.ndarray:
+    """``[n]`` bool: bar ``t`` is the last bar of its calendar session. Closing there is a
+    market-on-close order, decided from the calendar alone and filled at the session's last
+    price, which is ``t``'s close even where the session's last minutes have no bar."""
+    if timeline is None or timeline.sess is None:
+        raise ConfigError("--flatten-at-session-end needs --calendar (the sessions to flatten at)")
+    if timeline.clock.daily:
+        raise ConfigError("--flatten-at-session-end: daily bars end a session every bar (the "
+                          "agent could never hold); it is for intraday bars")
+    here = np.searchsorted(timeline.sess.open, timeline.utc, side="right") - 1
+    return here != np.r_[here[1:], -1]
+
+
+def trade_reward(pos: jax.Array, new_pos: jax.Array, next_ret: jax.Array, cost: float) -> jax.Array:
+    """``new_pos · next_ret − cost · |new_pos − pos|`` (a close fill without latency)."""
+    return new_pos * next_ret - cost * jnp.abs(new_pos - pos).astype(jnp.float32)
+
+
 def greedy_rollout(apply_fn, params, env: TradingEnv) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One greedy pass over ``env``'s rows from flat: ``(positions, net log returns, next returns)``,
-    each ``[env.decisions]`` (jittable; ``env``'s row bounds are static)."""
+    """One greedy pass over ``env``'s rows from flat: ``(held positions, net log returns, next
+    returns)``, each ``[env.decisions]`` (jittable; ``env``'s row bounds are static)."""
+    return _rollout(env, lambda t, hist: jnp.argmax(apply_fn(params, env.observe(t, hist)))
+                    .astype(jnp.int32) - 1)
+
+
+def _rollout(env: TradingEnv, decide):
     ts = env.first_decision + jnp.arange(env.decisions, dtype=jnp.int32)
 
-    def body(pos, t):
-        q = apply_fn(params, env.observe(t, pos))
-        new_pos = jnp.argmax(q).astype(jnp.int32) - 1
-        r = env.ret[t + 1]
-        return new_pos, (new_pos, trade_reward(pos, new_pos, r, env.cost), r)
+    def body(hist, t):
+        net, held, hist = env.execute(t, hist, decide(t, hist))
+        return hist, (held, net, env.gap[t + 1] + env.intra[t + 1])
 
-    _, out = jax.lax.scan(body, jnp.zeros((), jnp.int32), ts)
+    _, out = jax.lax.scan(body, env.flat(), ts)
     return out
-
-
-def trading_metrics(net: np.ndarray, positions: np.ndarray, annualisation: float) -> dict:
-    """Total log return, annualised Sharpe, max drawdown (fraction of peak equity), turnover
-    (mean |position change| per bar, the first entry from flat included)."""
-    net = np.asarray(net, np.float64)
-    positions = np.asarray(positions, np.float64)
-    equity = np.concatenate([[0.0], np.cumsum(net)])
-    drawdown = float(np.max(np.maximum.accumulate(equity) - equity))
-    std = float(net.std())
-    sharpe = float(net.mean() / std * math.sqrt(annualisation)) if std > 1e-15 else 0.0
-    turnover = float(np.abs(np.diff(np.concatenate([[0.0], positions]))).mean())
-    return {"total_log_return": float(equity[-1]), "sharpe": sharpe,
-            "max_drawdown": 1.0 - math.exp(-drawdown), "turnover": turnover}
-
-
-def baseline_metrics(next_ret: np.ndarray, cost: float, annualisation: float) -> dict[str, dict]:
-    """Buy-and-hold (long from the first bar, one entry cost) and flat on the same bars."""
-    next_ret = np.asarray(next_ret, np.float64)
-    long = np.ones_like(next_ret)
-    hold = next_ret.copy()
-    hold[0] -= cost
-    return {"buy_and_hold": trading_metrics(hold, long, annualisation),
-            "flat": trading_metrics(np.zeros_like(next_ret), np.zeros_like(next_ret), annualisation)}
 
 
 _greedy_rollout = jax.jit(lambda apply_fn, params, env: greedy_rollout(apply_fn, params, env),
                           static_argnums=0)
-
-EVAL_EPISODES = 10
-
-
-# ----------------------------------------------------------------- cartpole
-@struct.dataclass
-class GymnaxEnv:
-    """A gymnax environment (CartPole-v1) behind the same interface. A time limit
-    is a truncation, not a terminal state: the target bootstraps through it."""
-
-    params: Any
-    env: Any = struct.field(pytree_node=False)
-    max_steps: int = struct.field(pytree_node=False, default=500)
-    reward_scale: float = struct.field(pytree_node=False, default=1.0)
-
-    score_name = "return"
-    eval_note = f"greedy return over {EVAL_EPISODES} episodes"
-    default_steps_per_epoch = 10_000
-
-    def evaluate(self, apply_fn, params, key) -> dict:
-        returns = np.asarray(_greedy_episodes(apply_fn, params, self, key, EVAL_EPISODES))
-        return {"return": float(returns.mean()), "return_min": float(returns.min())}
-
-    def baselines(self) -> dict:
-        return {}
-
-    def rollout(self, apply_fn, params) -> None:
-        return None
-
-    @property
-    def num_actions(self) -> int:
-        return self.env.num_actions
-
-    @property
-    def obs_dim(self) -> int:
-        return int(np.prod(self.env.observation_space(self.params).shape))
-
-    def reset(self, key: jax.Array):
-        return self.env.reset_env(key, self.params)
-
-    def step(self, key: jax.Array, state, action: jax.Array) -> Step:
-        k_step, k_reset = jax.random.split(key)
-        obs_st, state_st, reward, terminated, _ = self.env.step_env(k_step, state, action,
-                                                                   self.params)
-        truncated = state_st.time >= self.params.max_steps_in_episode
-        terminated = jnp.logical_and(terminated, jnp.logical_not(truncated))
-        done = jnp.logical_or(terminated, truncated)
-        obs_re, state_re = self.env.reset_env(k_reset, self.params)
-        state_out = jax.tree.map(lambda a, b: jnp.where(done, a, b), state_re, state_st)
-        obs = jnp.where(done, obs_re, obs_st)
-        reward = jnp.asarray(reward, jnp.float32)
-        return Step(obs, obs_st, state_out, reward * self.reward_scale, reward,
-                    terminated.astype(jnp.float32), done)
-
-
-def make_cartpole(reward_scale: float = 1.0) -> GymnaxEnv:
-    try:
-        import gymnax
-    except ImportError as e:  # pragma: no cover - gymnax is a dependency
-        raise ConfigError(f"--env cartpole needs gymnax ({e}); pip install gymnax six") from e
-    env, params = gymnax.make("CartPole-v1")
-    return GymnaxEnv(params, env, int(params.max_steps_in_episode), float(reward_scale))
-
-
-def greedy_episodes(apply_fn, params, env: GymnaxEnv, key: jax.Array, n: int) -> jax.Array:
-    """Undiscounted returns ``[n]`` of ``n`` greedy episodes (jittable)."""
-    obs, state = jax.vmap(env.reset)(jax.random.split(key, n))
-
-    def body(carry, k):
-        obs, state, ret, alive = carry
-        action = jnp.argmax(apply_fn(params, obs), axis=-1)
-        out = jax.vmap(env.step)(jax.random.split(k, n), state, action)
-        ret = ret + alive * out.raw_reward
-        return (out.obs, out.state, ret, alive * (1.0 - out.done)), None
-
-    init = (obs, state, jnp.zeros(n), jnp.ones(n))
-    (_, _, ret, _), _ = jax.lax.scan(body, init, jax.random.split(key, env.max_steps))
-    return ret
-
-
-_greedy_episodes = jax.jit(greedy_episodes, static_argnums=(0, 4))
+_constant_rollout = jax.jit(lambda env, p: _rollout(env, lambda t, hist: jnp.int32(p)),
+                            static_argnums=1)

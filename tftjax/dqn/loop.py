@@ -22,38 +22,53 @@ import numpy as np
 
 from tftjax import runloop
 from tftjax.config import ConfigError, DataConfig
-from tftjax.dqn.config import DQNConfig
-from tftjax.dqn.env import make_cartpole, make_trading_env
+from tftjax.dqn.config import DQNConfig, with_costs
+from tftjax.dqn.cartpole import make_cartpole
+from tftjax.dqn.env import make_trading_env
 from tftjax.dqn.train import iterations_per_epoch, make_train
 from tftjax.runloop import TrainingDiverged
 
 # Filled from the data when left None; on resume they follow the checkpoint (ε's decay
 # depends on the run's length, which a resume may extend).
-DERIVED = ("steps_per_epoch", "eps_decay_steps")
+DERIVED = ("steps_per_epoch", "eps_decay_steps", "reward_scale", "spread_bps", "fee_bps",
+           "slippage_bps")
+
+
+def data_config(cfg: DQNConfig) -> DataConfig:
+    """The data options of the DQN's bars (windows of ``cfg.window`` bars, one step ahead)."""
+    return DataConfig(encoder_steps=cfg.window, decoder_steps=1, calendar=cfg.calendar,
+                      timezone=cfg.timezone, bar_interval=cfg.bar_interval,
+                      train_fraction=cfg.train_fraction, val_fraction=cfg.val_fraction)
 
 
 def build_envs(cfg: DQNConfig, parquet_file=None, stats=None):
-    """``({split: env}, dataset or None)``: train/val/test for trading, train/val (the same
-    env) for CartPole."""
+    """``({split: env}, dataset or None, cfg resolved)``: train/val/test for trading,
+    train/val (the same env) for CartPole. Trading costs left None take the bundled set's
+    defaults (:data:`~tftjax.dqn.config.COSTS`), the reward scale 1 / the training split's
+    target scale."""
     if cfg.env == "cartpole":
         if parquet_file is not None:
             raise ConfigError("--parquet-file is for --env trading; CartPole has no bars")
+        cfg = dataclasses.replace(cfg, reward_scale=cfg.reward_scale or 1.0)
         env = make_cartpole(cfg.reward_scale)
-        return {"train": env, "val": env}, None
+        return {"train": env, "val": env}, None, cfg
     from tftjax.data import load_dataset
+    from tftjax.data.bundled import DATASETS, bundled_path
 
-    ds = load_dataset(parquet_file, DataConfig(encoder_steps=cfg.window, decoder_steps=1),
-                      stats=stats)
-    kw = dict(window=cfg.window, features=tuple(cfg.features), episode_len=cfg.episode_len,
-              cost_bps=cfg.cost_bps, reward_scale=cfg.reward_scale)
-    return {s: make_trading_env(ds, split=s, **kw) for s in ("train", "val", "test")}, ds
+    ds = load_dataset(parquet_file, data_config(cfg), stats=stats)
+    here = Path(ds.bars.path).resolve()
+    name = next((n for n in DATASETS if bundled_path(n) == here), None)
+    cfg = with_costs(cfg, name)
+    if cfg.reward_scale is None:  # rewards in units of the data: O(1) on any market
+        cfg = dataclasses.replace(cfg, reward_scale=1.0 / float(ds.features.stats.target_scale))
+    return {s: make_trading_env(ds, cfg, split=s) for s in ("train", "val", "test")}, ds, cfg
 
 
 class DQNTask:
     """The DQN for :func:`tftjax.runloop.run`."""
 
     kind, mode, epoch_bar = "dqn", "max", True
-    may_change = ("config.epochs",)
+    may_change = ("config.epochs", "config.patience")
 
     def __init__(self, cfg: DQNConfig, envs: dict, ds, workdir: Path, log: Callable = print):
         self.envs, self.ds, self.log = envs, ds, log
@@ -89,7 +104,13 @@ class DQNTask:
             return f"DQN {n:,} parameters on gymnax CartPole-v1; {per_epoch}"
         rows = " / ".join(f"{s} {e.hi - e.lo:,}" for s, e in self.envs.items())
         return (f"DQN {n:,} parameters; {len(self.ds.bars):,} bars from {self.ds.bars.path}; "
-                f"rows {rows}; {per_epoch}, cost {c.cost_bps:g} bp")
+                f"rows {rows}; {per_epoch}; fills at the "
+                + ("next open" if c.fill == "next-open" else "close")
+                + (f" after {c.latency} bar(s)" if c.latency else "")
+                + f"; cost {c.cost * 1e4:g} bp a unit traded (spread {c.spread_bps:g}/2 + fee "
+                f"{c.fee_bps:g} + slippage {c.slippage_bps:g})"
+                + ("; flat at every session end" if c.flatten_at_session_end else "")
+                + f"; rewards × {c.reward_scale:.4g}")
 
     def train_epoch(self, state, epoch: int):
         first = self._epoch is None
@@ -113,11 +134,26 @@ class DQNTask:
             m["compile_s"] = self.compile_s
         return state, m
 
-    def _greedy(self, params, split: str) -> dict:
-        return self.envs[split].evaluate(self.dqn.apply, params, self.eval_key)
+    def _greedy(self, params, split: str, key=None) -> dict:
+        return self.envs[split].evaluate(self.dqn.apply, params,
+                                         self.eval_key if key is None else key)
 
     def validate(self, state) -> dict:
-        return {f"val_{k}": v for k, v in self._greedy(state.params, "val").items()}
+        # fresh episodes every epoch (CartPole): no epoch is chosen on the episodes it was
+        # scored on, and a smoothed score averages over different ones
+        key = jax.random.fold_in(self.eval_key, int(jax.device_get(state.step)))
+        return {f"val_{k}": v for k, v in self._greedy(state.params, "val", key).items()}
+
+    def rank(self, history: list[dict]) -> float:
+        """The mean validation score of the last ``smooth_epochs`` epochs (the ranking
+        early stopping and the best epoch use)."""
+        recent = [h[self.score] for h in history[-self.cfg.smooth_epochs:]]
+        history[-1][self.score + "_smoothed"] = float(np.mean(recent))
+        return float(np.mean(recent))
+
+    def may_stop(self, epoch: int, metrics: dict) -> bool:
+        """Not before ``min_epochs``, nor while ε is still decaying."""
+        return epoch >= self.cfg.min_epochs and metrics["env_steps"] >= self.cfg.eps_decay_steps
 
     def epoch_line(self, m: dict) -> str:
         loss = "–" if m["loss"] is None else f"{m['loss']:.4g}"
@@ -133,6 +169,7 @@ class DQNTask:
         summary = {"splits": splits, "parameters": sum(x.size for x in jax.tree.leaves(params)),
                    "compile_s": self.compile_s, "config": self.cfg.to_json(),
                    "median_epoch_s": float(np.median(timing)) if timing else None}
+        summary.update(self.selection(params, history, splits))
         try:
             from tftjax import plots
 
@@ -140,7 +177,38 @@ class DQNTask:
             plots.dqn_plots(workdir, history, self.score, rollouts)
         except Exception as e:  # plots must never lose a finished run
             self.log(f"warning: plots not written ({type(e).__name__}: {e})")
-        return summary, format_summary(summary, self.env.eval_note)
+        return summary, format_summary(summary, self.env.eval_note) + "\n" + summary["verdict"]
+
+    def selection(self, params, history: list[dict], splits: dict) -> dict:
+        """What is shipped and why: trading, the agent only if its best smoothed validation
+        Sharpe beats flat's (else flat, unless ``--no-flat-fallback``); CartPole, the final
+        greedy return over fresh episodes and the share of the last evaluations at 475+."""
+        key = self.score + "_smoothed"
+        best = max((h[key] for h in history if h.get(key) is not None), default=None)
+        if self.ds is None:  # CartPole
+            fresh = self.envs["val"].evaluate(self.dqn.apply, params,
+                                              jax.random.PRNGKey(self.cfg.seed + 77_777), 100)
+            last = [h[self.score] for h in history[-10:] if h.get(self.score) is not None]
+            share = float(np.mean([r >= 475 for r in last])) if last else None
+            return {"shipped_policy": "dqn", "final_return_fresh": fresh["return"],
+                    "final_return_fresh_min": fresh["return_min"], "last10_at_475": share,
+                    "verdict": f"final greedy return over 100 fresh episodes "
+                               f"{fresh['return']:.1f} (worst {fresh['return_min']:.0f}); "
+                               f"{share if share is not None else float('nan'):.0%} of the last "
+                               f"{len(last)} evaluations at 475 or more"}
+        flat = splits["val"]["flat"]["sharpe"]
+        beats = best is not None and best > flat
+        ship = "dqn" if beats or not self.cfg.flat_fallback else "flat"
+        told = "" if best is None else f"{best:+.2f}"
+        verdict = (f"the best smoothed validation Sharpe ({told}, mean of {self.cfg.smooth_epochs} "
+                   f"epochs) {'beats' if beats else 'does not beat'} flat's ({flat:+.2f}): "
+                   + ("shipping the agent" if ship == "dqn" else "shipping FLAT (no position; "
+                      "--no-flat-fallback ships the agent)")
+                   + ("" if beats or ship == "flat" else " anyway (--no-flat-fallback)"))
+        if ship == "flat":
+            for split in splits.values():
+                split["shipped (flat)"] = dict(split["flat"])
+        return {"shipped_policy": ship, "best_val_smoothed": best, "verdict": verdict}
 
 
 HEADERS = {"total_log_return": "total log return", "sharpe": "Sharpe (ann.)",
@@ -198,7 +266,7 @@ def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool 
                 stats = FeatureStats.from_json(saved["feature_stats"])
             if path is None and c.env == "trading" and "sha256" in saved["identity"]["data"]:
                 path = find_data_file(saved["identity"]["data"], workdir)
-        envs, ds = build_envs(c, path, stats)
+        envs, ds, c = build_envs(c, path, stats)
         return DQNTask(c, envs, ds, workdir, log)
 
     return runloop.run(make_task, workdir, kind="dqn", resume=resume, progress=progress,

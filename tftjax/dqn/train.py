@@ -7,10 +7,10 @@ vmapped environment step (auto-reset), the transitions into the replay
 buffer, and, once ``learning_starts`` env steps are stored and every
 ``train_every`` iterations, one double-DQN gradient step (Huber loss, global
 norm clipping, Adam); every ``target_update_every`` gradient steps the target
-network moves to the online one (hard copy for ``tau = 1``, Polyak
-otherwise). An epoch is ``ceil(steps_per_epoch / num_envs)`` iterations in one
-``lax.scan``: for trading, ``steps_per_epoch`` defaults to the training
-split's length.
+network is copied from the online one (``tau = 1``); with ``tau < 1`` it
+follows by Polyak averaging after every update instead. An epoch is
+``ceil(steps_per_epoch / num_envs)`` iterations in one ``lax.scan``: for
+trading, ``steps_per_epoch`` defaults to the training split's length.
 
 The whole loop state (:class:`DQNState`: online and target parameters,
 optimiser state, replay buffer, environment states, ε/step counters, RNG
@@ -105,9 +105,11 @@ def make_train(cfg: DQNConfig, env) -> DQN:
         upd, opt_state = tx.update(grads, s.opt_state, s.params)
         params = optax.apply_updates(s.params, upd)
         n = s.updates + 1
-        target = jax.lax.cond(n % cfg.target_update_every == 0,
-                              lambda: agent.polyak(s.target_params, params, cfg.tau),
-                              lambda: s.target_params)
+        if cfg.tau < 1:  # Polyak averaging after every update (time constant 1/tau updates)
+            target = agent.polyak(s.target_params, params, cfg.tau)
+        else:  # a hard copy every target_update_every updates
+            target = jax.lax.cond(n % cfg.target_update_every == 0, lambda: params,
+                                  lambda: s.target_params)
         return s.replace(params=params, opt_state=opt_state, target_params=target, updates=n), \
             (loss, q, jnp.ones((), jnp.float32))
 

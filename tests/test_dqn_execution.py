@@ -1,0 +1,256 @@
+"""The DQN's execution and selection (issue 26): next-open and close fills with latency and
+costs against an event-by-event simulation by hand, session-end flattening against the CME
+trade date, rewards in units of the data, the flat fallback, Polyak every update, extending an
+early-stopped run, and the refusals."""
+
+import dataclasses
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import call
+from test_dqn import TINY, hand_env
+
+from tftjax.config import ConfigError
+from tftjax.data import bundled_path
+from tftjax.dqn import __main__ as dqn_cli
+from tftjax.dqn import make_train, run
+from tftjax.dqn.config import COSTS, DQNConfig
+from tftjax.dqn.env import session_ends
+from tftjax.dqn.loop import DQNTask, build_envs
+
+quiet = dict(log=lambda *a: None, progress=False)
+
+
+def simulate(o, c, decisions, latency, cost, next_open, ends):
+    """Event by event, in time order (open k, close k, open k+1, ...): the order decided on
+    close s fills at open s+1+L (next open) or close s+L; each fill pays cost per unit; on a
+    session's last bar everything is closed at its close, superseding pending orders. Step t's
+    P&L is that of [close t, close t+1)."""
+    fills = {}
+    for s, d in enumerate(decisions):
+        fills[(s + 1 + latency, 0) if next_open else (s + latency, 1)] = (s, d)
+    pos, out = 0, []
+    for t in range(len(decisions)):
+        net = 0.0
+        if ends[t]:  # market-on-close: supersedes every order decided up to t
+            fills = {k: v for k, v in fills.items() if v[0] > t}
+            net -= cost * abs(pos)
+            pos = 0
+        elif (t, 1) in fills:
+            new = fills.pop((t, 1))[1]
+            net -= cost * abs(new - pos)
+            pos = new
+        net += pos * math.log(o[t + 1] / c[t])
+        if (t + 1, 0) in fills:
+            new = fills.pop((t + 1, 0))[1]
+            net -= cost * abs(new - pos)
+            pos = new
+        net += pos * math.log(c[t + 1] / o[t + 1])
+        out.append(net)
+    return np.array(out)
+
+
+def env_pnl(o, c, decisions, latency, cost_bps, next_open, ends):
+    ret = np.r_[0.0, np.log(c[1:] / c[:-1])]
+    gap = np.r_[0.0, np.log(o[1:] / c[:-1])]
+    env = hand_env(ret, cost_bps=cost_bps, gap=gap, ends=ends, next_open=next_open,
+                   latency=latency, episode_len=50)
+    state = env.reset(jax.random.PRNGKey(0))[1].replace(t=jnp.int32(0))
+    out = []
+    for k, d in enumerate(decisions):
+        step = env.step(jax.random.PRNGKey(k), state, jnp.int32(d + 1))
+        out.append(float(step.raw_reward))
+        state = step.state
+    return np.array(out)
+
+
+def test_next_open_fills_with_latency_and_costs_by_hand():
+    o = np.array([100.0, 101.0, 99.0, 100.0, 102.0, 101.0])
+    c = np.array([100.5, 100.0, 99.5, 101.0, 101.5, 103.0])
+    spread, fee, slip = 4.0, 1.0, 0.5  # bp: half the spread + fee + slippage per unit traded
+    cfg = DQNConfig(spread_bps=spread, fee_bps=fee, slippage_bps=slip)
+    cost = 3.5e-4
+    assert cfg.cost == pytest.approx(cost)
+    d = [1, -1, -1, 0, 1]  # decided on closes 0..4; latency 1: each fills at open s + 2
+    want = [0.0,
+            math.log(c[2] / o[2]) - cost,  # long from open 2
+            math.log(o[3] / c[2]) - 2 * cost - math.log(c[3] / o[3]),  # flip at open 3
+            -math.log(o[4] / c[3]) - math.log(c[4] / o[4]),  # short held
+            -math.log(o[5] / c[4]) - cost]  # flat from open 5 (close 4's order: open 6)
+    got = env_pnl(o, c, d, 1, cfg.cost * 1e4, True, np.zeros(6, bool))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(simulate(o, c, d, 1, cost, True, np.zeros(6, bool)), want,
+                               rtol=1e-12)
+
+
+@pytest.mark.parametrize("next_open", [True, False])
+@pytest.mark.parametrize("latency", [0, 2])
+def test_fills_equal_the_event_simulation(next_open, latency):
+    rng = np.random.default_rng(latency + 7 * next_open)
+    n = 40
+    c = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, n)))
+    o = c * np.exp(rng.normal(0, 0.004, n))
+    d = rng.integers(-1, 2, n - 1)
+    ends = rng.random(n) < 0.15  # some sessions' last bars
+    got = env_pnl(o, c, d, latency, 7.0, next_open, ends)
+    np.testing.assert_allclose(got, simulate(o, c, d, latency, 7e-4, next_open, ends[:n - 1]),
+                               rtol=2e-5, atol=2e-7)
+    # flat over every bar after a session end unless a new order fills
+    assert np.isfinite(got).all()
+
+
+def test_session_ends_are_the_cme_trade_date_changes():
+    """On the bundled ES bars with XCME, the bars flattened are exactly those after which the
+    CME trade date (17:00 Chicago starts the next one) changes, and the last bar."""
+    pytest.importorskip("exchange_calendars")
+    cfg = dataclasses.replace(TINY, calendar="XCME", flatten_at_session_end=True)
+    envs, ds, _ = build_envs(cfg, bundled_path("es"))
+    ends = session_ends(ds.features.timeline)
+    wall = pd.to_datetime(ds.bars.ts)  # naive: the calendar's wall clock, Chicago
+    trade_date = (wall + pd.Timedelta(hours=7)).date
+    want = np.r_[trade_date[1:] != trade_date[:-1], True]
+    assert want.sum() >= 2
+    np.testing.assert_array_equal(ends, want)
+    np.testing.assert_array_equal(np.asarray(envs["train"].session_end), ends)
+    # and the agent holds nothing over a session end: a greedy long agent's held positions
+    from tftjax.dqn.env import _constant_rollout
+
+    env = envs["train"].on((0, len(ds.bars)))
+    held, _, _ = jax.device_get(_constant_rollout(env, 1))
+    t = env.first_decision + np.arange(env.decisions)
+    assert (held[ends[t]] == 0).all() and (held[~ends[t]] == 1).any()
+
+
+def test_flatten_and_fill_refusals():
+    with pytest.raises(ConfigError, match="needs --calendar"):
+        build_envs(dataclasses.replace(TINY, flatten_at_session_end=True), bundled_path("es"))
+    pytest.importorskip("exchange_calendars")
+    with pytest.raises(ConfigError, match="daily bars end a session every bar"):
+        build_envs(dataclasses.replace(TINY, calendar="XNYS", flatten_at_session_end=True),
+                   bundled_path("spx"))
+
+
+def test_rewards_are_in_units_of_the_data_on_es_spx_and_btc():
+    """The learning reward of holding long is the bar's return in training target scales (std
+    about 1) on every set, where ×1e4 made it 2 on ES and 100+ on BTC; a short run on each
+    (one compiled epoch: the three environments have one shape) keeps Q and the loss O(1)."""
+    envs, q, loss = {}, {}, {}
+    rows = 1_200
+    for name in ("es", "spx", "btc"):
+        e, ds, cfg = build_envs(dataclasses.replace(TINY, epochs=2), bundled_path(name))
+        assert cfg.reward_scale == pytest.approx(1 / ds.features.stats.target_scale)
+        assert (cfg.spread_bps, cfg.fee_bps, cfg.slippage_bps) == COSTS[name]
+        train = e["train"]
+        r = np.asarray(train.gap + train.intra)[train.lo + 1 : train.hi] * float(train.reward_scale)
+        assert 0.5 < r.std() < 2.0, (name, r.std())
+        envs[name] = jax.tree.map(lambda a: a[:rows] if getattr(a, "ndim", 0) else a,
+                                  train).on((0, rows))
+    dqn = make_train(dataclasses.replace(TINY, epochs=2, steps_per_epoch=400), envs["es"])
+    for name, env in envs.items():
+        s = dqn.init(jax.random.PRNGKey(0), env)
+        for _ in range(2):
+            s, m = dqn.epoch(s, env)
+        q[name], loss[name] = abs(float(m["q_mean"])), float(m["loss"])
+    assert max(q.values()) < 3.0 and max(loss.values()) < 3.0, (q, loss)
+
+
+def _task(tmp_path, **kw):
+    cfg = dataclasses.replace(TINY, **kw)
+    envs, ds, cfg = build_envs(cfg, bundled_path("es"))
+    return DQNTask(cfg, envs, ds, tmp_path)
+
+
+def test_flat_is_shipped_when_validation_does_not_beat_it(tmp_path):
+    task = _task(tmp_path, smooth_epochs=3)
+    hist = []
+    for v in (0.5, -1.0, -2.0, -0.4):  # smoothed: 0.5, -0.25, -0.83, -1.13
+        hist.append({"val_sharpe": v})
+        task.rank(hist)
+    assert hist[1]["val_sharpe_smoothed"] == pytest.approx(-0.25)
+    flat = {"sharpe": 0.0, "total_log_return": 0.0}
+    splits = {"val": {"dqn": {"sharpe": 0.3}, "flat": flat}, "test": {"dqn": {}, "flat": flat}}
+    out = task.selection(None, hist, splits)
+    assert out["shipped_policy"] == "dqn" and "beats flat" in out["verdict"]
+    for h in hist:
+        h["val_sharpe_smoothed"] = min(h["val_sharpe_smoothed"], -0.1)
+    out = task.selection(None, hist, splits)
+    assert out["shipped_policy"] == "flat" and "shipping FLAT" in out["verdict"]
+    assert splits["test"]["shipped (flat)"] == flat
+    out = _task(tmp_path, flat_fallback=False).selection(None, hist, {
+        "val": {"dqn": {}, "flat": flat}})
+    assert out["shipped_policy"] == "dqn" and "anyway (--no-flat-fallback)" in out["verdict"]
+
+
+def test_no_early_stop_before_min_epochs_or_the_end_of_exploration(tmp_path):
+    task = _task(tmp_path, min_epochs=5, eps_decay_steps=1_000)
+    assert not task.may_stop(4, {"env_steps": 5_000})
+    assert not task.may_stop(6, {"env_steps": 800})
+    assert task.may_stop(6, {"env_steps": 1_000})
+
+
+def test_polyak_moves_the_target_after_every_update():
+    """tau < 1: after each gradient step the target is ``(1-τ) θ' + τ θ`` of the new online
+    parameters (by hand, one update per epoch), not once per target_update_every updates."""
+    from tftjax.data import load_dataset
+    from tftjax.dqn.env import make_trading_env
+    from tftjax.dqn.loop import data_config
+
+    cfg = dataclasses.replace(TINY, tau=0.1, learning_starts=32, steps_per_epoch=4, num_envs=4,
+                              target_update_every=1_000, reward_scale=100.0, spread_bps=0.0,
+                              fee_bps=1.0, slippage_bps=0.0)
+    env = make_trading_env(load_dataset(None, data_config(cfg)), cfg)
+    dqn = make_train(cfg, env)
+    s = dqn.init(jax.random.PRNGKey(1), env)
+    updates = 0
+    while updates < 4:
+        before = jax.tree.map(np.array, jax.device_get(s.target_params))
+        s, m = dqn.epoch(s, env)
+        if int(m["updates"]) == 0:
+            continue
+        updates += 1
+        now = jax.device_get(s.params)
+        for t, p, b in zip(jax.tree.leaves(jax.device_get(s.target_params)),
+                           jax.tree.leaves(now), jax.tree.leaves(before)):
+            np.testing.assert_allclose(np.asarray(t), 0.9 * b + 0.1 * np.asarray(p),
+                                       rtol=1e-5, atol=1e-7)
+        assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(before),
+                                                         jax.tree.leaves(now)))
+
+
+def test_an_early_stopped_run_can_be_extended(tmp_path, capsys):
+    cfg = dataclasses.replace(TINY, epochs=6, learning_starts=TINY.buffer_size, patience=1)
+    summary = run(cfg, tmp_path / "r", **quiet)
+    assert summary["stopped_early"] and summary["epochs_run"] < 6
+    stopped = summary["epochs_run"]
+    lines = []
+    run(dataclasses.replace(cfg, epochs=8), tmp_path / "r", resume=True, progress=False,
+        log=lines.append)
+    assert any("to train on, pass --epochs N with another --patience" in x for x in lines)
+    lines = []
+    summary = run(dataclasses.replace(cfg, epochs=stopped + 2, patience=0), tmp_path / "r",
+                  resume=True, progress=False, log=lines.append)
+    assert any("training on to epoch" in x for x in lines), lines
+    assert summary["epochs_run"] == stopped + 2
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == list(range(1, stopped + 3))
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--fill", "tomorrow"], "--fill must be next-open or close, got 'tomorrow'"),
+    (["--latency", "-1"], "--latency must be >= 0 bars, got -1"),
+    (["--spread-bps", "-1"], "--spread-bps must be >= 0, got -1.0"),
+    (["--fee-bps", "-0.5"], "--fee-bps must be >= 0, got -0.5"),
+    (["--slippage-bps", "-2"], "--slippage-bps must be >= 0, got -2.0"),
+    (["--flatten-at-session-end"], "--flatten-at-session-end needs --calendar"),
+    (["--smooth-epochs", "0"], "--smooth-epochs must be >= 1, got 0"),
+])
+def test_bad_execution_flags_exit_2_with_one_line(tmp_path, capsys, args, expect):
+    rc = call(dqn_cli.main, "--workdir", tmp_path / "d", "--no-progress", *args)
+    err = capsys.readouterr().err
+    assert rc == 2 and expect in err and err.strip().count("\n") == 0, err
+    assert not (tmp_path / "d").exists()
