@@ -248,9 +248,36 @@ def test_an_early_stopped_run_can_be_extended(tmp_path, capsys):
     (["--slippage-bps", "-2"], "--slippage-bps must be >= 0, got -2.0"),
     (["--flatten-at-session-end"], "--flatten-at-session-end needs --calendar"),
     (["--smooth-epochs", "0"], "--smooth-epochs must be >= 1, got 0"),
+    (["--seeds", "0"], "--seeds must be >= 1, got 0"),
 ])
 def test_bad_execution_flags_exit_2_with_one_line(tmp_path, capsys, args, expect):
     rc = call(dqn_cli.main, "--workdir", tmp_path / "d", "--no-progress", *args)
     err = capsys.readouterr().err
     assert rc == 2 and expect in err and err.strip().count("\n") == 0, err
     assert not (tmp_path / "d").exists()
+
+
+def test_seeds_in_one_program_equal_separate_runs(tmp_path):
+    """--seeds 2 selects, seed by seed, the agent a separate --patience 0 run of that seed
+    keeps (its epoch of best smoothed validation Sharpe), with the same parameters; and the
+    report's numbers are that agent's on test."""
+    from tftjax.dqn.seeds import run_seeds
+    from test_runloop import raw_state
+
+    cfg = dataclasses.replace(TINY, epochs=3, smooth_epochs=2)
+    report = run_seeds(cfg, 2, tmp_path / "seeds", log=lambda *a: None)
+    ck = next((tmp_path / "seeds" / "checkpoints").glob("dqn_seeds_final_epoch3"))
+    stacked = raw_state(ck)
+    for i in range(2):
+        one = run(dataclasses.replace(cfg, seed=i), tmp_path / f"s{i}", **quiet)
+        assert report["best_epoch"][i] == one["best_epoch"]
+        params = raw_state(tmp_path / f"s{i}" / "checkpoints" / "dqn_final_epoch3")["params"]
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(stacked)):
+            np.testing.assert_allclose(np.asarray(b)[i], np.asarray(a), rtol=2e-4, atol=2e-6)
+        got = report["per_seed"][i]["test"]["agent"]
+        want = one["splits"]["test"]["dqn"]
+        for k in ("total_log_return", "sharpe", "turnover"):
+            assert got[k] == pytest.approx(want[k], rel=1e-3, abs=1e-6), k
+    assert (tmp_path / "seeds" / "seeds.md").read_text().count("| seed ") == 4
+    with pytest.raises(ConfigError, match="--seeds must be >= 1, got 0"):
+        run_seeds(cfg, 0, tmp_path / "none")

@@ -60,6 +60,7 @@ this map names every module::
   dqn.cartpole          gymnax CartPole-v1 behind the same interface
   dqn.train             make_train: the fully jitted DQN epoch
   dqn.loop              the DQN's part of the run loop
+  dqn.seeds             --seeds N: agents in one vmapped program, the per-seed report
   dqn                   the DQN package's names in one place
   export                safetensors export (float32 and int8) and its loader
   saved                 any saved TFT (checkpoint, run folder, export) as one record

@@ -5,6 +5,7 @@ Examples:
   python -m tftjax.dqn --dataset btc --calendar 24/7 --workdir runs/dqn-btc
   python -m tftjax.dqn --parquet-file bars.parquet --spread-bps 2 --fee-bps 0.5 --latency 1
   python -m tftjax.dqn --resume --workdir runs/dqn --epochs 150
+  python -m tftjax.dqn --dataset spx --calendar XNYS --seeds 5
   python -m tftjax.dqn --env cartpole --workdir runs/cartpole
 
 The flags are the fields of :class:`~tftjax.config.DQNConfig` (defaults: the
@@ -40,6 +41,10 @@ class Args:
     resume: bool = False
     """Continue the latest complete checkpoint in --workdir (agent, buffer, ε, RNG) with its
     own settings and data."""
+    seeds: int = 1
+    """Train this many agents (seeds --seed, --seed+1, …) in one vmapped program and report
+    per seed and mean ± sd (Sharpe with its SE and PSR, costs, beats-flat counts); every seed
+    trains every epoch. Not with --resume."""
     no_progress: bool = False
     """Hide the progress bar over epochs."""
 
@@ -61,8 +66,19 @@ def defaults(argv: list[str] | None) -> Args:
 
 def run(argv: list[str] | None = None) -> int:
     args = parse(Args, argv, defaults(argv), "python -m tftjax.dqn", __doc__.split("\n\n")[0])
+    from tftjax.config import ConfigError
     from tftjax.dqn.loop import run as train
 
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.seeds > 1:
+        if args.resume:
+            raise ConfigError("--seeds N trains afresh (one program); --resume is for one seed")
+        from tftjax.dqn.seeds import run_seeds
+
+        run_seeds(args.config, args.seeds, args.workdir,
+                  data_file(args.parquet_file, args.dataset))
+        return 0
     train(args.config, args.workdir, parquet_file=data_file(args.parquet_file, args.dataset),
           resume=args.resume,
           progress=not args.no_progress)

@@ -42,7 +42,8 @@ from tftjax.data.features import CLIP, HISTORICAL_NAMES, KNOWN_NAMES
 from tftjax.dqn.metrics import baseline_metrics, bars_per_year, trading_metrics
 
 __all__ = ["Step", "TradingEnv", "TradingState", "baseline_metrics", "bars_per_year", "execute",
-           "greedy_rollout", "make_trading_env", "select_features", "session_ends",
+           "greedy_rollout", "make_trading_env", "policy_rollout", "select_features",
+           "session_ends",
            "trading_metrics"]
 
 NUM_POSITIONS = 3  # short, flat, long
@@ -290,5 +291,13 @@ def _rollout(env: TradingEnv, decide):
 
 _greedy_rollout = jax.jit(lambda apply_fn, params, env: greedy_rollout(apply_fn, params, env),
                           static_argnums=0)
+def policy_rollout(env: TradingEnv, positions: jax.Array):
+    """:func:`greedy_rollout` of a fixed path: ``positions[k]`` decided on close
+    ``first_decision + k`` (``[decisions]`` int32), through the same fills and costs."""
+    return _policy_rollout(env, positions)
+
+
+_policy_rollout = jax.jit(lambda env, path: _rollout(
+    env, lambda t, hist: path[t - env.first_decision].astype(jnp.int32)))
 _constant_rollout = jax.jit(lambda env, p: _rollout(env, lambda t, hist: jnp.int32(p)),
                             static_argnums=1)

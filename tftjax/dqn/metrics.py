@@ -47,3 +47,41 @@ def baseline_metrics(next_ret: np.ndarray, cost: float, annualisation: float) ->
     hold[0] -= cost
     return {"buy_and_hold": trading_metrics(hold, long, annualisation),
             "flat": trading_metrics(np.zeros_like(next_ret), np.zeros_like(next_ret), annualisation)}
+
+
+def sharpe_inference(net: np.ndarray, annualisation: float) -> dict:
+    """The Sharpe ratio's standard error and the probabilistic Sharpe ratio against 0.
+
+    Per bar, ``SR = mean / std``; Lo (2002), i.i.d. returns: ``SE = sqrt((1 + SR²/2) / T)``;
+    Bailey & López de Prado (2012): ``PSR = Φ(SR · sqrt(T-1) / sqrt(1 - γ₃ SR + (γ₄-1)/4 SR²))``
+    with the returns' skewness ``γ₃`` and (non-excess) kurtosis ``γ₄``: the probability that
+    the true Sharpe exceeds 0. The SE is annualised like the Sharpe (× sqrt(bars per year))."""
+    from scipy.stats import norm
+
+    x = np.asarray(net, np.float64)
+    t, sd = x.size, float(x.std())
+    if t < 3 or sd < 1e-15:
+        return {"sharpe_se": 0.0, "psr": 0.5}
+    sr = float(x.mean() / sd)
+    z = (x - x.mean()) / sd
+    g3, g4 = float(np.mean(z ** 3)), float(np.mean(z ** 4))
+    se = math.sqrt((1 + sr * sr / 2) / t)
+    denom = math.sqrt(max(1 - g3 * sr + (g4 - 1) / 4 * sr * sr, 1e-12))
+    return {"sharpe_se": se * math.sqrt(annualisation),
+            "psr": float(norm.cdf(sr * math.sqrt(t - 1) / denom))}
+
+
+def report_metrics(net: np.ndarray, positions: np.ndarray, annualisation: float,
+                   cost: float) -> dict:
+    """:func:`trading_metrics` plus the Sharpe's SE and PSR, the costs paid (cost × units
+    traded), the hit rate (share of bars held that made money) and the exposure (share of
+    bars with a position)."""
+    pos = np.asarray(positions, np.float64)
+    net = np.asarray(net, np.float64)
+    held = pos != 0
+    out = trading_metrics(net, pos, annualisation)
+    out.update(sharpe_inference(net, annualisation))
+    out["costs_paid"] = float(cost * np.abs(np.diff(np.concatenate([[0.0], pos]))).sum())
+    out["hit_rate"] = float(np.mean(net[held] > 0)) if held.any() else 0.0
+    out["exposure"] = float(held.mean())
+    return out
