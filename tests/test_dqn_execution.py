@@ -249,6 +249,7 @@ def test_an_early_stopped_run_can_be_extended(tmp_path, capsys):
     (["--flatten-at-session-end"], "--flatten-at-session-end needs --calendar"),
     (["--smooth-epochs", "0"], "--smooth-epochs must be >= 1, got 0"),
     (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+    (["--tft-checkpoint", "/nonexistent/tft"], "no such checkpoint or run folder"),
 ])
 def test_bad_execution_flags_exit_2_with_one_line(tmp_path, capsys, args, expect):
     rc = call(dqn_cli.main, "--workdir", tmp_path / "d", "--no-progress", *args)
@@ -281,3 +282,72 @@ def test_seeds_in_one_program_equal_separate_runs(tmp_path):
     assert (tmp_path / "seeds" / "seeds.md").read_text().count("| seed ") == 4
     with pytest.raises(ConfigError, match="--seeds must be >= 1, got 0"):
         run_seeds(cfg, 0, tmp_path / "none")
+
+
+@pytest.fixture(scope="module")
+def early_tft(tmp_path_factory):
+    """A tiny TFT trained (one short epoch) on the first 700 ES bars: its data ends long
+    before the validation split of a DQN on the whole ES file."""
+    from conftest import short_es
+
+    from tftjax.config import TrainConfig, preset
+    from tftjax.data import load_dataset
+    from tftjax.training import train_and_evaluate
+
+    run_dir = tmp_path_factory.mktemp("tft") / "tft"
+    cfg = preset("tiny")
+    train_and_evaluate(cfg, TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=2),
+                       run_dir, dataset=load_dataset(short_es(), cfg.data), plots=False,
+                       **quiet)
+    return run_dir, short_es()
+
+
+def test_tft_forecasts_join_the_observation_causally(early_tft, tmp_path):
+    from tftjax.data import read_bars, write_bars
+
+    run_dir, _ = early_tft
+    cfg = dataclasses.replace(TINY, tft_checkpoint=str(run_dir))
+    envs, ds, _ = build_envs(cfg, bundled_path("es"))
+    plain, _, _ = build_envs(TINY, bundled_path("es"))
+    feats, base = np.asarray(envs["train"].feats), np.asarray(plain["train"].feats)
+    q = feats.shape[1] - base.shape[1]
+    assert q == 3  # the tiny preset's three quantiles, step 1
+    np.testing.assert_array_equal(feats[:, :base.shape[1]], base)
+    cols = feats[:, base.shape[1]:]
+    assert (cols[:100] == 0).all() and np.isfinite(cols).all() and np.abs(cols[200:]).sum() > 0
+    assert (np.diff(cols[200:], axis=1) >= -1e-6).mean() > 0.5  # quantile-like columns
+    # causal: other bars after t change no observation at t (the TFT's forecasts included;
+    # t after the DQN's training rows, whose statistics its own features are scaled by)
+    bars = read_bars(bundled_path("es"))
+    t = int(ds.splits.val_rows[0]) + 20
+    rng = np.random.default_rng(0)
+    shock = np.r_[np.ones(t + 1), np.exp(rng.normal(0, 0.01, len(bars) - t - 1))]
+    changed = dataclasses.replace(bars, open=bars.open * shock, high=bars.high * shock,
+                                  low=bars.low * shock, close=bars.close * shock,
+                                  volume=bars.volume * np.r_[np.ones(t + 1), rng.uniform(
+                                      0.5, 2, len(bars) - t - 1)])
+    path = tmp_path / "es_changed.parquet"
+    write_bars(changed, path)
+    other, _, _ = build_envs(cfg, path)
+    hist = jnp.zeros(1, jnp.int32)
+    for tt in (400, 1_000, t):
+        np.testing.assert_array_equal(np.asarray(envs["train"].observe(tt, hist)),
+                                      np.asarray(other["train"].observe(tt, hist)))
+    assert not np.array_equal(np.asarray(envs["train"].observe(t + 3, hist)),
+                              np.asarray(other["train"].observe(t + 3, hist)))
+
+
+def test_a_tft_trained_too_late_or_no_tft_is_refused(early_tft, tmp_path):
+    from tftjax.data import DataError
+
+    run_dir, head = early_tft
+    # a DQN on the TFT's own 700 bars: the TFT's validation reaches past the DQN's split
+    with pytest.raises(ConfigError, match="its forecasts would leak"):
+        build_envs(dataclasses.replace(TINY, tft_checkpoint=str(run_dir)), head)
+    with pytest.raises(DataError, match="--tft-checkpoint .*no such checkpoint or run folder"):
+        build_envs(dataclasses.replace(TINY, tft_checkpoint=str(tmp_path / "none")),
+                   bundled_path("es"))
+    dqn_run = tmp_path / "dqn"
+    run(dataclasses.replace(TINY, epochs=1), dqn_run, **quiet)
+    with pytest.raises(DataError, match="not a TFT checkpoint"):
+        build_envs(dataclasses.replace(TINY, tft_checkpoint=str(dqn_run)), bundled_path("es"))

@@ -52,6 +52,9 @@ this map names every module::
   memory.report         the per-tier memory and time report, profiles, plot
   memory.soak           --soak: N epochs of training, device/array/host memory per epoch
   memory                the memory package's names in one place
+  export                safetensors export (float32 and int8) and its loader
+  saved                 any saved TFT (checkpoint, run folder, export) as one record
+  forecast              quantile forecasts of a saved TFT from chosen origins (no lookahead)
   dqn.config            the DQN's configuration and presets
   dqn.buffer            the replay buffer
   dqn.agent             Q-network and the double-DQN loss
@@ -59,12 +62,10 @@ this map names every module::
   dqn.env               the trading environment in JAX: fills, latency, costs, sessions
   dqn.cartpole          gymnax CartPole-v1 behind the same interface
   dqn.train             make_train: the fully jitted DQN epoch
+  dqn.tft_inputs        --tft-checkpoint: a TFT's forecasts as causal DQN inputs
   dqn.loop              the DQN's part of the run loop
   dqn.seeds             --seeds N: agents in one vmapped program, the per-seed report
   dqn                   the DQN package's names in one place
-  export                safetensors export (float32 and int8) and its loader
-  saved                 any saved TFT (checkpoint, run folder, export) as one record
-  forecast              quantile forecasts of a saved TFT from chosen origins (no lookahead)
 
 Entry points (``python -m``; they import the library, never each other): ``tftjax.train``,
 ``tftjax.evaluate``, ``tftjax.predict``, ``tftjax.backtest`` (walk-forward folds), ``tftjax.tune`` (Optuna on validation), ``tftjax.export``,

@@ -37,6 +37,10 @@ class DQNConfig:
     flatten_at_session_end: bool = False
     """Close the position on the last bar of every session of --calendar (no overnight or
     weekend risk); needs a calendar."""
+    tft_checkpoint: str | None = None
+    """A trained TFT (run folder, checkpoint or export) whose first-step quantile forecasts at
+    each bar join the observation; it must have been trained and validated on data ending
+    before this run's validation split."""
     reward_scale: float | None = None
     """Learning reward = net log return × this. Default (trading): 1 / the training split's
     target scale (the std of its returns), so that rewards, and Q, are O(1) on any data."""

@@ -231,12 +231,15 @@ def execute(hist, new_pos, gap, intra, session_end, cost, next_open: bool, laten
     return net, held, new_hist
 
 
-def make_trading_env(ds, cfg, split: str = "train", reward_scale: float | None = None
-                     ) -> TradingEnv:
+def make_trading_env(ds, cfg, split: str = "train", reward_scale: float | None = None,
+                     extra: np.ndarray | None = None) -> TradingEnv:
     """A :class:`TradingEnv` over a :class:`~tftjax.data.Dataset`'s ``split`` rows with the
-    execution terms of a :class:`~tftjax.dqn.config.DQNConfig` (costs filled in)."""
+    execution terms of a :class:`~tftjax.dqn.config.DQNConfig` (costs filled in); ``extra``
+    ``[n, k]``: more causal feature columns (e.g. a TFT's forecasts)."""
     b = ds.bars
     feats = select_features(ds.features, tuple(cfg.features), source=str(b.path))
+    if extra is not None:
+        feats = np.concatenate([feats, np.asarray(extra, np.float32)], axis=1)
     close = np.asarray(b.close, np.float64)
     opn = np.asarray(b.open, np.float64)
     gap = np.zeros(len(b), np.float32)

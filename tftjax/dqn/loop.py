@@ -61,7 +61,14 @@ def build_envs(cfg: DQNConfig, parquet_file=None, stats=None):
     cfg = with_costs(cfg, name)
     if cfg.reward_scale is None:  # rewards in units of the data: O(1) on any market
         cfg = dataclasses.replace(cfg, reward_scale=1.0 / float(ds.features.stats.target_scale))
-    return {s: make_trading_env(ds, cfg, split=s) for s in ("train", "val", "test")}, ds, cfg
+    extra = None
+    if cfg.tft_checkpoint is not None:  # the TFT's forecasts as more observation columns
+        from tftjax.dqn.tft_inputs import load_tft, tft_columns
+
+        extra = tft_columns(load_tft(cfg.tft_checkpoint), ds.bars.path,
+                            int(ds.bars.ts[ds.splits.val_rows[0]]))
+    return ({s: make_trading_env(ds, cfg, split=s, extra=extra) for s in ("train", "val", "test")},
+            ds, cfg)
 
 
 class DQNTask:

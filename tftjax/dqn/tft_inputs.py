@@ -1,0 +1,73 @@
+"""``--tft-checkpoint DIR``: a trained TFT's forecasts as DQN inputs (the original system's
+pipeline fed its forecasts to the trader).
+
+At every bar ``t`` the TFT forecasts from the window whose last encoder bar is ``t`` (its
+decoder's known inputs from the calendar, never from later bars), featurised with the TFT's
+*own* training statistics; the quantiles of its first forecast step, in its target scales,
+become ``Q`` more feature columns of the DQN's observation (0 before the TFT's first complete
+window). The TFT must have been trained and validated on data that ends before the DQN's
+validation split starts: otherwise its forecasts over that split would carry what it learnt
+from those very bars, and the DQN's selection and test would see through them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tftjax.errors import ConfigError
+
+
+def load_tft(path: str | Path):
+    """The saved TFT at ``path`` (a run folder, checkpoint or export); refusals name the flag."""
+    from tftjax import export
+    from tftjax.saved import open_model
+    from tftjax.training.restore import load_checkpoint, open_checkpoint
+
+    if export.is_export(path):
+        return open_model(path)
+    open_checkpoint(path, flag="--tft-checkpoint")  # missing, unreadable, a DQN run: one line
+    return load_checkpoint(path)
+
+
+def tft_data_end(saved) -> int:
+    """The time (ns) of the last bar the TFT's training or validation (early stopping) used:
+    the end of its validation split on its own data."""
+    from tftjax.training.evaluation import saved_dataset
+
+    ds = saved_dataset(saved)
+    return max(int(s.bars.ts[s.splits.val_rows[1] - 1]) for s in ds.series)
+
+
+def tft_columns(saved, parquet_file, val_start: int, source: str = "--tft-checkpoint"
+                ) -> np.ndarray:
+    """``[n, Q]`` float32: the TFT's first-step quantile forecast at every bar of
+    ``parquet_file`` (the DQN's bars), 0 where no complete window ends yet.
+
+    Raises:
+      ConfigError: the TFT's data reaches ``val_start`` (the DQN's validation split).
+    """
+    from tftjax.data import to_device
+    from tftjax.forecast import eligible_origins
+    from tftjax.training import Trainer
+    from tftjax.training.evaluation import saved_dataset
+
+    end = tft_data_end(saved)
+    if end >= val_start:
+        raise ConfigError(
+            f"{source} {saved.given}: the TFT was trained and validated on bars up to "
+            f"{np.datetime64(end, 'ns')}, not before the DQN's validation split starts "
+            f"({np.datetime64(val_start, 'ns')}): its forecasts would leak; train it on data "
+            "that ends earlier")
+    vocab = (saved.featurisation or {}).get("vocab")
+    one = vocab[0] if vocab is not None and len(vocab) == 1 else None  # a one-series TFT
+    ds = saved_dataset(saved, parquet_file, need_splits=False, instrument=one)
+    cfg = saved.cfg
+    rows = eligible_origins(ds, cfg.encoder_steps)
+    starts = (rows - (cfg.encoder_steps - 1)).astype(np.int32)
+    trainer = Trainer(cfg, saved.tc, to_device(ds.features))
+    pred, _ = trainer.predict(saved.variables, starts)  # [n, D, Q], target units
+    out = np.zeros((len(ds.ts), pred.shape[-1]), np.float32)
+    out[rows] = np.asarray(pred[:, 0, :], np.float32)
+    return out
