@@ -351,3 +351,27 @@ def test_a_tft_trained_too_late_or_no_tft_is_refused(early_tft, tmp_path):
     run(dataclasses.replace(TINY, epochs=1), dqn_run, **quiet)
     with pytest.raises(DataError, match="not a TFT checkpoint"):
         build_envs(dataclasses.replace(TINY, tft_checkpoint=str(dqn_run)), bundled_path("es"))
+
+
+def test_dqn_walk_forward_tiles_the_test_region_and_stitches_it(tmp_path, capsys):
+    from tftjax.data.windows import walk_forward_times
+    from tftjax.dqn.loop import data_config
+    from tftjax.dqn.walkforward import walk_forward
+
+    cfg = dataclasses.replace(TINY, epochs=1)
+    out = walk_forward(cfg, 2, None, tmp_path / "wf", folds=2, log=lambda *a: None)
+    assert [f["fold"] for f in out["folds"]] == [1, 2]
+    assert out["folds"][0]["test_from"] < out["folds"][1]["test_from"]
+    # each fold's own data: train and validation rows before its test stretch
+    ts = build_envs(cfg)[1].bars.ts
+    for k, fold in enumerate(walk_forward_times([ts], data_config(cfg), 2, 0.4)):
+        envs, ds, _ = build_envs(cfg, None, fold=fold)
+        assert ds.splits.val_rows[1] <= ds.splits.test_rows[0]
+        assert envs["test"].decisions == out["folds"][k]["test_bars"]
+    # pooled over the stitched stretches: the bars add up, and flat stays flat
+    total = sum(f["test_bars"] for f in out["folds"])
+    assert out["baselines"]["flat"]["total_log_return"] == 0.0
+    assert out["baselines"]["buy_and_hold"]["exposure"] == 1.0 and total > 400
+    assert (tmp_path / "wf" / "walk_forward.md").read_text().count("(agent) |") == 2
+    rc = call(dqn_cli.main, "--folds", "1", "--workdir", tmp_path / "x", "--no-progress")
+    assert rc == 2 and "--folds must be >= 2" in capsys.readouterr().err

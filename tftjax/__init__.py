@@ -65,6 +65,7 @@ this map names every module::
   dqn.tft_inputs        --tft-checkpoint: a TFT's forecasts as causal DQN inputs
   dqn.loop              the DQN's part of the run loop
   dqn.seeds             --seeds N: agents in one vmapped program, the per-seed report
+  dqn.walkforward       --folds K: the DQN's walk-forward, stitched out-of-sample equity
   dqn                   the DQN package's names in one place
 
 Entry points (``python -m``; they import the library, never each other): ``tftjax.train``,

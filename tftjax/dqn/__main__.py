@@ -6,6 +6,7 @@ Examples:
   python -m tftjax.dqn --parquet-file bars.parquet --spread-bps 2 --fee-bps 0.5 --latency 1
   python -m tftjax.dqn --resume --workdir runs/dqn --epochs 150
   python -m tftjax.dqn --dataset spx --calendar XNYS --seeds 5
+  python -m tftjax.dqn --dataset btc --calendar 24/7 --seeds 5 --folds 5
   python -m tftjax.dqn --env cartpole --workdir runs/cartpole
 
 The flags are the fields of :class:`~tftjax.config.DQNConfig` (defaults: the
@@ -45,6 +46,12 @@ class Args:
     """Train this many agents (seeds --seed, --seed+1, …) in one vmapped program and report
     per seed and mean ± sd (Sharpe with its SE and PSR, costs, beats-flat counts); every seed
     trains every epoch. Not with --resume."""
+    folds: int = 0
+    """Walk-forward (>= 2): K consecutive test stretches in the last --test-fraction of the
+    bars, each fold trained from scratch before its own validation stretch (--seeds agents),
+    the out-of-sample trades stitched (0: one train/val/test split)."""
+    test_fraction: float = 0.4
+    """Share of the bars cut into the walk-forward's test stretches."""
     no_progress: bool = False
     """Hide the progress bar over epochs."""
 
@@ -71,6 +78,14 @@ def run(argv: list[str] | None = None) -> int:
 
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.folds:
+        if args.resume:
+            raise ConfigError("--folds trains afresh; --resume is for one run")
+        from tftjax.dqn.walkforward import walk_forward
+
+        walk_forward(args.config, args.seeds, data_file(args.parquet_file, args.dataset),
+                     args.workdir, args.folds, args.test_fraction)
+        return 0
     if args.seeds > 1:
         if args.resume:
             raise ConfigError("--seeds N trains afresh (one program); --resume is for one seed")

@@ -41,11 +41,11 @@ def data_config(cfg: DQNConfig) -> DataConfig:
                       train_fraction=cfg.train_fraction, val_fraction=cfg.val_fraction)
 
 
-def build_envs(cfg: DQNConfig, parquet_file=None, stats=None):
+def build_envs(cfg: DQNConfig, parquet_file=None, stats=None, fold=None):
     """``({split: env}, dataset or None, cfg resolved)``: train/val/test for trading,
     train/val (the same env) for CartPole. Trading costs left None take the bundled set's
     defaults (:data:`~tftjax.dqn.config.COSTS`), the reward scale 1 / the training split's
-    target scale."""
+    target scale. ``fold``: a walk-forward fold's times (:func:`tftjax.data.load_dataset`)."""
     if cfg.env == "cartpole":
         if parquet_file is not None:
             raise ConfigError("--parquet-file is for --env trading; CartPole has no bars")
@@ -55,7 +55,7 @@ def build_envs(cfg: DQNConfig, parquet_file=None, stats=None):
     from tftjax.data import load_dataset
     from tftjax.data.bundled import DATASETS, bundled_path
 
-    ds = load_dataset(parquet_file, data_config(cfg), stats=stats)
+    ds = load_dataset(parquet_file, data_config(cfg), stats=stats, fold=fold)
     here = Path(ds.bars.path).resolve()
     name = next((n for n in DATASETS if bundled_path(n) == here), None)
     cfg = with_costs(cfg, name)

@@ -36,7 +36,6 @@ def run_seeds(cfg: DQNConfig, seeds: int, workdir: Path, parquet_file=None,
     ``seeds.md``) and the agents (``checkpoints/dqn_seeds_final_epoch{N}``, stacked)."""
     from tftjax.checkpoints import EpochCheckpointer
     from tftjax.dqn.loop import build_envs
-    from tftjax.dqn.train import make_train
     from tftjax.provenance import provenance
 
     if seeds < 1:
@@ -48,32 +47,9 @@ def run_seeds(cfg: DQNConfig, seeds: int, workdir: Path, parquet_file=None,
     if workdir.exists() and any(workdir.iterdir()):
         raise ConfigError(f"--workdir {workdir} is not empty; choose a new folder")
     envs, ds, cfg = build_envs(cfg, parquet_file)
-    env = envs["train"]
-    dqn = make_train(cfg, env)
-    cfg = dqn.cfg
-    keys = jnp.stack([jax.random.PRNGKey(cfg.seed + i) for i in range(seeds)])
-    state = jax.jit(jax.vmap(dqn.init, in_axes=(0, None)))(keys, env)
-    epoch = jax.jit(jax.vmap(dqn.epoch, in_axes=(0, None)))
-    val = envs["val"]
-    rollout = jax.jit(jax.vmap(lambda p, e: greedy_rollout(dqn.apply, p, e), in_axes=(0, None)))
-    history = [[] for _ in range(seeds)]
-    best = [None] * seeds
-    best_epoch = [0] * seeds
-    best_params = [None] * seeds
     workdir.mkdir(parents=True, exist_ok=True)
-    log(f"{seeds} seeds ({cfg.seed} … {cfg.seed + seeds - 1}) in one program, {cfg.epochs} "
-        f"epochs each, selected on the {cfg.smooth_epochs}-epoch mean validation Sharpe")
-    for e in range(1, cfg.epochs + 1):
-        state, m = epoch(state, env)
-        held, net, _ = jax.device_get(rollout(state.params, val))
-        for i in range(seeds):
-            history[i].append(trading_metrics(net[i], held[i], val.annualisation)["sharpe"])
-            score = float(np.mean(history[i][-cfg.smooth_epochs:]))
-            if best[i] is None or score > best[i]:
-                best[i], best_epoch[i] = score, e
-                best_params[i] = jax.device_get(jax.tree.map(lambda x, i=i: x[i], state.params))
-        log(f"epoch {e}/{cfg.epochs}: val Sharpe " + " ".join(f"{h[-1]:+.2f}" for h in history))
-    stacked = jax.tree.map(lambda *x: np.stack(x), *best_params)
+    dqn, stacked, best, best_epoch, history = train_seeds(cfg, seeds, envs, log)
+    cfg = dqn.cfg
     report = evaluate_seeds(dqn, envs, stacked, best, best_epoch, cfg)
     report.update(config=cfg.to_json(), seeds=seeds, history=history,
                   data=ds.identity(workdir), provenance=provenance())
@@ -88,6 +64,39 @@ def run_seeds(cfg: DQNConfig, seeds: int, workdir: Path, parquet_file=None,
     (workdir / "seeds.md").write_text(text + "\n")
     log(text)
     return report
+
+
+def train_seeds(cfg: DQNConfig, seeds: int, envs: dict, log=print):
+    """``(dqn, stacked best params, best smoothed scores, best epochs, val Sharpe history)``
+    of ``seeds`` agents trained in one vmapped program on ``envs["train"]``, each selected on
+    its own smoothed validation Sharpe on ``envs["val"]``."""
+    from tftjax.dqn.train import make_train
+
+    env = envs["train"]
+    dqn = make_train(cfg, env)
+    cfg = dqn.cfg
+    keys = jnp.stack([jax.random.PRNGKey(cfg.seed + i) for i in range(seeds)])
+    state = jax.jit(jax.vmap(dqn.init, in_axes=(0, None)))(keys, env)
+    epoch = jax.jit(jax.vmap(dqn.epoch, in_axes=(0, None)))
+    val = envs["val"]
+    rollout = jax.jit(jax.vmap(lambda p, e: greedy_rollout(dqn.apply, p, e), in_axes=(0, None)))
+    history = [[] for _ in range(seeds)]
+    best = [None] * seeds
+    best_epoch = [0] * seeds
+    best_params = [None] * seeds
+    log(f"{seeds} seeds ({cfg.seed} … {cfg.seed + seeds - 1}) in one program, {cfg.epochs} "
+        f"epochs each, selected on the {cfg.smooth_epochs}-epoch mean validation Sharpe")
+    for e in range(1, cfg.epochs + 1):
+        state, m = epoch(state, env)
+        held, net, _ = jax.device_get(rollout(state.params, val))
+        for i in range(seeds):
+            history[i].append(trading_metrics(net[i], held[i], val.annualisation)["sharpe"])
+            score = float(np.mean(history[i][-cfg.smooth_epochs:]))
+            if best[i] is None or score > best[i]:
+                best[i], best_epoch[i] = score, e
+                best_params[i] = jax.device_get(jax.tree.map(lambda x, i=i: x[i], state.params))
+        log(f"epoch {e}/{cfg.epochs}: val Sharpe " + " ".join(f"{h[-1]:+.2f}" for h in history))
+    return dqn, jax.tree.map(lambda *x: np.stack(x), *best_params), best, best_epoch, history
 
 
 def evaluate_seeds(dqn, envs: dict, params, best: list, best_epoch: list,
@@ -122,14 +131,13 @@ def evaluate_seeds(dqn, envs: dict, params, best: list, best_epoch: list,
     return out
 
 
-def baselines(env, cost: float, turnover: float, seed: int = 0) -> dict:
-    """Buy-and-hold, flat, one-bar momentum (the sign of the last bar's return), reversal
-    (its opposite) and a random policy whose position changes at the agent's mean turnover,
-    each through the environment's fills and costs."""
+def baseline_paths(env, turnover: float, seed: int = 0) -> dict:
+    """The decision paths (``[decisions]`` int32) of buy-and-hold, flat, one-bar momentum (the
+    sign of the last bar's return), reversal (its opposite) and a random policy whose
+    position changes at ``turnover``: at each bar, with probability ``q``, a uniformly drawn
+    other position (a switch moves 4/3 units on average, so ``q = turnover · 3/4``)."""
     t = env.first_decision + np.arange(env.decisions)
     last = np.sign(np.asarray(env.gap + env.intra)[t]).astype(np.int32)
-    # random: at each bar, with probability q, a uniformly drawn other position; a switch
-    # moves 4/3 units on average (uniform over the three positions), so q = turnover / (4/3)
     rng = np.random.default_rng(seed)
     q = min(1.0, turnover * 0.75)
     rand = np.empty(t.size, np.int32)
@@ -138,10 +146,14 @@ def baselines(env, cost: float, turnover: float, seed: int = 0) -> dict:
         if rng.random() < q:
             p = rng.choice([x for x in (-1, 0, 1) if x != p])
         rand[k] = p
-    paths = {"buy_and_hold": np.ones(t.size, np.int32), "flat": np.zeros(t.size, np.int32),
-             "momentum": last, "reversal": -last, "random (matched turnover)": rand}
+    return {"buy_and_hold": np.ones(t.size, np.int32), "flat": np.zeros(t.size, np.int32),
+            "momentum": last, "reversal": -last, "random (matched turnover)": rand}
+
+
+def baselines(env, cost: float, turnover: float, seed: int = 0) -> dict:
+    """:func:`baseline_paths`' metrics, each through the environment's fills and costs."""
     out = {}
-    for name, path in paths.items():
+    for name, path in baseline_paths(env, turnover, seed).items():
         held, net, _ = jax.device_get(policy_rollout(env, jnp.asarray(path)))
         out[name] = report_metrics(net, held, env.annualisation, cost)
     return out
