@@ -375,3 +375,27 @@ def test_dqn_walk_forward_tiles_the_test_region_and_stitches_it(tmp_path, capsys
     assert (tmp_path / "wf" / "walk_forward.md").read_text().count("(agent) |") == 2
     rc = call(dqn_cli.main, "--folds", "1", "--workdir", tmp_path / "x", "--no-progress")
     assert rc == 2 and "--folds must be >= 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("next_open", [True, False])
+def test_trades_add_up_to_the_pass(next_open):
+    """The per-trade table partitions the pass: the trades' net P&L sums to the pass's net
+    return, their costs to the costs paid; a flip closes one trade and opens the next."""
+    from tftjax.dqn.env import policy_rollout
+    from tftjax.dqn.report import trades
+
+    rng = np.random.default_rng(3)
+    n = 60
+    c = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, n)))
+    o = c * np.exp(rng.normal(0, 0.004, n))
+    ret, gap = np.r_[0.0, np.log(c[1:] / c[:-1])], np.r_[0.0, np.log(o[1:] / c[:-1])]
+    ends = rng.random(n) < 0.1
+    env = hand_env(ret, cost_bps=5.0, gap=gap, ends=ends, next_open=next_open, episode_len=80)
+    path = jnp.asarray(rng.integers(-1, 2, env.decisions), jnp.int32)
+    held, net, _ = jax.device_get(policy_rollout(env, path))
+    tr = trades(env, held, np.arange(n) * 60 * 10**9)
+    assert len(tr) > 5
+    np.testing.assert_allclose(sum(t["net"] for t in tr), net.sum(), rtol=1e-5, atol=1e-6)
+    units = np.abs(np.diff(np.r_[0.0, held])).sum()
+    assert sum(t["costs"] for t in tr) <= 5e-4 * units + 1e-9
+    assert all(t["bars"] >= 1 for t in tr)

@@ -62,6 +62,7 @@ this map names every module::
   dqn.env               the trading environment in JAX: fills, latency, costs, sessions
   dqn.cartpole          gymnax CartPole-v1 behind the same interface
   dqn.train             make_train: the fully jitted DQN epoch
+  dqn.report            every trade of a greedy pass, hit rate, exposure, the report PNG
   dqn.tft_inputs        --tft-checkpoint: a TFT's forecasts as causal DQN inputs
   dqn.loop              the DQN's part of the run loop
   dqn.seeds             --seeds N: agents in one vmapped program, the per-seed report

@@ -12,6 +12,7 @@ Sharpe; CartPole: greedy return) with the best epoch's agent restored, Orbax
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from pathlib import Path
@@ -177,11 +178,28 @@ class DQNTask:
                    "compile_s": self.compile_s, "config": self.cfg.to_json(),
                    "median_epoch_s": float(np.median(timing)) if timing else None}
         summary.update(self.selection(params, history, splits))
+        rollouts = {s: self.envs[s].rollout(self.dqn.apply, params) for s in self.eval_splits}
+        if self.ds is not None:  # every trade of the greedy passes, hit rate and exposure
+            from tftjax.dqn.report import format_trades, trade_stats, trades
+
+            done = {s: trades(self.envs[s], r["positions"], self.ds.bars.ts)
+                    for s, r in rollouts.items()}
+            summary["trades"] = {s: {**trade_stats(t), "exposure": float(np.mean(
+                rollouts[s]["positions"] != 0))} for s, t in done.items()}
+            (workdir / "trades.json").write_text(json.dumps(done))
+            (workdir / "trades.md").write_text(
+                "test split, the agent's trades (log returns; net of costs)\n\n"
+                + format_trades(done["test"]) + "\n")
         try:
             from tftjax import plots
 
-            rollouts = {s: self.envs[s].rollout(self.dqn.apply, params) for s in self.eval_splits}
             plots.dqn_plots(workdir, history, self.score, rollouts)
+            if self.ds is not None:
+                from tftjax.dqn.report import report_png
+
+                r = rollouts["test"]
+                report_png(workdir / "report.png", self.envs["test"], r["positions"], r["net"],
+                           "DQN agent, test split")
         except Exception as e:  # plots must never lose a finished run
             self.log(f"warning: plots not written ({type(e).__name__}: {e})")
         return summary, format_summary(summary, self.env.eval_note) + "\n" + summary["verdict"]
