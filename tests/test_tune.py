@@ -32,11 +32,16 @@ def test_a_search_on_validation_writes_settings_that_train_reads(tmp_path, capsy
                 "model": {"val": {"q_risk_90": val[0]}}}
 
     monkeypatch.setattr(training, "train_and_evaluate", fake_train)
+    import tftjax.training.steps as steps
+
+    released = []
+    monkeypatch.setattr(steps, "release_compiled", lambda: released.append(1))
     assert call(tune_cli.main, "--preset", "tiny", "--trials", "6", "--parquet-file",
                 short_es(), "--workdir", tmp_path / "tune") == 0
     out = capsys.readouterr().out
     assert "| trial | learning_rate | weight_decay | dropout | hidden |" in out
     assert seen and set(seen) == {0}  # validation only: no trial even has test windows
+    assert len(released) == 6  # every trial's compiled programs let go (memory mappings)
     trials = json.loads((tmp_path / "tune" / "trials.json").read_text())
     done = [t for t in trials["trials"] if t["state"] == "complete"]
     chosen = min(done, key=lambda t: t["best_val_loss"])
@@ -73,3 +78,23 @@ def test_a_settings_file_with_an_unknown_field_is_refused(tmp_path, capsys):
     rc = call(train_cli.main, "--config", bad, "--workdir", tmp_path / "r")
     err = capsys.readouterr().err
     assert rc == 2 and "unknown setting(s) model.hiddn" in err, err
+
+
+def test_release_compiled_empties_the_step_caches():
+    # in a fresh process: clearing this worker's caches would make later tests recompile
+    import subprocess
+    import sys
+
+    code = """
+from tftjax.config import preset
+from tftjax.training.state import _optimizer
+from tftjax.training.steps import make_eval_step, release_compiled
+make_eval_step(preset("tiny"))
+_optimizer(1e-3, 0.0, 1.0)
+assert make_eval_step.cache_info().currsize > 0
+release_compiled()
+assert make_eval_step.cache_info().currsize == 0 and _optimizer.cache_info().currsize == 0
+print("released")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "released" in p.stdout, p.stderr

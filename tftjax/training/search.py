@@ -46,6 +46,7 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
         raise ConfigError("python -m tftjax.tune needs optuna: pip install 'tftjax[tune]'") from None
     from tftjax.data import load_dataset
     from tftjax.training import train_and_evaluate
+    from tftjax.training.steps import release_compiled
 
     if trials < 1:
         raise ConfigError(f"--trials must be >= 1, got {trials}")
@@ -79,6 +80,7 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
             s = train_and_evaluate(model, train, run, dataset=ds, progress=progress,
                                    callback=report, log=lambda *a: None, plots=False)
         finally:
+            release_compiled()  # each trial's programs: compiled again if ever needed
             rows.append({"trial": trial.number, **{k: v for sec in drawn.values()
                                                    for k, v in sec.items()},
                          "run": str(run)})
