@@ -33,6 +33,11 @@ from tftjax.dqn.train import iterations_per_epoch, make_train
 from tftjax.provenance import write_result
 
 TARGET = 475.0
+_many = None
+
+
+def evaluate_many(params, env, key, n: int = 100):
+    return _many(params, env, key)
 
 
 def one_seed(dqn, env, seed: int, epochs: int, evaluate, compile_s: float, compiled) -> dict:
@@ -43,18 +48,30 @@ def one_seed(dqn, env, seed: int, epochs: int, evaluate, compile_s: float, compi
     jax.block_until_ready(state)
     train_s, curve, hit = 0.0, [], None
     eval_key = jax.random.PRNGKey(10_000 + seed)
+    best, best_params, best_epoch = None, None, 0
     for epoch in range(1, epochs + 1):
         t = time.perf_counter()
         state, _ = compiled(state, env)
         jax.block_until_ready(state)
         train_s += time.perf_counter() - t
-        ret = float(np.mean(np.asarray(evaluate(state.params, env, eval_key))))
+        # fresh episodes every epoch: no epoch is chosen on the episodes it is scored on
+        ret = float(np.mean(np.asarray(evaluate(state.params, env,
+                                                jax.random.fold_in(eval_key, epoch)))))
         wall = compile_s + time.perf_counter() - t0
         curve.append({"epoch": epoch, "env_steps": epoch * steps_per_epoch, "wall_s": wall,
                       "greedy_return": ret})
         if hit is None and ret >= TARGET:
             hit = curve[-1]
+        smoothed = float(np.mean([c["greedy_return"] for c in curve[-cfg.smooth_epochs:]]))
+        if best is None or smoothed > best:  # the loop's selection: the smoothed score
+            best, best_epoch = smoothed, epoch
+            best_params = jax.device_get(state.params)
     steps = epochs * steps_per_epoch
+    # the selected agent and the last one, each on 100 episodes no evaluation has seen
+    fresh = jax.random.PRNGKey(77_777 + seed)
+    shipped = np.asarray(evaluate_many(best_params, env, fresh))
+    last = np.asarray(evaluate_many(state.params, env, fresh))
+    tail = [c["greedy_return"] for c in curve[-10:]]
     return {
         "seed": seed,
         "steps_per_s_excl_compile": steps / train_s,
@@ -63,6 +80,11 @@ def one_seed(dqn, env, seed: int, epochs: int, evaluate, compile_s: float, compi
         "steps_to_475": hit["env_steps"] if hit else None,
         "final_greedy_return": curve[-1]["greedy_return"],
         "best_greedy_return": max(c["greedy_return"] for c in curve),
+        "selected_epoch": best_epoch,
+        "selected_fresh_return": float(shipped.mean()),
+        "selected_fresh_min": float(shipped.min()),
+        "last_fresh_return": float(last.mean()),
+        "last10_at_475": float(np.mean([r >= TARGET for r in tail])),
         "curve": curve,
     }
 
@@ -83,6 +105,8 @@ def main() -> None:
     compiled = dqn.epoch.lower(probe, env).compile()
     compile_s = time.perf_counter() - t
     evaluate = jax.jit(lambda p, e, k: greedy_episodes(dqn.apply, p, e, k, EVAL_EPISODES))
+    global _many
+    _many = jax.jit(lambda p, e, k: greedy_episodes(dqn.apply, p, e, k, 100))
     evaluate(probe.params, env, jax.random.PRNGKey(0)).block_until_ready()
     print(f"CartPole-v1, {jax.devices()[0].platform}: {cfg.num_envs} envs, "
           f"{iterations_per_epoch(cfg) * cfg.num_envs:,} env steps per epoch, {cfg.epochs} epochs; "
@@ -106,13 +130,18 @@ def main() -> None:
 
     fmt = lambda x, f: "not reached" if x is None else format(x, f)  # noqa: E731
     print("| seed | steps/s (excl. compile) | steps/s (incl. compile) | time to 475 (incl. compile) "
-          "| env steps to 475 | greedy return: final / best |")
-    print("|---|---|---|---|---|---|")
+          "| env steps to 475 | selected epoch (5-epoch mean) | its return, 100 fresh episodes "
+          "(worst) | last epoch's, fresh | last 10 evaluations at 475+ |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['seed']} | {r['steps_per_s_excl_compile']:,.0f} | "
               f"{r['steps_per_s_incl_compile']:,.0f} | {fmt(r['time_to_475_s'], '.1f')} s | "
-              f"{fmt(r['steps_to_475'], ',')} | {r['final_greedy_return']:.0f} / "
-              f"{r['best_greedy_return']:.0f} |")
+              f"{fmt(r['steps_to_475'], ',')} | {r['selected_epoch']} | "
+              f"{r['selected_fresh_return']:.1f} ({r['selected_fresh_min']:.0f}) | "
+              f"{r['last_fresh_return']:.1f} | {r['last10_at_475']:.0%} |")
+    ok = sum(r["selected_fresh_return"] >= TARGET for r in rows)
+    print(f"{ok}/{len(rows)} seeds: the selected agent's greedy return over 100 fresh episodes "
+          f">= {TARGET:.0f}")
     print(f"all {args.seeds} seeds in one jit (vmap): {v_steps / v_run:,.0f} env steps/s summed "
           f"({v_run:.1f} s run + {v_compile:.1f} s compile); final greedy returns "
           f"{', '.join(f'{x:.0f}' for x in v_returns)}")
