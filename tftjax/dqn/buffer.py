@@ -36,12 +36,15 @@ class ReplayBuffer:
         return self.data.action.shape[0]
 
 
-def init(capacity: int, obs_dim: int) -> ReplayBuffer:
+def init(capacity: int, obs_dim: int, dtype=jnp.float32) -> ReplayBuffer:
+    """An empty buffer whose ``obs``/``next_obs`` rows are ``obs_dim`` values of ``dtype``
+    (an observation, or the int32 key it is rebuilt from: the trading env's bar and
+    decisions, a few bytes instead of the window of features)."""
     if capacity < 1:
         raise ValueError("buffer capacity must be >= 1")
     z = jnp.zeros
-    data = Transitions(z((capacity, obs_dim), jnp.float32), z((capacity,), jnp.int32),
-                       z((capacity,), jnp.float32), z((capacity, obs_dim), jnp.float32),
+    data = Transitions(z((capacity, obs_dim), dtype), z((capacity,), jnp.int32),
+                       z((capacity,), jnp.float32), z((capacity, obs_dim), dtype),
                        z((capacity,), jnp.float32))
     return ReplayBuffer(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
 

@@ -63,7 +63,14 @@ class GymnaxEnv:
         obs = jnp.where(done, obs_re, obs_st)
         reward = jnp.asarray(reward, jnp.float32)
         return Step(obs, obs_st, state_out, reward * self.reward_scale, reward,
-                    terminated.astype(jnp.float32), done)
+                    terminated.astype(jnp.float32), done, obs_st)
+
+    def key_of(self, obs: jax.Array, state) -> jax.Array:
+        """The replay buffer keeps CartPole's 4 floats as they are."""
+        return obs
+
+    def decode(self, key: jax.Array) -> jax.Array:
+        return key
 
 
 def make_cartpole(reward_scale: float = 1.0) -> GymnaxEnv:

@@ -86,6 +86,10 @@ class DQNConfig:
     gamma: float = 0.9
     batch_size: int = 64
     buffer_size: int = 50_000
+    compact_buffer: bool = True
+    """Keep each transition's observation key (trading: the bar and the decisions, a few
+    int32) instead of the observation, which is rebuilt when sampled (the same floats:
+    training is bit-identical); --no-compact-buffer stores observations."""
     learning_starts: int = 1_000
     """Env steps collected before the first gradient update."""
     train_every: int = 1
@@ -164,6 +168,7 @@ class DQNConfig:
             d.setdefault("min_epochs", 0)
             d.setdefault("smooth_epochs", 1)
             d.setdefault("flat_fallback", False)
+            d.setdefault("compact_buffer", False)
         return cls(**d)
 
 

@@ -61,6 +61,7 @@ class Step(NamedTuple):
     raw_reward: jax.Array  # unscaled (log return for trading)
     terminal: jax.Array  # float32, 1.0 only for a real terminal state
     done: jax.Array  # bool, the episode ended (terminal or time limit)
+    next_key: jax.Array  # what the replay buffer keeps of s' (:meth:`TradingEnv.key_of`)
 
 
 # ------------------------------------------------------------------ trading
@@ -185,7 +186,16 @@ class TradingEnv:
         state_out = jax.tree.map(lambda a, b: jnp.where(done, a, b), state_re, nxt)
         obs = jnp.where(done, obs_re, next_obs)
         return Step(obs, next_obs, state_out, raw * self.reward_scale, raw,
-                    jnp.zeros((), jnp.float32), done)
+                    jnp.zeros((), jnp.float32), done, self.key_of(next_obs, nxt))
+
+    # -- what the replay buffer stores: the bar and the decisions, not the observation
+    def key_of(self, obs: jax.Array, state: TradingState) -> jax.Array:
+        """``[t, decisions…]`` int32: all an observation is made of (:meth:`decode`)."""
+        return jnp.concatenate([state.t[None], state.hist]).astype(jnp.int32)
+
+    def decode(self, key: jax.Array) -> jax.Array:
+        """The observation of a :meth:`key_of` key (the same computation, bit for bit)."""
+        return self.observe(key[0], key[1:])
 
     def rollout(self, apply_fn, params) -> dict:
         """Held positions, net returns and bar returns of a greedy pass over the rows (host

@@ -24,6 +24,7 @@ The host side (greedy validation, checkpoints, resume, early stopping) is
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -92,14 +93,23 @@ def make_train(cfg: DQNConfig, env) -> DQN:
         k_net, k_env, k_run = jax.random.split(key, 3)
         params = network.init(k_net, jnp.zeros((env.obs_dim,), jnp.float32))["params"]
         obs, env_state = jax.vmap(env.reset)(jax.random.split(k_env, E))
+        if cfg.compact_buffer:  # the buffer keeps each observation's key, not its values
+            k = jax.eval_shape(env.key_of, obs[0], jax.tree.map(lambda x: x[0], env_state))
+            buf = buffer.init(cfg.buffer_size, k.shape[0], k.dtype)
+        else:
+            buf = buffer.init(cfg.buffer_size, env.obs_dim)
         return DQNState(params=params, target_params=jax.tree.map(jnp.copy, params),
-                        opt_state=tx.init(params), buffer=buffer.init(cfg.buffer_size, env.obs_dim),
+                        opt_state=tx.init(params), buffer=buf,
                         env_state=env_state, obs=obs.astype(jnp.float32),
                         ep_return=jnp.zeros((E,), jnp.float32), key=k_run,
                         step=jnp.zeros((), jnp.int32), updates=jnp.zeros((), jnp.int32))
 
-    def update(s: DQNState, key):
+    def update(env, s: DQNState, key):
         batch = buffer.sample(s.buffer, key, cfg.batch_size)
+        if cfg.compact_buffer:  # rebuild the observations from their keys
+            batch = batch.replace(obs=jax.vmap(env.decode)(batch.obs).astype(jnp.float32),
+                                  next_obs=jax.vmap(env.decode)(batch.next_obs)
+                                  .astype(jnp.float32))
         (loss, q), grads = jax.value_and_grad(agent.dqn_loss, has_aux=True)(
             s.params, s.target_params, apply, batch, cfg.gamma, cfg.huber_delta)
         upd, opt_state = tx.update(grads, s.opt_state, s.params)
@@ -113,7 +123,7 @@ def make_train(cfg: DQNConfig, env) -> DQN:
         return s.replace(params=params, opt_state=opt_state, target_params=target, updates=n), \
             (loss, q, jnp.ones((), jnp.float32))
 
-    def skip(s: DQNState, key):
+    def skip(env, s: DQNState, key):
         z = jnp.zeros((), jnp.float32)
         return s, (z, z, z)
 
@@ -123,15 +133,21 @@ def make_train(cfg: DQNConfig, env) -> DQN:
         eps = agent.linear_epsilon(s.step, cfg.eps_start, cfg.eps_end, cfg.eps_decay_steps)
         action = agent.epsilon_greedy(k_act, q, eps)
         out = jax.vmap(env.step)(jax.random.split(k_env, E), s.env_state, action)
-        buf = buffer.add(s.buffer, buffer.Transitions(s.obs, action, out.reward,
-                                                      out.next_obs.astype(jnp.float32),
-                                                      out.terminal))
+        if cfg.compact_buffer:
+            keys = jax.vmap(env.key_of)(s.obs, s.env_state)
+            buf = buffer.add(s.buffer, buffer.Transitions(keys, action, out.reward, out.next_key,
+                                                          out.terminal))
+        else:
+            buf = buffer.add(s.buffer, buffer.Transitions(s.obs, action, out.reward,
+                                                          out.next_obs.astype(jnp.float32),
+                                                          out.terminal))
         ep_return = s.ep_return + out.raw_reward
         finished = out.done.astype(jnp.float32)
         s = s.replace(buffer=buf, env_state=out.state, obs=out.obs.astype(jnp.float32),
                       ep_return=ep_return * (1.0 - finished), key=key, step=s.step + E)
         ready = (buf.size >= cfg.learning_starts) & (it % cfg.train_every == 0)
-        s, (loss, qm, did) = jax.lax.cond(ready, update, skip, s, k_upd)
+        s, (loss, qm, did) = jax.lax.cond(ready, functools.partial(update, env),
+                                          functools.partial(skip, env), s, k_upd)
         return s, dict(loss=loss, q=qm, did=did, reward=out.raw_reward.mean(),
                        ep_sum=(ep_return * finished).sum(), ep_n=finished.sum())
 
