@@ -26,6 +26,7 @@ from tftjax.config import ConfigError, DataConfig
 from tftjax.dqn.config import DQNConfig, with_costs
 from tftjax.dqn.cartpole import make_cartpole
 from tftjax.dqn.env import make_trading_env
+from tftjax.dqn.metrics import bars_per_year
 from tftjax.dqn.train import iterations_per_epoch, make_train
 from tftjax.runloop import TrainingDiverged
 
@@ -118,7 +119,9 @@ class DQNTask:
                 + f"; cost {c.cost * 1e4:g} bp a unit traded (spread {c.spread_bps:g}/2 + fee "
                 f"{c.fee_bps:g} + slippage {c.slippage_bps:g})"
                 + ("; flat at every session end" if c.flatten_at_session_end else "")
-                + f"; rewards × {c.reward_scale:.4g}")
+                + f"; rewards × {c.reward_scale:.4g}; Sharpe annualised at "
+                + "{:,.0f} bars a year ({})".format(*bars_per_year(self.ds.bars.ts,
+                                                                   self.ds.features.timeline)))
 
     def train_epoch(self, state, epoch: int):
         first = self._epoch is None
