@@ -295,13 +295,16 @@ def early_tft(tmp_path_factory):
     from tftjax.training import train_and_evaluate
 
     run_dir = tmp_path_factory.mktemp("tft") / "tft"
-    cfg = preset("tiny")
-    train_and_evaluate(cfg, TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=2),
+    # the tiny CLI runs' settings (test_runloop.TINY_TFT): their compiled steps are reused
+    cfg = preset("tiny", remat="off")
+    train_and_evaluate(cfg, TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=3,
+                                        patience=0),
                        run_dir, dataset=load_dataset(short_es(), cfg.data), plots=False,
                        **quiet)
     return run_dir, short_es()
 
 
+@pytest.mark.xdist_group("runloop_base")
 def test_tft_forecasts_join_the_observation_causally(early_tft, tmp_path):
     from tftjax.data import read_bars, write_bars
 
@@ -337,6 +340,7 @@ def test_tft_forecasts_join_the_observation_causally(early_tft, tmp_path):
                               np.asarray(other["train"].observe(t + 3, hist)))
 
 
+@pytest.mark.xdist_group("runloop_base")
 def test_a_tft_trained_too_late_or_no_tft_is_refused(early_tft, tmp_path):
     from tftjax.data import DataError
 
