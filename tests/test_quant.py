@@ -101,3 +101,34 @@ def test_moving_average_observer_and_qparams_by_hand():
     assert float(fake_quant(jnp.float32(0.0), scale, zp)) == 0.0
     pos = activation_qparams(observe(init_minmax(), jnp.array([1.0, 3.0])))
     assert float(pos[1]) == -128 and float(pos[0]) == pytest.approx(3.0 / 255)
+
+
+def test_an_observer_fed_one_inf_stays_finite():
+    """Issue 27: a non-finite value is ignored by the observer (one inf would set the range
+    for good), and a batch with nothing finite leaves the statistics as they were."""
+    from tftjax.quant import activation_qparams, init_minmax, observe
+
+    x = np.array([[-1.0, 2.0], [np.inf, 0.5], [np.nan, -3.0]], np.float32)
+    s = observe(init_minmax(), jnp.asarray(x))
+    assert float(s.min) == -3.0 and float(s.max) == 2.0 and int(s.count) == 1
+    s2 = observe(s, jnp.asarray([np.inf, -np.inf, np.nan], np.float32))
+    assert (float(s2.min), float(s2.max), int(s2.count)) == (-3.0, 2.0, 1)
+    scale, zp = activation_qparams(s2)
+    assert np.isfinite(float(scale)) and np.isfinite(float(zp))
+    # per-variable observers: a variable with nothing finite keeps its own statistics
+    v = observe(init_minmax((2,)), jnp.asarray([[1.0, 2.0], [np.inf, np.nan]], np.float32))
+    np.testing.assert_array_equal(np.asarray(v.max), [2.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(v.count), [1, 0])
+
+
+def test_fake_quant_floors_its_scale():
+    from tftjax.quant import SCALE_FLOOR, fake_quant
+
+    x = jnp.asarray([0.0, 1e-9, -2.0, 3.0], jnp.float32)
+    y = fake_quant(x, jnp.float32(0.0), jnp.float32(0.0))
+    assert np.isfinite(np.asarray(y)).all()
+    # the same as the floor scale, by a numpy round-and-clip
+    want = (np.clip(np.round(np.asarray(x) / SCALE_FLOOR), -128, 127)) * SCALE_FLOOR
+    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
+    g = jax.grad(lambda v: fake_quant(v, jnp.float32(0.0), jnp.float32(0.0)).sum())(x)
+    assert np.isfinite(np.asarray(g)).all()

@@ -36,6 +36,10 @@ INT8_MIN, INT8_MAX = -128, 127
 SYMMETRIC_MAX = 127  # symmetric int8 weights use [-127, 127] (zero is exact, the grid symmetric)
 
 
+SCALE_FLOOR = float(jnp.finfo(jnp.float32).eps)
+"""The smallest scale :func:`fake_quant` and :func:`activation_qparams` use."""
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def fake_quant(x: jax.Array, scale: jax.Array, zero_point: jax.Array, qmin: int = INT8_MIN,
                qmax: int = INT8_MAX) -> jax.Array:
@@ -43,7 +47,8 @@ def fake_quant(x: jax.Array, scale: jax.Array, zero_point: jax.Array, qmin: int 
 
     Args:
       x: values to quantize.
-      scale: ``s > 0``, broadcastable to ``x`` (per-tensor or per-channel).
+      scale: ``s > 0``, broadcastable to ``x`` (per-tensor or per-channel); floored at
+        float32's eps (a scale of 0 would divide by zero).
       zero_point: integer-valued, broadcastable to ``x`` (0 for symmetric).
       qmin, qmax: the integer range (static).
 
@@ -54,6 +59,7 @@ def fake_quant(x: jax.Array, scale: jax.Array, zero_point: jax.Array, qmin: int 
 
 
 def _fake_quant_fwd(x, scale, zero_point, qmin, qmax):
+    scale = jnp.maximum(scale, SCALE_FLOOR)
     r = jnp.round(x / scale) + zero_point  # the integer x rounds to, before clipping
     inside = (r >= qmin) & (r <= qmax)
     y = (jnp.clip(r, qmin, qmax) - zero_point) * scale
@@ -117,16 +123,20 @@ def observe(stats: MinMax, x: jax.Array, averaging_constant: float = 0.01,
             freeze_after: int | None = None) -> MinMax:
     """PyTorch's ``MovingAverageMinMaxObserver``: the first batch sets min and max, later
     ones move them by ``averaging_constant`` toward the batch's own min and max. After
-    ``freeze_after`` observations the statistics stop moving (``None``: never)."""
+    ``freeze_after`` observations the statistics stop moving (``None``: never). Non-finite
+    values are ignored (one inf would otherwise set the range for good); a batch with none
+    finite leaves the statistics as they were."""
     axes = tuple(range(stats.min.ndim, x.ndim))  # stats' leading axes are per-channel
-    lo = jnp.min(x, axis=axes).astype(jnp.float32)
-    hi = jnp.max(x, axis=axes).astype(jnp.float32)
+    x = x.astype(jnp.float32)
+    fin = jnp.isfinite(x)
+    lo = jnp.min(jnp.where(fin, x, jnp.inf), axis=axes)
+    hi = jnp.max(jnp.where(fin, x, -jnp.inf), axis=axes)
+    seen = jnp.isfinite(lo)
+    lo, hi = jnp.where(seen, lo, 0.0), jnp.where(seen, hi, 0.0)
     c, first = averaging_constant, stats.count == 0
     new_min = jnp.where(first, lo, stats.min + c * (lo - stats.min))
     new_max = jnp.where(first, hi, stats.max + c * (hi - stats.max))
-    if freeze_after is None:
-        return MinMax(new_min, new_max, stats.count + 1)
-    active = stats.count < freeze_after
+    active = seen if freeze_after is None else seen & (stats.count < freeze_after)
     return MinMax(jnp.where(active, new_min, stats.min), jnp.where(active, new_max, stats.max),
                   stats.count + active.astype(jnp.int32))
 
