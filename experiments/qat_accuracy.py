@@ -110,7 +110,7 @@ def inference_speed(preset_name: str, batch: int, repeats: int, data, starts) ->
     out = {m: round(starts.size / statistics.median(ts), 1) for m, ts in times.items()}
     out["int8_over_float"] = round(out["int8"] / out["float"], 3)
     from tftjax.models.tft import quant_spec
-    from tftjax.quant import int8_variables
+    from tftjax.quant_tree import int8_variables
 
     q = jax.device_get(int8_variables(state.params, quant_spec(trainer.cfg, "int8")))
     out["float32_weight_bytes"] = export_lib.nbytes(export_lib.flatten(state.params, "p"))

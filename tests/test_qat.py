@@ -25,7 +25,8 @@ from tftjax.config import ConfigError, preset
 from tftjax.models.tft import TFT, init_variables, quant_spec
 from tftjax.training.trainer import to_int8
 from tftjax.quant import (MinMax, activation_qparams, fake_quant, fake_quant_weight, int8_bmm,
-                          int8_dense, int8_variables, quantize_activation, quantize_weight)
+                          int8_dense, quantize_activation, quantize_weight)
+from tftjax.quant_tree import int8_variables
 
 B = 8
 
@@ -343,7 +344,7 @@ def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
     capsys.readouterr()
     assert call(evaluate_cli.main, "--checkpoint", flt, "--int8", "--calibrate", "2") == 0
     printed = capsys.readouterr().out
-    assert "calibrated on 2 training batches (PTQ)" in printed and "TFT: int8 inference" in printed
+    assert "calibrated on 2 training batches (minmax, PTQ)" in printed and "TFT: int8 inference" in printed
     from tftjax.config import TFTConfig
     from tftjax.data import load_dataset
     from tftjax.training import initial_weights

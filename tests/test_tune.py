@@ -32,10 +32,10 @@ def test_a_search_on_validation_writes_settings_that_train_reads(tmp_path, capsy
                 "model": {"val": {"q_risk_90": val[0]}}}
 
     monkeypatch.setattr(training, "train_and_evaluate", fake_train)
-    import tftjax.training.steps as steps
+    import tftjax.training.search as search
 
     released = []
-    monkeypatch.setattr(steps, "release_compiled", lambda: released.append(1))
+    monkeypatch.setattr(search, "release_compiled", lambda: released.append(1))
     assert call(tune_cli.main, "--preset", "tiny", "--trials", "6", "--parquet-file",
                 short_es(), "--workdir", tmp_path / "tune") == 0
     out = capsys.readouterr().out
@@ -88,7 +88,8 @@ def test_release_compiled_empties_the_step_caches():
     code = """
 from tftjax.config import preset
 from tftjax.training.state import _optimizer
-from tftjax.training.steps import make_eval_step, release_compiled
+from tftjax.training.search import release_compiled
+from tftjax.training.steps import make_eval_step
 make_eval_step(preset("tiny"))
 _optimizer(1e-3, 0.0, 1.0)
 assert make_eval_step.cache_info().currsize > 0

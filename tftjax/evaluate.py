@@ -47,15 +47,18 @@ class Args:
     split: Literal["train", "val", "test"] = "test"
     int8: bool = False
     """Also run the int8 inference path (a --qat checkpoint, or a float one with --calibrate)."""
-    calibrate: int = 0
+    calibrate: int | None = None
     """Post-training quantization of a float checkpoint: calibrate the int8 activation ranges
-    on this many training batches (with --int8)."""
+    on this many full training batches (with --int8)."""
+    calibration: str = "minmax"
+    """How --calibrate sets the ranges: minmax (running min/max), percentile:P (e.g.
+    percentile:99.99) or mse (least squared quantisation error)."""
 
 
 def evaluate_checkpoint(checkpoint: str | Path, parquet_file=None,
                         split: str = "test", *, int8: bool = False, calibrate_batches: int = 0,
                         unknown: str = "refuse", instrument: str | None = None,
-                        log: Callable = print) -> dict:
+                        log: Callable = print, calibration: str = "minmax") -> dict:
     """Metrics of a saved TFT (checkpoint, run folder or export) on one split beside the
     baselines: :func:`tftjax.training.evaluate_model` of :func:`tftjax.saved.open_model`.
 
@@ -68,20 +71,24 @@ def evaluate_checkpoint(checkpoint: str | Path, parquet_file=None,
 
     if calibrate_batches and not int8:  # before anything is read, as the model's own checks
         raise ConfigError("--calibrate needs --int8 (it calibrates the int8 activation ranges)")
+    from tftjax.training.ptq import check_calibration
+
+    check_calibration(calibration)
     return evaluate_model(open_model(checkpoint), parquet_file, split, int8=int8,
                           calibrate_batches=calibrate_batches, unknown=unknown,
-                          instrument=instrument, log=log)
+                          instrument=instrument, log=log, calibration=calibration)
 
 
 def run(argv: list[str] | None = None) -> int:
     import tyro
 
     args = tyro.cli(Args, args=argv, prog="python -m tftjax.evaluate")
-    if args.calibrate < 0:
-        raise ConfigError(f"--calibrate must be >= 0, got {args.calibrate}")
+    if args.calibrate is not None and args.calibrate < 1:
+        raise ConfigError(f"--calibrate must be >= 1 batch, got {args.calibrate}")
     evaluate_checkpoint(args.checkpoint, data_files(args.parquet_file, args.dataset), args.split,
-                        int8=args.int8, calibrate_batches=args.calibrate,
-                        unknown=args.unknown_instrument, instrument=args.instrument)
+                        int8=args.int8, calibrate_batches=args.calibrate or 0,
+                        unknown=args.unknown_instrument, instrument=args.instrument,
+                        calibration=args.calibration)
     return 0
 
 

@@ -46,9 +46,11 @@ class Args:
     """A checkpoint directory or a run folder (its final checkpoint)."""
     out: Path
     """Folder to write (must not exist or be empty)."""
-    calibrate: int = 0
-    """For a float checkpoint: calibrate the int8 activation ranges on this many training
-    batches (post-training quantization) and export int8 too; 0: float32 only."""
+    calibrate: int | None = None
+    """For a float checkpoint: calibrate the int8 activation ranges on this many full training
+    batches (post-training quantization) and export int8 too; default: float32 only."""
+    calibration: str = "minmax"
+    """How --calibrate sets the ranges: minmax, percentile:P or mse."""
 
 
 def flatten(tree: Any, prefix: str) -> dict[str, np.ndarray]:
@@ -71,7 +73,7 @@ def flatten(tree: Any, prefix: str) -> dict[str, np.ndarray]:
 
 def unflatten(flat: dict[str, np.ndarray]) -> dict:
     """Nested dicts by collection from :func:`flatten`'s names (observers back as ``MinMax``)."""
-    from tftjax.quant import as_minmax
+    from tftjax.quant_tree import as_minmax
 
     root: dict = {}
     for name, arr in flat.items():
@@ -89,7 +91,7 @@ def nbytes(flat: dict[str, np.ndarray], prefix: str | None = None) -> int:
 
 
 def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 0,
-           log: Callable = print) -> dict:
+           log: Callable = print, calibration: str = "minmax") -> dict:
     """Write the export of ``checkpoint`` into ``out``; returns what ``config.json`` holds.
 
     Raises:
@@ -106,7 +108,10 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
 
     out = Path(out)
     if calibrate_batches < 0:
-        raise ConfigError(f"--calibrate must be >= 0, got {calibrate_batches}")
+        raise ConfigError(f"--calibrate must be >= 1 batch, got {calibrate_batches}")
+    from tftjax.training.ptq import check_calibration
+
+    check_calibration(calibration)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty folder; choose a new one")
     ck = open_checkpoint(checkpoint)
@@ -121,11 +126,11 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
         ds = load_dataset(find_data_files(ck.meta["identity"]["data"], run_dir), cfg.data,
                           **saved_featurisation(ck.meta))
         cfg, stats = calibrate(cfg, params, to_device(ds.features), ds.splits.train,
-                               calibrate_batches, ck.tc.batch_size)
+                               calibrate_batches, ck.tc.batch_size, method=calibration)
     quantized = bool(cfg.qat)
     source = {"checkpoint": str(ck.path), "weights_epoch": ck.meta.get("weights_epoch"),
               "quantization": ("QAT" if ck.cfg.qat else f"PTQ, {calibrate_batches} calibration "
-                               "batches" if quantized else None)}
+                               f"batches ({calibration})" if quantized else None)}
     files = {FLOAT_FILE: flatten(params, "params")}
     if quantized:
         q = jax.device_get(to_int8(params, quant_spec(cfg, "int8")))
@@ -229,7 +234,10 @@ def run(argv: list[str] | None = None) -> int:
     import tyro
 
     args = tyro.cli(Args, args=argv, prog="python -m tftjax.export")
-    export(args.checkpoint, args.out, calibrate_batches=args.calibrate)
+    if args.calibrate is not None and args.calibrate < 1:
+        raise ConfigError(f"--calibrate must be >= 1 batch, got {args.calibrate}")
+    export(args.checkpoint, args.out, calibrate_batches=args.calibrate or 0,
+           calibration=args.calibration)
     return 0
 
 

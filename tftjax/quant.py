@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 INT8_MIN, INT8_MAX = -128, 127
 SYMMETRIC_MAX = 127  # symmetric int8 weights use [-127, 127] (zero is exact, the grid symmetric)
@@ -189,6 +190,12 @@ class QuantSpec:
     layers: tuple[str, ...] = DEFAULT_LAYERS
     freeze_after: int | None = None
     averaging_constant: float = 0.01
+    calibrate: str | None = None
+    """Post-training calibration pass (:mod:`tftjax.training.ptq`): activations stay float
+    and each observed tensor's batch statistics go to the ``quant_calib`` collection:
+    ``minmax`` its min and max, ``percentile:P`` its P-th and (100-P)-th percentiles, ``mse``
+    the quantisation error of every candidate range :data:`MSE_SHRINK` × the range in
+    ``quant_stats``."""
 
     def covers(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in self.layers)
@@ -217,7 +224,7 @@ def weight(mod: Any, param: str, w: jax.Array, quant: QuantSpec):
         return fake_quant_weight(w, axes)
     if w.dtype != jnp.int8:
         raise ValueError(f"{layer_name(mod.path, param)}: int8 mode needs int8 kernels "
-                         "(tftjax.quant.int8_variables)")
+                         "(tftjax.quant_tree.int8_variables)")
     return w, mod.get_variable("weight_scale", param)
 
 
@@ -234,11 +241,70 @@ def dense(mod: Any, param: str, x: jax.Array, w: jax.Array, quant: QuantSpec | N
     dims = (((x.ndim - 1,), (0,)), ((), ()))
     if not covered(quant, mod.path, param):
         return jax.lax.dot_general(x, w, dims)
+    if quant.calibrate is not None:  # record, quantize no activation
+        calibration_record(mod, param, x, quant.calibrate)
+        return jax.lax.dot_general(x, weight(mod, param, w, quant), dims)
     s, zp = activation_qparams(observer(mod, param, x, quant))
     if quant.mode == "fake":
         return jax.lax.dot_general(fake_quant(x, s, zp), weight(mod, param, w, quant), dims)
     qw, sw = weight(mod, param, w, quant)
     return int8_dense(quantize_activation(x, s, zp), s, zp, qw, sw)
+
+
+MSE_SHRINK = tuple(float(a) for a in np.linspace(0.2, 1.0, 41))
+"""Candidate ranges of ``--calibration mse``: these fractions of the observed min/max."""
+
+
+def calibration_record(mod: Any, param: str, x: jax.Array, method: str) -> None:
+    """One calibration batch's statistics of the input of ``param`` in ``mod``
+    (:func:`calibration_stats`, into the ``quant_calib`` collection)."""
+    if mod.is_initializing() or not mod.is_mutable_collection("quant_calib"):
+        return
+    name = f"{param}_in"
+    ref = mod.get_variable("quant_stats", name) if method == "mse" else None
+    rec = calibration_stats(x, method, ref)
+    mod.variable("quant_calib", name, lambda: rec).value = rec
+
+
+def calibration_stats(x: jax.Array, method: str, ref: MinMax | None = None,
+                      lead: int = 0) -> jax.Array:
+    """What a calibration batch says of the tensor ``x`` (per index of its ``lead`` leading
+    axes, e.g. one per variable of a stacked layer; non-finite values ignored):
+    ``minmax``: ``[..., 2]`` its min and max; ``percentile:P``: its P-th and (100−P)-th
+    percentiles (linear interpolation); ``mse``: ``[..., A]`` the summed squared error of
+    fake-quantizing it with each :data:`MSE_SHRINK` fraction of the range ``ref``."""
+    x = x.astype(jnp.float32)
+    x = x.reshape(x.shape[:lead] + (-1,))
+    fin = jnp.isfinite(x)
+    if method == "mse":
+        xf = jnp.where(fin, x, 0.0)
+
+        def err(a):  # one candidate at a time: one compiled body, the tensor's own memory
+            s_, zp = activation_qparams(MinMax(ref.min * a, ref.max * a, ref.count))
+            y = fake_quant(xf, s_[..., None], zp[..., None])
+            return jnp.sum(jnp.where(fin, (y - xf) ** 2, 0.0), axis=-1)
+
+        return jnp.moveaxis(jax.lax.map(err, jnp.asarray(MSE_SHRINK, jnp.float32)), 0, -1)
+    if method == "minmax":
+        lo = jnp.min(jnp.where(fin, x, jnp.inf), axis=-1)
+        hi = jnp.max(jnp.where(fin, x, -jnp.inf), axis=-1)
+    else:  # percentile:P
+        p = float(method.split(":")[1]) / 100.0
+        xs = jnp.sort(jnp.where(fin, x, jnp.inf), axis=-1)  # the finite ones first
+        n = jnp.sum(fin, axis=-1)
+        lo, hi = _quantile_sorted(xs, n, 1.0 - p), _quantile_sorted(xs, n, p)
+    return jnp.stack([lo, hi], axis=-1)
+
+
+def _quantile_sorted(xs: jax.Array, n: jax.Array, q: float) -> jax.Array:
+    """The ``q`` quantile (linear interpolation) of the first ``n`` values of sorted ``xs``
+    (last axis)."""
+    pos = q * (n - 1).astype(jnp.float32)
+    i = jnp.floor(pos).astype(jnp.int32)
+    j = jnp.minimum(i + 1, n - 1)
+    w = pos - i
+    take = lambda k: jnp.take_along_axis(xs, k[..., None], axis=-1)[..., 0]  # noqa: E731
+    return take(i) * (1 - w) + take(j) * w
 
 
 def int8_dense(qx, s, zp, qw, sw) -> jax.Array:
@@ -256,57 +322,3 @@ def int8_bmm(qx, s, zp, qw, sw) -> jax.Array:
                               preferred_element_type=jnp.int32)
     corr = zp.astype(jnp.int32)[:, None, None] * qw.astype(jnp.int32).sum(1, keepdims=True)
     return (acc - corr).astype(jnp.float32) * (s[:, None, None] * sw)
-
-
-# ----------------------------------------------------------------- int8 parameters
-def int8_variables(params: dict, quant: QuantSpec) -> dict:
-    """``{"params": ..., "weight_scale": ...}`` for ``mode="int8"``: every covered kernel
-    becomes int8 with its per-channel scale (the same grid as the fake-quant forward);
-    everything else stays float."""
-    scales: dict = {}
-
-    def convert(path, leaf):
-        keys = tuple(k.key for k in path)
-        if keys[-1] in KERNEL_AXES and quant.covers(layer_name(keys[:-1], keys[-1])):
-            q, s = quantize_weight(leaf, KERNEL_AXES[keys[-1]])
-            node = scales
-            for k in keys[:-1]:
-                node = node.setdefault(k, {})
-            node[keys[-1]] = s
-            return q
-        return leaf
-
-    qparams = jax.tree_util.tree_map_with_path(convert, params)
-    return {"params": qparams, "weight_scale": scales}
-
-
-def layer_names(params: dict) -> list[str]:
-    """The names :class:`QuantSpec` patterns match, of every quantizable kernel in ``params``."""
-    return [layer_name(tuple(k.key for k in path[:-1]), path[-1].key)
-            for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
-            if path[-1].key in KERNEL_AXES]
-
-
-def unmatched(patterns, params: dict) -> list[str]:
-    """Patterns that cover no quantizable kernel of ``params`` (a typo would train a float
-    model under the name of QAT)."""
-    names = layer_names(params)
-    return [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in names)]
-
-
-def as_minmax(tree: Any) -> Any:
-    """Observers restored as plain ``{min, max, count}`` dicts back as :class:`MinMax`."""
-    if isinstance(tree, dict):
-        if set(tree) == set(MinMax._fields):
-            return MinMax(**{k: tree[k] for k in MinMax._fields})
-        return {k: as_minmax(v) for k, v in tree.items()}
-    return tree
-
-
-def unobserved(quant_stats: dict) -> list[str]:
-    """Paths of observers that never saw data (their range would quantize everything to 0)."""
-    out = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(quant_stats)[0]:
-        if getattr(path[-1], "name", None) == "count" and int(jnp.min(leaf)) == 0:
-            out.append("/".join(str(getattr(k, "key", "")) for k in path[:-1]))
-    return out

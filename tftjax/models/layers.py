@@ -226,10 +226,16 @@ class LSTM(nn.Module):
             step = jax.checkpoint(step, policy=self.policy, prevent_cse=False)
         c0, h0 = carry[0].astype(jnp.float32), carry[1].astype(xp.dtype)
         carry, hs = lax.scan(step, (c0, h0), xp)
+        seen_h = lambda: jnp.concatenate([h0[None], hs[:-1]], axis=0)  # noqa: E731
         if stats is not None:  # every h the recurrent matmul saw: h_0 … h_{T-1}
-            stats.value = qt.observe(stats.value,
-                                           jnp.concatenate([h0[None], hs[:-1]], axis=0),
-                                           self.quant.averaging_constant, self.quant.freeze_after)
+            stats.value = qt.observe(stats.value, seen_h(), self.quant.averaging_constant,
+                                     self.quant.freeze_after)
+        elif (qt.covered(self.quant, self.path, "w_h") and self.quant.calibrate is not None
+              and self.is_mutable_collection("quant_calib") and not self.is_initializing()):
+            ref = (self.get_variable("quant_stats", "w_h_in")
+                   if self.quant.calibrate == "mse" else None)
+            rec = qt.calibration_stats(seen_h(), self.quant.calibrate, ref)
+            self.variable("quant_calib", "w_h_in", lambda: rec).value = rec
         return carry, jnp.swapaxes(hs, 0, 1)  # [B, T, d]
 
     def _recurrent(self, w_h: Array):
@@ -246,6 +252,8 @@ class LSTM(nn.Module):
             return (lambda h: qt.int8_dense(qt.quantize_activation(h, s, zp), s, zp, qw, sw),
                     var if update else None)
         wq, seen = qt.weight(self, "w_h", w_h, self.quant), stats.count > 0
+        if self.quant.calibrate is not None:  # a calibration pass: float h, recorded after
+            return (lambda h: h @ wq), None
         return (lambda h: jnp.where(seen, qt.fake_quant(h, s, zp), h) @ wq,
                 var if update else None)
 

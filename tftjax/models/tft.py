@@ -48,15 +48,17 @@ def causal_mask(encoder_steps: int, decoder_steps: int) -> Array:
     return jnp.arange(encoder_steps + decoder_steps)[None, :] <= q
 
 
-def quant_spec(cfg: TFTConfig, mode: str | None = None) -> QuantSpec | None:
+def quant_spec(cfg: TFTConfig, mode: str | None = None,
+               calibration: str | None = None) -> QuantSpec | None:
     """How a TFT of ``cfg`` quantizes in ``mode`` (``None``: fake-quant for a QAT config,
-    float otherwise); ``None`` means float."""
+    float otherwise); ``None`` means float. ``calibration``: a PTQ calibration pass
+    (:attr:`tftjax.quant.QuantSpec.calibrate`)."""
     mode = mode or ("fake" if cfg.qat else "float")
     if mode not in MODES:
         raise ValueError(f"unknown quantization mode {mode!r}; choose one of {MODES}")
     if mode == "float":
         return None
-    return QuantSpec(mode, tuple(cfg.qat_layers), cfg.qat_freeze_after)
+    return QuantSpec(mode, tuple(cfg.qat_layers), cfg.qat_freeze_after, calibrate=calibration)
 
 
 class TFT(nn.Module):
@@ -65,13 +67,14 @@ class TFT(nn.Module):
 
     cfg: TFTConfig
     mode: str | None = None
+    calibration: str | None = None
 
     @nn.compact
     def __call__(self, static: Array, historical: Array, known: Array,
                  deterministic: bool = True) -> tuple[Array, Interpretation]:
         cfg = self.cfg
         plan = remat_plan(cfg.remat, cfg.platform)
-        quant = quant_spec(cfg, self.mode)
+        quant = quant_spec(cfg, self.mode, self.calibration)
         d, p = cfg.hidden, cfg.dropout
         te = historical.shape[1]
         td = known.shape[1] - te

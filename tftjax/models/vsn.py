@@ -83,6 +83,9 @@ def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
         if name not in covered:
             return _bmm(h, p[name])
         st = stats[name]
+        if sq.spec.calibrate is not None:  # a calibration pass: record, float activations
+            new_stats[name] = qt.calibration_stats(h, sq.spec.calibrate, st, lead=1)
+            return _bmm(h, p[name])
         if sq.update:
             st = qt.observe(st, h, sq.spec.averaging_constant, sq.spec.freeze_after)
         new_stats[name] = st
@@ -225,7 +228,12 @@ class VariableSelection(nn.Module):
             out, new_stats = stacked_grn(p, xt, wt, keep, self.dropout, sq, stats)
         else:
             out, new_stats = self._chunked(p, xt, wt, keep, sq, stats)
-        if sq is not None and sq.update:
+        if sq is not None and self.quant.calibrate is not None:
+            if self.is_mutable_collection("quant_calib") and not self.is_initializing():
+                for k in variables:
+                    self.variable("quant_calib", f"{k}_in", lambda k=k: new_stats[k]).value = \
+                        new_stats[k]
+        elif sq is not None and sq.update:
             for k, v in variables.items():
                 v.value = new_stats[k]
         out = checkpoint_name(out.astype(x.dtype), "vsn_out")

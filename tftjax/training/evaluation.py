@@ -34,7 +34,8 @@ def saved_dataset(saved: SavedModel, parquet_file=None, *, unknown: str = "refus
 
 def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
                    int8: bool = False, calibrate_batches: int = 0, unknown: str = "refuse",
-                   instrument: str | None = None, log: Callable = print) -> dict:
+                   instrument: str | None = None, log: Callable = print,
+                   calibration: str = "minmax") -> dict:
     """Metrics of a saved TFT on one split, beside the baselines.
 
     The data is the file the model was trained on (found relative to its run folder or at
@@ -79,10 +80,11 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
             raise ConfigError("--calibrate uses the training windows: evaluate on the training "
                               "data (drop --parquet-file)")
         cfg, qstats = calibrate(cfg, variables["params"], trainer.data, ds.splits.train,
-                                calibrate_batches, tc.batch_size)
+                                calibrate_batches, tc.batch_size, method=calibration)
         trainer = Trainer(cfg, tc, trainer.data)
         variables = {"params": variables["params"], "quant_stats": qstats}
-        what += f", int8 ranges calibrated on {calibrate_batches} training batches (PTQ)"
+        what += (f", int8 ranges calibrated on {calibrate_batches} training batches "
+                 f"({calibration}, PTQ)")
     starts = getattr(ds.splits, split)
     summary = {"model": {}, "baselines": {}, "checkpoint": saved.given,
                "weights_epoch": saved.weights_epoch, "data": ds.identity()}

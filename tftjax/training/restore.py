@@ -20,7 +20,7 @@ from tftjax import runloop
 from tftjax.checkpoints import list_checkpoints, read_meta, restore_state
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import DataError, Dataset, FeatureStats, saved_featurisation
-from tftjax.quant import as_minmax
+from tftjax.quant_tree import as_minmax
 from tftjax.training.state import TrainState, abstract_train_state
 
 

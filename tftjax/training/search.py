@@ -46,7 +46,6 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
         raise ConfigError("python -m tftjax.tune needs optuna: pip install 'tftjax[tune]'") from None
     from tftjax.data import load_dataset
     from tftjax.training import train_and_evaluate
-    from tftjax.training.steps import release_compiled
 
     if trials < 1:
         raise ConfigError(f"--trials must be >= 1, got {trials}")
@@ -120,3 +119,22 @@ def format_trials(out: dict) -> str:
     lines.append(f"best: trial {b['trial']}, validation loss {b['val_loss']:.4f}: "
                  + json.dumps(out["settings"]))
     return "\n".join(lines)
+
+
+def release_compiled() -> None:
+    """Forget every compiled program this process keeps for reuse: the step, init and
+    optimizer caches here and in :mod:`tftjax.training.state`, :mod:`tftjax.models.tft` and
+    :mod:`tftjax.training.ptq`, and JAX's own. A search that trains many configurations in
+    one process (``tftjax.tune``, ``backtest --tune-trials``) calls it between trials;
+    otherwise each trial's executables stay alive, and after a few dozen the process runs out
+    of memory mappings (LLVM: "Cannot allocate memory")."""
+    import jax
+
+    from tftjax.models import tft
+    from tftjax.training import ptq, state
+    from tftjax.training.steps import make_eval_step, make_train_step
+
+    for fn in (make_train_step, make_eval_step, state._optimizer, state._init_fn,
+               ptq._calibrate_step, tft.apply_fn, tft._init_fn):
+        fn.cache_clear()
+    jax.clear_caches()

@@ -156,18 +156,3 @@ def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callabl
     return jax.jit(step, in_shardings=(par.replicated, par.data_shardings(), par.batch_sharding),
                    out_shardings=par.replicated)
 
-
-def release_compiled() -> None:
-    """Forget every compiled program this process keeps for reuse: the step, init and
-    optimizer caches here and in :mod:`tftjax.training.state`, :mod:`tftjax.models.tft` and
-    :mod:`tftjax.training.ptq`, and JAX's own. A search that trains many configurations in
-    one process (``tftjax.tune``, ``backtest --tune-trials``) calls it between trials;
-    otherwise each trial's executables stay alive, and after a few dozen the process runs out
-    of memory mappings (LLVM: "Cannot allocate memory")."""
-    from tftjax.models import tft
-    from tftjax.training import ptq, state
-
-    for fn in (make_train_step, make_eval_step, state._optimizer, state._init_fn,
-               ptq._calibrate_step, tft.apply_fn, tft._init_fn):
-        fn.cache_clear()
-    jax.clear_caches()

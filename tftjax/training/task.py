@@ -19,7 +19,7 @@ from tftjax.data.calendar import format_interval
 from tftjax.errors import TrainingDiverged
 from tftjax.models.tft import init_variables
 from tftjax.parallel import is_primary, make_parallel
-from tftjax.quant import layer_names, unmatched
+from tftjax.quant_tree import layer_names, unmatched
 from tftjax.remat import plan as remat_plan
 from tftjax.training.evaluation import format_summary, summarize
 from tftjax.training.restore import Initial, restore_without_observers
@@ -49,7 +49,7 @@ class TFTTask:
             if bad := unmatched(cfg.qat_layers, shapes["params"]):
                 raise ConfigError(f"--qat-layers {' '.join(bad)} matches no layer; layers are "
                                   "named like " + ", ".join(layer_names(shapes["params"])[:4])
-                                  + ", … (tftjax.quant.layer_names)")
+                                  + ", … (tftjax.quant_tree.layer_names)")
         self.epochs, self.patience = tc.epochs, tc.patience
         self.total_steps = steps_per_epoch(tc, ds.splits.train.size) * tc.epochs
         if tc.lr_schedule == "cosine":  # the schedule spans the run's epochs: they are fixed

@@ -16,7 +16,7 @@ from tftjax import losses
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import Dataset, DeviceData, epoch_batches, to_device
 from tftjax.models.tft import quant_spec
-from tftjax.quant import int8_variables, unobserved
+from tftjax.quant_tree import int8_variables, unobserved
 from tftjax.training.state import TrainState, create_train_state
 from tftjax.training.steps import make_eval_step, make_train_step
 
@@ -150,7 +150,7 @@ def model_variables(cfg: TFTConfig, variables: dict, mode: str | None = None) ->
 
 @functools.partial(jax.jit, static_argnums=1)
 def to_int8(params, spec):
-    """:func:`tftjax.quant.int8_variables`, jitted (one compile instead of one per eager op
+    """:func:`tftjax.quant_tree.int8_variables`, jitted (one compile instead of one per eager op
     of every kernel)."""
     return int8_variables(params, spec)
 
