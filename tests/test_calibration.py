@@ -77,7 +77,7 @@ def test_calibrate_reduces_the_batches_as_its_method_says():
     data = to_device(ds.features)
     starts = ds.splits.train
     out = {}
-    for method in ("minmax", "mse"):  # (percentile's reduction, a mean: checked below)
+    for method in ("minmax",):  # (mse's choice per tensor: the module-level test above)
         qcfg, stats = calibrate(cfg, params, data, starts, 3, 32, method=method)
         out[method] = _paths(stats, lambda v: isinstance(v, MinMax))
     # per-batch records by the same step, reduced by hand: min/max, and the percentiles' mean
@@ -94,9 +94,6 @@ def test_calibrate_reduces_the_batches_as_its_method_says():
         r = np.array([b[name] for b in recs["minmax"]])  # [batches, (m,) 2]
         np.testing.assert_allclose(mm.min, r[..., 0].min(0), rtol=1e-6)
         np.testing.assert_allclose(mm.max, r[..., 1].max(0), rtol=1e-6)
-        ratio = np.asarray(out["mse"][name].max) / np.where(np.asarray(mm.max) != 0, mm.max, 1)
-        ok = np.asarray(mm.max) != 0
-        assert np.all(np.min(np.abs(ratio[..., None] - np.asarray(MSE_SHRINK)), -1)[ok] < 1e-5)
         assert np.all(np.asarray(mm.count) == 3)
         per_variable += np.ndim(mm.min) == 1
     assert per_variable >= 2  # the stacked GRNs' per-variable observers are calibrated too

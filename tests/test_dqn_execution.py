@@ -265,14 +265,14 @@ def test_seeds_in_one_program_equal_separate_runs(tmp_path):
     from tftjax.dqn.seeds import run_seeds
     from test_runloop import raw_state
 
-    cfg = dataclasses.replace(TINY, epochs=3, smooth_epochs=2)
+    cfg = dataclasses.replace(TINY, epochs=2, smooth_epochs=2)
     report = run_seeds(cfg, 2, tmp_path / "seeds", log=lambda *a: None)
-    ck = next((tmp_path / "seeds" / "checkpoints").glob("dqn_seeds_final_epoch3"))
+    ck = next((tmp_path / "seeds" / "checkpoints").glob("dqn_seeds_final_epoch2"))
     stacked = raw_state(ck)
     for i in range(2):
         one = run(dataclasses.replace(cfg, seed=i), tmp_path / f"s{i}", **quiet)
         assert report["best_epoch"][i] == one["best_epoch"]
-        params = raw_state(tmp_path / f"s{i}" / "checkpoints" / "dqn_final_epoch3")["params"]
+        params = raw_state(tmp_path / f"s{i}" / "checkpoints" / "dqn_final_epoch2")["params"]
         for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(stacked)):
             np.testing.assert_allclose(np.asarray(b)[i], np.asarray(a), rtol=2e-4, atol=2e-6)
         got = report["per_seed"][i]["test"]["agent"]

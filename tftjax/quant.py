@@ -12,14 +12,10 @@ absmax element itself (which maps exactly to ``qmax``) outside the range
 through rounding of ``qmax · s`` and wrongly freeze it. Scales and zero
 points get no gradient.
 
-``s`` and ``zp`` broadcast against ``x``: a scalar is per-tensor, a shape like
-``[1, C]`` is per-channel along the last axis (:func:`channel_scale` builds
-symmetric per-channel scales along any axis).
+``s`` and ``zp`` broadcast against ``x`` (a scalar: per-tensor; ``[1, C]``: per-channel).
 
-References:
-  Jacob et al., "Quantization and Training of Neural Networks for Efficient
-  Integer-Arithmetic-Only Inference", CVPR 2018. Bengio et al., "Estimating or
-  Propagating Gradients Through Stochastic Neurons", 2013 (straight-through).
+References: Jacob et al., CVPR 2018 (integer-arithmetic-only inference); Bengio et al.,
+2013 (straight-through estimators).
 """
 
 from __future__ import annotations

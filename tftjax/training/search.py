@@ -135,6 +135,6 @@ def release_compiled() -> None:
     from tftjax.training.steps import make_eval_step, make_train_step
 
     for fn in (make_train_step, make_eval_step, state._optimizer, state._init_fn,
-               ptq._calibrate_step, tft.apply_fn, tft._init_fn):
+               ptq._record_step, tft.apply_fn, tft._init_fn):
         fn.cache_clear()
     jax.clear_caches()
