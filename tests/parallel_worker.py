@@ -44,6 +44,16 @@ def train(cfg, devices, layout="replicated", accumulate=1, evaluate=False):
             "replicated": all(x.sharding.is_fully_replicated for x in jax.tree.leaves(state))}
 
 
+def compare_observers(run, ref) -> dict:
+    """QAT: the observers after the same steps (min/max and how many updates)."""
+    a = jax.tree.leaves(jax.device_get(run["state"].quant_stats))
+    b = jax.tree.leaves(jax.device_get(ref["state"].quant_stats))
+    return {"n": len(b), "max_abs": float(max(np.abs(np.asarray(x, np.float64)
+                                                     - np.asarray(y, np.float64)).max()
+                                              for x, y in zip(a, b))),
+            "counts": sorted({int(np.max(x)) for x, y in zip(a, b) if x.dtype.kind == "i"})}
+
+
 def compare(run, ref) -> dict:
     a = [np.asarray(x, np.float64) for x in jax.tree.leaves(run["state"].params)]
     b = [np.asarray(x, np.float64) for x in jax.tree.leaves(ref["state"].params)]
@@ -90,5 +100,12 @@ if __name__ == "__main__":
     # feature rows sharded over the 4 devices (the other layout)
     out["accumulate_2_rows_sharded_vs_whole"] = compare(
         train(no_dropout, 4, layout="rows", accumulate=2), train(no_dropout, 1))
+    # QAT: observers move once per step by the whole batch's range, whatever the batch is
+    # split into: 4 micro-batches or 4 devices equal one device's whole batch
+    qat = dataclasses.replace(no_dropout, qat=True)
+    q1 = train(qat, 1)
+    for name, run in (("qat_accumulate_4_vs_whole", train(qat, 1, accumulate=4)),
+                      ("qat_four_devices_vs_one", train(qat, 4))):
+        out[name] = {**compare(run, q1), "observers": compare_observers(run, q1)}
     print(json.dumps(out))
     sys.stdout.flush()

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from conftest import call, short_es
 
-from tftjax import quant as qt
+from tftjax.models.layers import dense
 from tftjax.config import ConfigError, preset
-from tftjax.quant import MSE_SHRINK, MinMax, QuantSpec
+from tftjax.quant import MinMax, QuantSpec
+from tftjax.quant_calib import MSE_SHRINK
 from tftjax.training.ptq import calibrate, check_calibration
 
 
@@ -20,7 +21,7 @@ class One(nn.Module):
     @nn.compact
     def __call__(self, x):
         w = self.param("kernel", nn.initializers.ones, (x.shape[-1], 2))
-        return qt.dense(self, "kernel", x, w, self.quant)
+        return dense(self, "kernel", x, w, self.quant)
 
 
 def np_fake_quant(x, lo, hi):

@@ -27,6 +27,7 @@ from tftjax.training.trainer import to_int8
 from tftjax.quant import (MinMax, activation_qparams, fake_quant, fake_quant_weight, int8_bmm,
                           int8_dense, quantize_activation, quantize_weight)
 from tftjax.quant_tree import int8_variables
+from tftjax.quant import update_observers
 
 B = 8
 
@@ -59,8 +60,15 @@ def inputs(cfg, seed):
     return random_inputs(cfg, B, seed)
 
 
+def observed(module, spec, variables, *args, mutable=(), **kw):
+    """A training step's observers: the forward records each observed tensor's range
+    (``quant_batch``), then every observer moves once (what the train step does)."""
+    out, rec = module.apply(variables, *args, mutable=["quant_batch", *mutable], **kw)
+    return out, update_observers(variables["quant_stats"], rec.get("quant_batch", {}), spec), rec
+
+
 def observe_step(cfg):
-    return jax.jit(lambda v, x: TFT(cfg).apply(v, *x[:3], mutable=["quant_stats"])[1]["quant_stats"])
+    return jax.jit(lambda v, x: observed(TFT(cfg), quant_spec(cfg), v, *x[:3])[1])
 
 
 def predict(cfg, mode, variables, x):
@@ -100,10 +108,10 @@ def loss_and_grads(tier, variables, x):
     cfg = small(tier)
 
     def loss(p):
-        (pred, _), upd = TFT(cfg).apply({"params": p, "quant_stats": variables["quant_stats"]},
-                                        *x[:3], False, rngs={"dropout": jax.random.key(7, impl="rbg")},
-                                        mutable=["quant_stats"])
-        return losses.quantile_loss(x[3], pred, cfg.quantiles), upd["quant_stats"]
+        (pred, _), stats, _ = observed(
+            TFT(cfg), quant_spec(cfg), {"params": p, "quant_stats": variables["quant_stats"]},
+            *x[:3], False, rngs={"dropout": jax.random.key(7, impl="rbg")})
+        return losses.quantile_loss(x[3], pred, cfg.quantiles), stats
 
     (value, stats), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(variables["params"])
     return float(value), stats, grads
@@ -166,14 +174,13 @@ def test_observers_follow_the_moving_average_and_freeze(model):
         x = inputs(cfg, seed)
         # independent reference: the quantile head's input is the output gate's output,
         # captured in the same forward pass; PyTorch's moving average written out
-        _, upd = jax.jit(lambda v, x: TFT(cfg).apply(
-            v, *x[:3], capture_intermediates=True, mutable=["quant_stats", "intermediates"]))(
-            {**params, "quant_stats": stats}, x)
+        _, stats, upd = jax.jit(lambda v, x: observed(
+            TFT(cfg), quant_spec(cfg), v, *x[:3], capture_intermediates=True,
+            mutable=["intermediates"]))({**params, "quant_stats": stats}, x)
         head_in = np.asarray(upd["intermediates"]["output_gate"]["__call__"][0])
         if len(history) < 2:
             lo = head_in.min() if lo is None else lo + 0.01 * (head_in.min() - lo)
             hi = head_in.max() if hi is None else hi + 0.01 * (head_in.max() - hi)
-        stats = upd["quant_stats"]
         history.append(jax.device_get(stats))
         obs = stats["quantiles"]["kernel_in"]
         np.testing.assert_allclose([float(obs.min), float(obs.max)], [lo, hi], rtol=1e-5)
@@ -242,8 +249,8 @@ def test_int8_layer_within_one_step_of_fake_quant(name):
     make, args = _module_cases()[name]
     fake_spec, int8_spec = QuantSpec("fake"), QuantSpec("int8")
     v = jax.jit(make(fake_spec).init)(jax.random.key(0), *args)
-    _, upd = jax.jit(lambda v: make(fake_spec).apply(v, *args, mutable=["quant_stats"]))(v)
-    v = {"params": v["params"], "quant_stats": upd["quant_stats"]}
+    _, stats, _ = jax.jit(lambda v: observed(make(fake_spec), fake_spec, v, *args))(v)
+    v = {"params": v["params"], "quant_stats": stats}
     fake = jax.jit(lambda v: make(fake_spec).apply(v, *args))(v)
     i8 = {**jax.jit(int8_variables, static_argnums=1)(v["params"], int8_spec),
           "quant_stats": v["quant_stats"]}

@@ -24,6 +24,7 @@ this map names every module::
   scoring               block bootstrap, Diebold-Mariano, Holm, Kupiec/Christoffersen, CRPS
   quant                 fake-quant (a custom_vjp straight-through estimator), observers, int8
   quant_tree            the quantized trees: int8 variables, layer names, observers
+  quant_calib           what a PTQ calibration batch records of each tensor, by method
   models.dropout        the stacked GRNs' dropout masks
   models.fused          the fused, recomputing per-variable GRN kernel (CPU)
   models.layers         Dense, GLU, GRN, gated add & norm, LSTM, interpretable attention

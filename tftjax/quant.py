@@ -27,7 +27,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 INT8_MIN, INT8_MAX = -128, 127
 SYMMETRIC_MAX = 127  # symmetric int8 weights use [-127, 127] (zero is exact, the grid symmetric)
@@ -123,11 +122,31 @@ def observe(stats: MinMax, x: jax.Array, averaging_constant: float = 0.01,
     ``freeze_after`` observations the statistics stop moving (``None``: never). Non-finite
     values are ignored (one inf would otherwise set the range for good); a batch with none
     finite leaves the statistics as they were."""
-    axes = tuple(range(stats.min.ndim, x.ndim))  # stats' leading axes are per-channel
+    r = batch_range(x, stats.min.ndim)
+    return observe_range(stats, r[..., 0], r[..., 1], averaging_constant, freeze_after)
+
+
+def batch_range(x: jax.Array, lead: int = 0) -> jax.Array:
+    """``[..., 2]``: the min and max of the finite values of ``x`` per index of its ``lead``
+    leading axes (``+inf, -inf`` where none is finite). Reduced over micro-batches by
+    :func:`merge_ranges`, a training step's observers update once from it."""
     x = x.astype(jnp.float32)
+    axes = tuple(range(lead, x.ndim))
     fin = jnp.isfinite(x)
-    lo = jnp.min(jnp.where(fin, x, jnp.inf), axis=axes)
-    hi = jnp.max(jnp.where(fin, x, -jnp.inf), axis=axes)
+    return jnp.stack([jnp.min(jnp.where(fin, x, jnp.inf), axis=axes),
+                      jnp.max(jnp.where(fin, x, -jnp.inf), axis=axes)], axis=-1)
+
+
+def merge_ranges(a: jax.Array, b: jax.Array) -> jax.Array:
+    """The range of two batches' :func:`batch_range` together."""
+    return jnp.stack([jnp.minimum(a[..., 0], b[..., 0]), jnp.maximum(a[..., 1], b[..., 1])],
+                     axis=-1)
+
+
+def observe_range(stats: MinMax, lo: jax.Array, hi: jax.Array, averaging_constant: float = 0.01,
+                  freeze_after: int | None = None) -> MinMax:
+    """:func:`observe` of a batch whose finite values span ``[lo, hi]`` (``lo = +inf``:
+    nothing finite, no update)."""
     seen = jnp.isfinite(lo)
     lo, hi = jnp.where(seen, lo, 0.0), jnp.where(seen, hi, 0.0)
     c, first = averaging_constant, stats.count == 0
@@ -187,11 +206,9 @@ class QuantSpec:
     freeze_after: int | None = None
     averaging_constant: float = 0.01
     calibrate: str | None = None
-    """Post-training calibration pass (:mod:`tftjax.training.ptq`): activations stay float
-    and each observed tensor's batch statistics go to the ``quant_calib`` collection:
-    ``minmax`` its min and max, ``percentile:P`` its P-th and (100-P)-th percentiles, ``mse``
-    the quantisation error of every candidate range :data:`MSE_SHRINK` × the range in
-    ``quant_stats``."""
+    """Post-training calibration pass (:mod:`tftjax.training.ptq`,
+    :mod:`tftjax.quant_calib`): activations stay float, each observed tensor's batch
+    statistics go to the ``quant_calib`` collection."""
 
     def covers(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in self.layers)
@@ -203,13 +220,35 @@ def covered(quant: QuantSpec | None, module_path, param: str) -> bool:
 
 def observer(mod: Any, param: str, x: jax.Array, quant: QuantSpec, *, update: bool = True,
              shape: tuple[int, ...] = ()) -> MinMax:
-    """The ``quant_stats`` observer of the input of ``param`` in module ``mod``, updated
-    with ``x`` when the collection is mutable (a training or calibration step; never at
-    init, never in evaluation) and ``update``. Returns the statistics to quantize with."""
+    """The ``quant_stats`` observer of the input of ``param`` in module ``mod``, as it was
+    before this step (what the step quantizes with). In a training step (the ``quant_batch``
+    collection mutable; never at init, never in evaluation) and with ``update``, ``x``'s
+    range is recorded in ``quant_batch``: the step merges its micro-batches' ranges and
+    updates every observer once (:func:`update_observers`), whatever ``--accumulate``."""
     v = mod.variable("quant_stats", f"{param}_in", init_minmax, shape)
-    if update and mod.is_mutable_collection("quant_stats") and not mod.is_initializing():
-        v.value = observe(v.value, x, quant.averaging_constant, quant.freeze_after)
+    if update and mod.is_mutable_collection("quant_batch") and not mod.is_initializing():
+        rec = batch_range(x, len(shape))
+        mod.variable("quant_batch", f"{param}_in", lambda: rec).value = rec
     return v.value
+
+
+def update_observers(stats: Any, ranges: Any, quant: QuantSpec) -> Any:
+    """Every observer of ``stats`` (a ``quant_stats`` tree) moved once by its batch range in
+    ``ranges`` (the ``quant_batch`` tree of the step, micro-batches merged); observers the
+    step did not record keep their values."""
+    if isinstance(stats, MinMax):
+        if ranges is None:
+            return stats
+        return observe_range(stats, ranges[..., 0], ranges[..., 1], quant.averaging_constant,
+                             quant.freeze_after)
+    return {k: update_observers(v, (ranges or {}).get(k), quant) for k, v in stats.items()}
+
+
+def quantize_observed(x: jax.Array, stats: MinMax) -> jax.Array:
+    """``fake_quant`` with an observer's range; an observer that has seen nothing yet (the
+    first training step) lets ``x`` through unquantized."""
+    s, zp = activation_qparams(stats)
+    return jnp.where(stats.count > 0, fake_quant(x, s, zp), x)
 
 
 def weight(mod: Any, param: str, w: jax.Array, quant: QuantSpec):
@@ -228,79 +267,6 @@ def dequantize(wq) -> jax.Array:
     """Weight-only use of an int8 kernel (inputs that are one scalar per variable)."""
     q, s = wq
     return q.astype(jnp.float32) * s
-
-
-def dense(mod: Any, param: str, x: jax.Array, w: jax.Array, quant: QuantSpec | None) -> jax.Array:
-    """``x @ w`` over the last axis of ``x`` and the first of ``w``, quantized when
-    ``quant`` covers the layer: ``fake``: ``fq(x) @ fq(w)``; ``int8``: int8 operands,
-    int32 accumulation, rescaled after."""
-    dims = (((x.ndim - 1,), (0,)), ((), ()))
-    if not covered(quant, mod.path, param):
-        return jax.lax.dot_general(x, w, dims)
-    if quant.calibrate is not None:  # record, quantize no activation
-        calibration_record(mod, param, x, quant.calibrate)
-        return jax.lax.dot_general(x, weight(mod, param, w, quant), dims)
-    s, zp = activation_qparams(observer(mod, param, x, quant))
-    if quant.mode == "fake":
-        return jax.lax.dot_general(fake_quant(x, s, zp), weight(mod, param, w, quant), dims)
-    qw, sw = weight(mod, param, w, quant)
-    return int8_dense(quantize_activation(x, s, zp), s, zp, qw, sw)
-
-
-MSE_SHRINK = tuple(float(a) for a in np.linspace(0.2, 1.0, 41))
-"""Candidate ranges of ``--calibration mse``: these fractions of the observed min/max."""
-
-
-def calibration_record(mod: Any, param: str, x: jax.Array, method: str) -> None:
-    """One calibration batch's statistics of the input of ``param`` in ``mod``
-    (:func:`calibration_stats`, into the ``quant_calib`` collection)."""
-    if mod.is_initializing() or not mod.is_mutable_collection("quant_calib"):
-        return
-    name = f"{param}_in"
-    ref = mod.get_variable("quant_stats", name) if method == "mse" else None
-    rec = calibration_stats(x, method, ref)
-    mod.variable("quant_calib", name, lambda: rec).value = rec
-
-
-def calibration_stats(x: jax.Array, method: str, ref: MinMax | None = None,
-                      lead: int = 0) -> jax.Array:
-    """What a calibration batch says of the tensor ``x`` (per index of its ``lead`` leading
-    axes, e.g. one per variable of a stacked layer; non-finite values ignored):
-    ``minmax``: ``[..., 2]`` its min and max; ``percentile:P``: its P-th and (100−P)-th
-    percentiles (linear interpolation); ``mse``: ``[..., A]`` the summed squared error of
-    fake-quantizing it with each :data:`MSE_SHRINK` fraction of the range ``ref``."""
-    x = x.astype(jnp.float32)
-    x = x.reshape(x.shape[:lead] + (-1,))
-    fin = jnp.isfinite(x)
-    if method == "mse":
-        xf = jnp.where(fin, x, 0.0)
-
-        def err(a):  # one candidate at a time: one compiled body, the tensor's own memory
-            s_, zp = activation_qparams(MinMax(ref.min * a, ref.max * a, ref.count))
-            y = fake_quant(xf, s_[..., None], zp[..., None])
-            return jnp.sum(jnp.where(fin, (y - xf) ** 2, 0.0), axis=-1)
-
-        return jnp.moveaxis(jax.lax.map(err, jnp.asarray(MSE_SHRINK, jnp.float32)), 0, -1)
-    if method == "minmax":
-        lo = jnp.min(jnp.where(fin, x, jnp.inf), axis=-1)
-        hi = jnp.max(jnp.where(fin, x, -jnp.inf), axis=-1)
-    else:  # percentile:P
-        p = float(method.split(":")[1]) / 100.0
-        xs = jnp.sort(jnp.where(fin, x, jnp.inf), axis=-1)  # the finite ones first
-        n = jnp.sum(fin, axis=-1)
-        lo, hi = _quantile_sorted(xs, n, 1.0 - p), _quantile_sorted(xs, n, p)
-    return jnp.stack([lo, hi], axis=-1)
-
-
-def _quantile_sorted(xs: jax.Array, n: jax.Array, q: float) -> jax.Array:
-    """The ``q`` quantile (linear interpolation) of the first ``n`` values of sorted ``xs``
-    (last axis)."""
-    pos = q * (n - 1).astype(jnp.float32)
-    i = jnp.floor(pos).astype(jnp.int32)
-    j = jnp.minimum(i + 1, n - 1)
-    w = pos - i
-    take = lambda k: jnp.take_along_axis(xs, k[..., None], axis=-1)[..., 0]  # noqa: E731
-    return take(i) * (1 - w) + take(j) * w
 
 
 def int8_dense(qx, s, zp, qw, sw) -> jax.Array:

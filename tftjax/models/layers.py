@@ -28,10 +28,30 @@ from jax.ad_checkpoint import checkpoint_name
 
 from tftjax import quant as qt
 from tftjax.quant import QuantSpec
+from tftjax.quant_calib import calibration_record, calibration_stats
 
 Array = jax.Array
 Policy = Callable[..., Any] | None
 
+
+
+def dense(mod: Any, param: str, x: jax.Array, w: jax.Array, quant: QuantSpec | None) -> jax.Array:
+    """``x @ w`` over the last axis of ``x`` and the first of ``w``, quantized when
+    ``quant`` covers the layer: ``fake``: ``fq(x) @ fq(w)``; ``int8``: int8 operands,
+    int32 accumulation, rescaled after."""
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    if not qt.covered(quant, mod.path, param):
+        return jax.lax.dot_general(x, w, dims)
+    if quant.calibrate is not None:  # record, quantize no activation
+        calibration_record(mod, param, x, quant.calibrate)
+        return jax.lax.dot_general(x, qt.weight(mod, param, w, quant), dims)
+    stats = qt.observer(mod, param, x, quant)
+    if quant.mode == "fake":
+        wq = qt.weight(mod, param, w, quant)
+        return jax.lax.dot_general(qt.quantize_observed(x, stats), wq, dims)
+    s, zp = qt.activation_qparams(stats)
+    qw, sw = qt.weight(mod, param, w, quant)
+    return qt.int8_dense(qt.quantize_activation(x, s, zp), s, zp, qw, sw)
 
 class Dense(nn.Module):
     """``nn.Dense`` (same parameters, initialisers and names) that quantizes when ``quant``
@@ -44,7 +64,7 @@ class Dense(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features))
-        y = qt.dense(self, "kernel", x, kernel, self.quant)
+        y = dense(self, "kernel", x, kernel, self.quant)
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros, (self.features,))
         return y
@@ -210,7 +230,7 @@ class LSTM(nn.Module):
             return jnp.zeros(shape, dtype).at[d : 2 * d].set(self.forget_bias)
 
         b = self.param("b", bias_init, (4 * d,))
-        xp = jnp.swapaxes(qt.dense(self, "w_i", xs, w_i, self.quant), 0, 1) + b  # [T, B, 4d]
+        xp = jnp.swapaxes(dense(self, "w_i", xs, w_i, self.quant), 0, 1) + b  # [T, B, 4d]
 
         recurrent, stats = self._recurrent(w_h)
 
@@ -228,13 +248,13 @@ class LSTM(nn.Module):
         carry, hs = lax.scan(step, (c0, h0), xp)
         seen_h = lambda: jnp.concatenate([h0[None], hs[:-1]], axis=0)  # noqa: E731
         if stats is not None:  # every h the recurrent matmul saw: h_0 … h_{T-1}
-            stats.value = qt.observe(stats.value, seen_h(), self.quant.averaging_constant,
-                                     self.quant.freeze_after)
+            rec = qt.batch_range(seen_h())
+            self.variable("quant_batch", "w_h_in", lambda: rec).value = rec
         elif (qt.covered(self.quant, self.path, "w_h") and self.quant.calibrate is not None
               and self.is_mutable_collection("quant_calib") and not self.is_initializing()):
             ref = (self.get_variable("quant_stats", "w_h_in")
                    if self.quant.calibrate == "mse" else None)
-            rec = qt.calibration_stats(seen_h(), self.quant.calibrate, ref)
+            rec = calibration_stats(seen_h(), self.quant.calibrate, ref)
             self.variable("quant_calib", "w_h_in", lambda: rec).value = rec
         return carry, jnp.swapaxes(hs, 0, 1)  # [B, T, d]
 
@@ -244,7 +264,7 @@ class LSTM(nn.Module):
         if not qt.covered(self.quant, self.path, "w_h"):
             return (lambda h: h @ w_h), None
         var = self.variable("quant_stats", "w_h_in", qt.init_minmax, ())
-        update = self.is_mutable_collection("quant_stats") and not self.is_initializing()
+        update = self.is_mutable_collection("quant_batch") and not self.is_initializing()
         stats = var.value
         s, zp = qt.activation_qparams(stats)
         if self.quant.mode == "int8":

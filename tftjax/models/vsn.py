@@ -25,6 +25,7 @@ from tftjax.models import fused
 from tftjax.models.dropout import keep_mask, keep_prob
 from tftjax.models.layers import GRN, EmbeddedGRN, norm_stats
 from tftjax.quant import QuantSpec
+from tftjax.quant_calib import calibration_stats
 
 Array = jax.Array
 Policy = Callable[..., Any] | None
@@ -48,7 +49,7 @@ class StackedQuant(NamedTuple):
 
     spec: QuantSpec
     covered: frozenset  # kernel names quantized
-    update: bool  # update the observers (a training or calibration step)
+    update: bool  # record the batch's ranges (a training step)
 
 
 def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
@@ -82,18 +83,18 @@ def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
     def bmm(name, h):  # [m, N, i] × [m, i, o], observed and quantized when covered
         if name not in covered:
             return _bmm(h, p[name])
-        st = stats[name]
+        st = stats[name]  # as before this step: what the step quantizes with
         if sq.spec.calibrate is not None:  # a calibration pass: record, float activations
-            new_stats[name] = qt.calibration_stats(h, sq.spec.calibrate, st, lead=1)
+            new_stats[name] = calibration_stats(h, sq.spec.calibrate, st, lead=1)
             return _bmm(h, p[name])
-        if sq.update:
-            st = qt.observe(st, h, sq.spec.averaging_constant, sq.spec.freeze_after)
-        new_stats[name] = st
+        if sq.update:  # this batch's range, per variable; the step updates the observers once
+            new_stats[name] = qt.batch_range(h, 1)
         s, zp = qt.activation_qparams(st)
         if int8:
             return qt.int8_bmm(qt.quantize_activation(h, s[:, None, None], zp[:, None, None]),
                                s, zp, p[name], p[name + "_scale"])
-        return _bmm(qt.fake_quant(h, s[:, None, None], zp[:, None, None]), p[name])
+        hq = qt.fake_quant(h, s[:, None, None], zp[:, None, None])
+        return _bmm(jnp.where((st.count > 0)[:, None, None], hq, h), p[name])
 
     # e = x·k + b is affine in the scalar x, so W_2 e and skip(e) are too: fold
     # the embedding into them (same parameters, no [m, N, d_v] → d matmuls).
@@ -189,7 +190,7 @@ class VariableSelection(nn.Module):
             variables = {k: self.variable("quant_stats", f"{k}_in", qt.init_minmax, (m,))
                          for k in _MATMULS if k in covered}
             stats = {k: v.value for k, v in variables.items()}
-            update = self.is_mutable_collection("quant_stats") and not self.is_initializing()
+            update = self.is_mutable_collection("quant_batch") and not self.is_initializing()
             sq = StackedQuant(self.quant, covered, update)
         emb_k = qt.dequantize((p["emb_k"], p["emb_k_scale"])) if "emb_k_scale" in p else p["emb_k"]
         extra = None
@@ -233,9 +234,10 @@ class VariableSelection(nn.Module):
                 for k in variables:
                     self.variable("quant_calib", f"{k}_in", lambda k=k: new_stats[k]).value = \
                         new_stats[k]
-        elif sq is not None and sq.update:
-            for k, v in variables.items():
-                v.value = new_stats[k]
+        elif sq is not None and sq.update:  # the batch's ranges, for the step's one update
+            for k in variables:
+                self.variable("quant_batch", f"{k}_in", lambda k=k: new_stats[k]).value = \
+                    new_stats[k]
         out = checkpoint_name(out.astype(x.dtype), "vsn_out")
         return out.reshape(lead + (d,)), w.reshape(lead + (m,))
 

@@ -6,7 +6,7 @@ training batches, without training, by one of three methods (``--calibration``):
   keeps most of the weight);
 - ``percentile:P`` (e.g. ``percentile:99.99``): each observed tensor's P-th and (100−P)-th
   percentiles, averaged over the batches (outliers no longer set the range);
-- ``mse``: the range, among :data:`tftjax.quant.MSE_SHRINK` fractions of the min/max range,
+- ``mse``: the range, among :data:`tftjax.quant_calib.MSE_SHRINK` fractions of the min/max range,
   that minimises the tensor's squared quantisation error summed over the batches.
 
 Activations stay float during calibration (the observers only record), as in PyTorch's
@@ -25,7 +25,8 @@ import numpy as np
 from tftjax.config import ConfigError, TFTConfig
 from tftjax.data import DeviceData, epoch_batches, gather
 from tftjax.models.tft import TFT, init_variables
-from tftjax.quant import MSE_SHRINK, MinMax
+from tftjax.quant import MinMax
+from tftjax.quant_calib import MSE_SHRINK
 
 Array = jax.Array
 

@@ -16,9 +16,10 @@ import numpy as np
 import optax
 
 from tftjax import losses
+from tftjax import quant as qt
 from tftjax.config import TFTConfig
 from tftjax.data import DeviceData, gather
-from tftjax.models.tft import apply_fn
+from tftjax.models.tft import apply_fn, quant_spec
 from tftjax.training.state import TrainState
 
 Array = jax.Array
@@ -26,14 +27,15 @@ Array = jax.Array
 
 def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key, denom=None,
              vol_target=False):
-    # quant_stats is mutable: the observers move with this batch (once, in the forward
-    # pass: a rematerialised block's recomputation only rebuilds residuals) and come back.
-    (pred, _), updated = apply_fn({"params": params, "quant_stats": quant_stats},
-                                  batch.static, batch.historical, batch.known, False,
-                                  rngs={"dropout": dropout_key}, mutable=["quant_stats"])
+    # quant_batch is mutable: the forward records each observed tensor's range in this
+    # (micro-)batch (once: a rematerialised block's recomputation only rebuilds residuals);
+    # the step merges them and moves every observer once (tftjax.quant.update_observers).
+    (pred, _), recorded = apply_fn({"params": params, "quant_stats": quant_stats},
+                                   batch.static, batch.historical, batch.known, False,
+                                   rngs={"dropout": dropout_key}, mutable=["quant_batch"])
     pred = forecast(pred, batch, vol_target)
     return (losses.quantile_loss(batch.target, pred, quantiles, mask, denom),
-            updated.get("quant_stats", {}))
+            recorded.get("quant_batch", {}))
 
 
 def at_matmul_precision(cfg: TFTConfig, fn: Callable) -> Callable:
@@ -55,6 +57,15 @@ def forecast(raw: Array, batch, vol_target: bool) -> Array:
     """The quantile forecasts ``[B, D, Q]`` in target units from the network's outputs: as
     they are, or (``vol_target``) times each window's EWMA volatility at its forecast time."""
     return raw * batch.scale[:, None, None] if vol_target else raw
+
+
+def no_ranges(quant_stats):
+    """An empty :func:`tftjax.quant.batch_range` for every observer (``[..., 2]`` of
+    ``+inf, -inf``): the start of the micro-batches' merge."""
+    def one(st):
+        return jnp.stack([jnp.full(st.min.shape, jnp.inf), jnp.full(st.min.shape, -jnp.inf)], -1)
+
+    return jax.tree.map(one, quant_stats, is_leaf=lambda x: isinstance(x, qt.MinMax))
 
 
 def _gather_fn(cfg: TFTConfig, par):
@@ -79,12 +90,14 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
     k+2K, … so that every device works on each) in a ``lax.scan``; their gradients are
     summed in float32 and the optimizer steps once, so the update is the full batch's
     (to round-off; with dropout, micro-batch k draws its masks from the step's key folded
-    with k) and the peak memory is one micro-batch's. QAT observers see the micro-batches
-    one after another.
+    with k) and the peak memory is one micro-batch's. QAT observers are updated
+    once per step, by the whole batch's range (the micro-batches' ranges merged in the scan),
+    so accumulation changes memory, not what QAT trains.
     """
     quantiles = np.asarray(cfg.quantiles, np.float32)
     take = _gather_fn(cfg, par)
     k_acc = int(accumulate)
+    spec = quant_spec(cfg)
 
     def grads_of(params, stats, apply_fn, data, idx, dropout_key, denom):
         batch = take(data, jnp.maximum(idx, 0))
@@ -96,8 +109,8 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
         mask = batch_idx >= 0
         dropout_key = jax.random.fold_in(key, state.step)
         if k_acc == 1:
-            (loss, stats), grads = grads_of(state.params, state.quant_stats, state.apply_fn, data,
-                                            batch_idx, dropout_key, None)
+            (loss, ranges), grads = grads_of(state.params, state.quant_stats, state.apply_fn,
+                                             data, batch_idx, dropout_key, None)
         else:
             denom = jnp.maximum(mask.sum(), 1).astype(jnp.float32)
             micro = batch_idx.reshape(-1, k_acc).T  # [K, B/K]
@@ -105,18 +118,21 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
                 micro = jax.lax.with_sharding_constraint(micro, par.micro_batch_sharding)
 
             def body(carry, xs):
-                g_sum, l_sum, stats = carry
+                g_sum, l_sum, seen = carry
                 idx, k = xs
-                (l, stats), g = grads_of(state.params, stats, state.apply_fn, data, idx,
-                                         jax.random.fold_in(dropout_key, k), denom)
+                (l, ranges), g = grads_of(state.params, state.quant_stats, state.apply_fn, data,
+                                          idx, jax.random.fold_in(dropout_key, k), denom)
                 g_sum = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g)
-                return (g_sum, l_sum + l, stats), None
+                return (g_sum, l_sum + l, jax.tree.map(qt.merge_ranges, seen, ranges)), None
 
             zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-            (grads, loss, stats), _ = jax.lax.scan(
-                body, (zeros, jnp.zeros((), jnp.float32), state.quant_stats),
+            (grads, loss, ranges), _ = jax.lax.scan(
+                body, (zeros, jnp.zeros((), jnp.float32), no_ranges(state.quant_stats)),
                 (micro, jnp.arange(k_acc)))
             grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+        # every observer moves once, by the whole batch's range, whatever the micro-batches
+        stats = (qt.update_observers(state.quant_stats, ranges, spec) if spec is not None
+                 else state.quant_stats)
         new_state = state.apply_gradients(grads=grads, quant_stats=stats)
         return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
                            "count": mask.sum()}
