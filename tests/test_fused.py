@@ -10,7 +10,8 @@ from jax._src.ad_checkpoint import saved_residuals  # print_saved_residuals' dat
 
 from tftjax.models import fused
 from tftjax.models.dropout import keep_mask, keep_prob
-from tftjax.models.layers import GRN, EmbeddedGRN
+from tftjax.models.folded import EmbeddedGRN
+from tftjax.models.layers import GRN
 from tftjax.models.vsn import stacked_grn
 
 M, N, DV, D = 7, 45, 4, 12

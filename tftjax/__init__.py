@@ -28,6 +28,7 @@ this map names every module::
   models.dropout        the stacked GRNs' dropout masks
   models.fused          the fused, recomputing per-variable GRN kernel (CPU)
   models.layers         Dense, GLU, GRN, gated add & norm, LSTM, interpretable attention
+  models.folded         the selection GRN with the embeddings folded in (float and int8)
   models.vsn            variable selection networks (stacked per-variable GRNs)
   models.tft            the Temporal Fusion Transformer
   devices               what a device says of its memory

@@ -205,3 +205,18 @@ def enable_compilation_cache() -> None:
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     jax.config.update("jax_compilation_cache_dir", str(root / "tftjax" / "jax"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def quant_options(args) -> dict:
+    """A PTQ's quantization options (``--act-symmetric``, ``--weight-granularity``,
+    ``--stacked-scales`` of evaluate and export) that are set away from their defaults."""
+    from tftjax.errors import ConfigError
+
+    choices = {"weight_granularity": ("channel", "tensor"), "stacked_scales": ("channel", "variable")}
+    for k, ok in choices.items():
+        if getattr(args, k) not in ok:
+            raise ConfigError(f"--{k.replace('_', '-')} must be {' or '.join(ok)}, got "
+                              f"{getattr(args, k)!r}")
+    default = {"act_symmetric": False, "weight_granularity": "channel",
+               "stacked_scales": "channel"}
+    return {k: getattr(args, k) for k, v in default.items() if getattr(args, k) != v}

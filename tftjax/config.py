@@ -186,6 +186,14 @@ class TFTConfig:
     """Layers to quantize, as fnmatch patterns over their paths: Dense modules
     (e.g. 'attention/*', 'quantiles', 'encoder_vsn/weights/*'), stacked and LSTM kernels
     ('*_vsn/glu_k', 'lstm_*/w_h'); default: every Dense and stacked/LSTM kernel."""
+    act_symmetric: bool = False
+    """Quantized: symmetric int8 activations (zero point 0, scale max|x|/127.5) for int8
+    kernels without zero points; default: asymmetric (PyTorch's per_tensor_affine)."""
+    weight_granularity: str = "channel"
+    """Quantized Dense and LSTM kernels: one scale per output channel, or per tensor."""
+    stacked_scales: str = "channel"
+    """Quantized stacked per-variable GRN kernels: one scale per (variable, output channel),
+    or one per variable (fewer scale bytes)."""
 
     # Execution settings: they change memory and speed, not the parameters or (beyond
     # float round-off) the results, so a resumed run may change them.
@@ -194,7 +202,8 @@ class TFTConfig:
     # network runs, what it is fed): models that differ only in these share one init.
     INIT_NEUTRAL_FIELDS = EXECUTION_FIELDS + (
         "dropout", "monotone_quantiles", "vol_target", "qat_freeze_after", "bar_interval",
-        "calendar", "timezone", "winsorize", "target_clip", "instrument_dropout", "target")
+        "calendar", "timezone", "winsorize", "target_clip", "instrument_dropout", "target",
+        "act_symmetric", "weight_granularity", "stacked_scales")
 
     def __post_init__(self) -> None:
         from tftjax.remat import TIERS
@@ -229,6 +238,13 @@ class TFTConfig:
             "--qat-freeze-after and --qat-layers need --qat":
                 self.qat or (self.qat_freeze_after is None and tuple(self.qat_layers) == ("*",)),
             "--qat-layers must name at least one pattern": len(self.qat_layers) > 0,
+            f"--weight-granularity must be channel or tensor, got {self.weight_granularity!r}":
+                self.weight_granularity in ("channel", "tensor"),
+            f"--stacked-scales must be channel or variable, got {self.stacked_scales!r}":
+                self.stacked_scales in ("channel", "variable"),
+            "--act-symmetric, --weight-granularity and --stacked-scales need --qat (or a PTQ "
+            "--calibrate)": self.qat or (not self.act_symmetric and self.weight_granularity
+                                         == "channel" and self.stacked_scales == "channel"),
             f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}":
                 self.precision in PRECISIONS,
             f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)}, got "
@@ -258,7 +274,9 @@ class TFTConfig:
 
     def float_twin(self) -> "TFTConfig":
         """The same model without quantization (what ``--init-from`` compares)."""
-        return dataclasses.replace(self, qat=False, qat_freeze_after=None, qat_layers=("*",))
+        return dataclasses.replace(self, qat=False, qat_freeze_after=None, qat_layers=("*",),
+                                   act_symmetric=False, weight_granularity="channel",
+                                   stacked_scales="channel")
 
 
 PRESETS = {

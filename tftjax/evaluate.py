@@ -20,7 +20,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Literal
 
-from tftjax.cli import data_files
+from tftjax.cli import data_files, quant_options
 from tftjax.cli import main as cli_main
 from tftjax.errors import ConfigError
 
@@ -53,12 +53,19 @@ class Args:
     calibration: str = "minmax"
     """How --calibrate sets the ranges: minmax (running min/max), percentile:P (e.g.
     percentile:99.99) or mse (least squared quantisation error)."""
+    act_symmetric: bool = False
+    """With --calibrate: symmetric int8 activations (zero point 0)."""
+    weight_granularity: str = "channel"
+    """With --calibrate: Dense and LSTM weight scales per output channel, or per tensor."""
+    stacked_scales: str = "channel"
+    """With --calibrate: stacked GRN weight scales per (variable, channel), or per variable."""
 
 
 def evaluate_checkpoint(checkpoint: str | Path, parquet_file=None,
                         split: str = "test", *, int8: bool = False, calibrate_batches: int = 0,
                         unknown: str = "refuse", instrument: str | None = None,
-                        log: Callable = print, calibration: str = "minmax") -> dict:
+                        log: Callable = print, calibration: str = "minmax",
+                        quant_options: dict | None = None) -> dict:
     """Metrics of a saved TFT (checkpoint, run folder or export) on one split beside the
     baselines: :func:`tftjax.training.evaluate_model` of :func:`tftjax.saved.open_model`.
 
@@ -76,7 +83,8 @@ def evaluate_checkpoint(checkpoint: str | Path, parquet_file=None,
     check_calibration(calibration)
     return evaluate_model(open_model(checkpoint), parquet_file, split, int8=int8,
                           calibrate_batches=calibrate_batches, unknown=unknown,
-                          instrument=instrument, log=log, calibration=calibration)
+                          instrument=instrument, log=log, calibration=calibration,
+                          quant_options=quant_options)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -88,7 +96,7 @@ def run(argv: list[str] | None = None) -> int:
     evaluate_checkpoint(args.checkpoint, data_files(args.parquet_file, args.dataset), args.split,
                         int8=args.int8, calibrate_batches=args.calibrate or 0,
                         unknown=args.unknown_instrument, instrument=args.instrument,
-                        calibration=args.calibration)
+                        calibration=args.calibration, quant_options=quant_options(args))
     return 0
 
 

@@ -9,9 +9,14 @@ Writes into ``--out``:
   ``--calibrate N``): the quantized kernels as int8 with their per-output-channel
   float32 scales (``weight_scale/…``, ``w ≈ q · scale``), the other parameters
   (biases, LayerNorms) as float32, and the activation ranges
-  (``quant_stats/…/{min,max,count}``: asymmetric int8 with
-  ``scale = (max − min) / 255``, ``zero_point = −128 − round(min / scale)``, the
-  range widened to include 0);
+  (``quant_stats/…/{min,max,count}``) with the scale and zero point each implies
+  (``act_qparams/…/{scale,zero_point}``, what an int8 runtime uses; the op-by-op
+  semantics are in ``docs/int8_format.md``);
+* ``samples.safetensors`` (with the int8 file): a few test windows of the training data
+  (``static``, ``historical``, ``known``, as the model takes them) and tftjax's int8
+  outputs for them (``int8_output``, run op by op), against which another implementation checks itself
+  (``python experiments/int8_numpy_reference.py --export OUT`` rebuilds the int8 forward
+  in plain numpy);
 * ``config.json``: the model config, the feature statistics the inputs must be
   normalised with, what the outputs are (``output``: with ``model.vol_target`` the
   network's outputs are multiplied by the window's EWMA volatility), the training
@@ -32,10 +37,12 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from tftjax.cli import main as cli_main
-from tftjax.errors import ConfigError
+from tftjax.cli import quant_options
+from tftjax.errors import ConfigError, DataError
 
 FORMAT = "tftjax-export-1"
 FLOAT_FILE, INT8_FILE, CONFIG_FILE = "model_float32.safetensors", "model_int8.safetensors", "config.json"
+SAMPLES_FILE, SAMPLES = "samples.safetensors", 8
 
 
 @dataclasses.dataclass
@@ -51,6 +58,12 @@ class Args:
     batches (post-training quantization) and export int8 too; default: float32 only."""
     calibration: str = "minmax"
     """How --calibrate sets the ranges: minmax, percentile:P or mse."""
+    act_symmetric: bool = False
+    """With --calibrate: symmetric int8 activations (zero point 0)."""
+    weight_granularity: str = "channel"
+    """With --calibrate: Dense and LSTM weight scales per output channel, or per tensor."""
+    stacked_scales: str = "channel"
+    """With --calibrate: stacked GRN weight scales per (variable, channel), or per variable."""
 
 
 def flatten(tree: Any, prefix: str) -> dict[str, np.ndarray]:
@@ -90,8 +103,50 @@ def nbytes(flat: dict[str, np.ndarray], prefix: str | None = None) -> int:
     return sum(a.nbytes for k, a in flat.items() if prefix is None or k.startswith(prefix))
 
 
+def act_qparams(stats: Any, symmetric: bool) -> dict:
+    """``{scale, zero_point}`` (float32, int32) of every observer in ``stats``, by
+    :func:`tftjax.quant.activation_qparams` (what the int8 forward quantizes with)."""
+    from tftjax.quant import MinMax, activation_qparams
+
+    if isinstance(stats, MinMax):
+        s, zp = activation_qparams(stats, symmetric)
+        return {"scale": np.asarray(s, np.float32), "zero_point": np.asarray(zp, np.int32)}
+    return {k: act_qparams(v, symmetric) for k, v in stats.items()}
+
+
+def samples(cfg, variables: dict, ds=None) -> tuple[dict[str, np.ndarray], str]:
+    """:data:`SAMPLES` test windows of ``ds`` (standard normal inputs without one) and the
+    int8 path's outputs for them, as ``samples.safetensors`` holds them."""
+    import jax
+    import jax.numpy as jnp
+
+    from tftjax.data import gather, to_device
+    from tftjax.models.tft import TFT
+
+    starts = np.asarray(ds.splits.test)[:SAMPLES] if ds is not None else np.zeros(0)
+    if len(starts):
+        b = gather(to_device(ds.features), jnp.asarray(starts, jnp.int32), cfg.encoder_steps,
+                   cfg.decoder_steps)
+        x, source = (b.static, b.historical, b.known), f"the first test windows of {ds.describe()}"
+    else:
+        k = jax.random.split(jax.random.key(0), 3)
+        te, td, n = cfg.encoder_steps, cfg.decoder_steps, SAMPLES
+        x = (jax.random.normal(k[0], (n, cfg.num_static)),
+             jax.random.normal(k[1], (n, te, cfg.num_historical)),
+             jax.random.normal(k[2], (n, te + td, cfg.num_known)))
+        source = "standard normal inputs"
+    # op by op (not jitted): XLA's fusions reorder float sums, and a value within round-off
+    # of a rounding boundary lands one int8 step away in a jitted program and moves what
+    # follows; op by op is the arithmetic docs/int8_format.md writes out
+    out = TFT(cfg, "int8").apply(variables, *x)[0]
+    names = ("static", "historical", "known")
+    return ({**{n: np.asarray(a, np.float32) for n, a in zip(names, x)},
+             "int8_output": np.asarray(out, np.float32)}, source)
+
+
 def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 0,
-           log: Callable = print, calibration: str = "minmax") -> dict:
+           log: Callable = print, calibration: str = "minmax",
+           quant_options: dict | None = None) -> dict:
     """Write the export of ``checkpoint`` into ``out``; returns what ``config.json`` holds.
 
     Raises:
@@ -112,6 +167,9 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
     from tftjax.training.ptq import check_calibration
 
     check_calibration(calibration)
+    if quant_options and not calibrate_batches:
+        raise ConfigError(f"--{'/--'.join(k.replace('_', '-') for k in quant_options)} "
+                          "choose how a PTQ --calibrate quantizes (a QAT model keeps its own)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty folder; choose a new one")
     ck = open_checkpoint(checkpoint)
@@ -121,12 +179,13 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
                           "calibrated; drop --calibrate")
     state = restore_checkpoint(ck)
     params, stats = state.params, state.quant_stats
+    run_dir, ds = ck.path.resolve().parent.parent, None
     if calibrate_batches:
-        run_dir = ck.path.resolve().parent.parent
         ds = load_dataset(find_data_files(ck.meta["identity"]["data"], run_dir), cfg.data,
                           **saved_featurisation(ck.meta))
         cfg, stats = calibrate(cfg, params, to_device(ds.features), ds.splits.train,
-                               calibrate_batches, ck.tc.batch_size, method=calibration)
+                               calibrate_batches, ck.tc.batch_size, method=calibration,
+                               options=quant_options)
     quantized = bool(cfg.qat)
     source = {"checkpoint": str(ck.path), "weights_epoch": ck.meta.get("weights_epoch"),
               "quantization": ("QAT" if ck.cfg.qat else f"PTQ, {calibrate_batches} calibration "
@@ -134,14 +193,24 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
     files = {FLOAT_FILE: flatten(params, "params")}
     if quantized:
         q = jax.device_get(to_int8(params, quant_spec(cfg, "int8")))
+        stats = jax.device_get(stats)
         files[INT8_FILE] = {**flatten(q["params"], "params"),
                             **flatten(q["weight_scale"], "weight_scale"),
-                            **flatten(jax.device_get(stats), "quant_stats")}
+                            **flatten(stats, "quant_stats"),
+                            **flatten(act_qparams(stats, cfg.act_symmetric), "act_qparams")}
+        if ds is None:
+            try:
+                ds = load_dataset(find_data_files(ck.meta["identity"]["data"], run_dir),
+                                  cfg.data, **saved_featurisation(ck.meta))
+            except DataError as e:
+                log(f"  samples: standard normal inputs ({e})")
+        files[SAMPLES_FILE], sample_source = samples(cfg, {**q, "quant_stats": stats}, ds)
     sizes = {"float32_weight_bytes": nbytes(files[FLOAT_FILE])}
     if quantized:
         sizes["int8_weight_bytes"] = nbytes(files[INT8_FILE], "params") + nbytes(
             files[INT8_FILE], "weight_scale")
         sizes["int8_activation_range_bytes"] = nbytes(files[INT8_FILE], "quant_stats")
+        source["samples"] = sample_source
     config = {"format": FORMAT, "model": cfg.to_json(), "feature_stats": ck.meta["feature_stats"],
               **{k: ck.meta[k] for k in ("series", "vocab", "cuts") if k in ck.meta},
               "data": ck.meta["identity"]["data"], "source": source, "files": sorted(files),
@@ -206,6 +275,7 @@ def load(path: str | Path) -> Export:
         if (path / INT8_FILE).is_file():
             variables, kind = unflatten(load_file(str(path / INT8_FILE))), "int8"
             variables.setdefault("quant_stats", {})  # weight-only layers have no observers
+            variables.pop("act_qparams", None)  # derived from quant_stats (for other runtimes)
         return Export(cfg, variables, {"params": f32["params"]},
                       FeatureStats.from_json(config["feature_stats"]), config["data"],
                       config["source"], kind, saved_featurisation(config))
@@ -237,7 +307,7 @@ def run(argv: list[str] | None = None) -> int:
     if args.calibrate is not None and args.calibrate < 1:
         raise ConfigError(f"--calibrate must be >= 1 batch, got {args.calibrate}")
     export(args.checkpoint, args.out, calibrate_batches=args.calibrate or 0,
-           calibration=args.calibration)
+           calibration=args.calibration, quant_options=quant_options(args))
     return 0
 
 

@@ -2,7 +2,11 @@
 
 :func:`fake_quant` rounds ``x`` onto an integer grid and back,
 
-    fake_quant(x) = (clip(round(x / s) + zp, qmin, qmax) - zp) · s,
+    fake_quant(x) = (clip(round(x · (1/s)) + zp, qmin, qmax) - zp) · s,
+
+(``x · (1/s)`` with the reciprocal in float32, as PyTorch's kernels compute it: XLA rewrites
+a division by a broadcast scale into that product in some programs and not others, and a
+value on a rounding boundary would round differently in jitted and eager code),
 
 and its backward pass is the clipped straight-through estimator: the incoming
 gradient passes where the *rounded* value ``round(x / s) + zp`` lies inside
@@ -56,7 +60,7 @@ def fake_quant(x: jax.Array, scale: jax.Array, zero_point: jax.Array, qmin: int 
 
 def _fake_quant_fwd(x, scale, zero_point, qmin, qmax):
     scale = jnp.maximum(scale, SCALE_FLOOR)
-    r = jnp.round(x / scale) + zero_point  # the integer x rounds to, before clipping
+    r = jnp.round(x * (1.0 / scale)) + zero_point  # the integer x rounds to, before clipping
     inside = (r >= qmin) & (r <= qmax)
     y = (jnp.clip(r, qmin, qmax) - zero_point) * scale
     return y.astype(x.dtype), (inside, scale, zero_point)
@@ -94,7 +98,7 @@ def quantize_weight(w: jax.Array, axis: int | tuple[int, ...] = -1):
     """``(int8 weight, float32 scale)`` with ``w ≈ q · scale``, the same grid as
     :func:`fake_quant_weight` (so ``q · scale == fake_quant_weight(w)`` exactly)."""
     s = channel_scale(w, axis)
-    q = jnp.clip(jnp.round(w / s), -SYMMETRIC_MAX, SYMMETRIC_MAX).astype(jnp.int8)
+    q = jnp.clip(jnp.round(w * (1.0 / s)), -SYMMETRIC_MAX, SYMMETRIC_MAX).astype(jnp.int8)
     return q, s.astype(jnp.float32)
 
 
@@ -157,19 +161,26 @@ def observe_range(stats: MinMax, lo: jax.Array, hi: jax.Array, averaging_constan
                   stats.count + active.astype(jnp.int32))
 
 
-def activation_qparams(stats: MinMax, qmin: int = INT8_MIN, qmax: int = INT8_MAX,
-                       eps: float = float(jnp.finfo(jnp.float32).eps)):
-    """Asymmetric ``(scale, zero_point)`` from an observed range that always includes 0 (so
-    zero, e.g. padding or a ReLU's floor, is exact), PyTorch's ``per_tensor_affine``."""
+def activation_qparams(stats: MinMax, symmetric: bool = False, qmin: int = INT8_MIN,
+                       qmax: int = INT8_MAX, eps: float = float(jnp.finfo(jnp.float32).eps)):
+    """``(scale, zero_point)`` of an observed range, PyTorch's conventions. Asymmetric
+    (``per_tensor_affine``): the range widened to include 0 (so zero, e.g. padding or a
+    ReLU's floor, is exact), ``s = (hi − lo)/255``, ``zp = clip(−128 − round(lo/s))``.
+    Symmetric (``per_tensor_symmetric``, for int8 kernels without zero points):
+    ``s = max(|lo|, |hi|)/127.5``, ``zp = 0``. The scale is floored at ``eps``."""
     lo, hi = jnp.minimum(stats.min, 0.0), jnp.maximum(stats.max, 0.0)
+    if symmetric:
+        scale = jnp.maximum(jnp.maximum(-lo, hi) / ((qmax - qmin) / 2), eps)
+        return scale, jnp.zeros_like(scale)
     scale = jnp.maximum((hi - lo) / (qmax - qmin), eps)
-    zero_point = jnp.clip(qmin - jnp.round(lo / scale), qmin, qmax)
+    zero_point = jnp.clip(qmin - jnp.round(lo * (1.0 / scale)), qmin, qmax)
     return scale, zero_point
 
 
 def quantize_activation(x: jax.Array, scale: jax.Array, zero_point: jax.Array) -> jax.Array:
-    """int8 ``clip(round(x / s) + zp, -128, 127)``: the integers :func:`fake_quant` uses."""
-    return jnp.clip(jnp.round(x / scale) + zero_point, INT8_MIN, INT8_MAX).astype(jnp.int8)
+    """int8 ``clip(round(x · (1/s)) + zp, -128, 127)``: the integers :func:`fake_quant` uses."""
+    return jnp.clip(jnp.round(x * (1.0 / scale)) + zero_point, INT8_MIN,
+                    INT8_MAX).astype(jnp.int8)
 
 
 # ----------------------------------------------------------------- quantized layers
@@ -179,6 +190,8 @@ def quantize_activation(x: jax.Array, scale: jax.Array, zero_point: jax.Array) -
 # embeddings [m, d_v] (one scale per variable: their input is one scalar).
 KERNEL_AXES = {"kernel": (1,), "w_i": (1,), "w_h": (1,), "emb_k": (0,), "fc2_k": (0, 2),
                "fc1_k": (0, 2), "glu_k": (0, 2), "skip_k": (0, 2)}
+DENSE_KERNELS = ("kernel", "w_i", "w_h")
+STACKED_MATMUL_KERNELS = ("fc2_k", "fc1_k", "glu_k", "skip_k")
 DEFAULT_LAYERS = ("*",)
 MODES = ("float", "fake", "int8")
 
@@ -209,6 +222,27 @@ class QuantSpec:
     """Post-training calibration pass (:mod:`tftjax.training.ptq`,
     :mod:`tftjax.quant_calib`): activations stay float, each observed tensor's batch
     statistics go to the ``quant_calib`` collection."""
+
+    act_symmetric: bool = False
+    """Symmetric activations (zero point 0; ``--act-symmetric``)."""
+    weight_granularity: str = "channel"
+    """Dense and LSTM kernels: one scale per output channel, or one per ``tensor``."""
+    stacked_scales: str = "channel"
+    """The stacked per-variable kernels: one scale per (variable, output channel), or one
+    per ``variable``."""
+
+    @property
+    def symmetric(self) -> bool:
+        return self.act_symmetric
+
+    def axes(self, param: str) -> tuple[int, ...]:
+        """The axes the scale of kernel ``param`` keeps (:data:`KERNEL_AXES` by default)."""
+        axes = KERNEL_AXES[param]
+        if param in STACKED_MATMUL_KERNELS and self.stacked_scales == "variable":
+            return (0,)
+        if param in DENSE_KERNELS and self.weight_granularity == "tensor":
+            return ()
+        return axes
 
     def covers(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in self.layers)
@@ -244,17 +278,17 @@ def update_observers(stats: Any, ranges: Any, quant: QuantSpec) -> Any:
     return {k: update_observers(v, (ranges or {}).get(k), quant) for k, v in stats.items()}
 
 
-def quantize_observed(x: jax.Array, stats: MinMax) -> jax.Array:
+def quantize_observed(x: jax.Array, stats: MinMax, symmetric: bool = False) -> jax.Array:
     """``fake_quant`` with an observer's range; an observer that has seen nothing yet (the
     first training step) lets ``x`` through unquantized."""
-    s, zp = activation_qparams(stats)
+    s, zp = activation_qparams(stats, symmetric)
     return jnp.where(stats.count > 0, fake_quant(x, s, zp), x)
 
 
 def weight(mod: Any, param: str, w: jax.Array, quant: QuantSpec):
     """A covered kernel for the forward pass: ``fake``: the fake-quantized float weight;
     ``int8``: ``(int8 weight, scale)`` with the scale from the ``weight_scale`` collection."""
-    axes = KERNEL_AXES[param]
+    axes = quant.axes(param)
     if quant.mode == "fake":
         return fake_quant_weight(w, axes)
     if w.dtype != jnp.int8:

@@ -10,25 +10,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tftjax.quant import MinMax, activation_qparams, fake_quant
+from tftjax.quant import MinMax, QuantSpec, activation_qparams, fake_quant
 
 MSE_SHRINK = tuple(float(a) for a in np.linspace(0.2, 1.0, 41))
 """Candidate ranges of ``--calibration mse``: these fractions of the observed min/max."""
 
 
-def calibration_record(mod: Any, param: str, x: jax.Array, method: str) -> None:
+def calibration_record(mod: Any, param: str, x: jax.Array, quant: QuantSpec) -> None:
     """One calibration batch's statistics of the input of ``param`` in ``mod``
-    (:func:`calibration_stats`, into the ``quant_calib`` collection)."""
+    (:func:`calibration_stats` by ``quant.calibrate``, into the ``quant_calib`` collection)."""
     if mod.is_initializing() or not mod.is_mutable_collection("quant_calib"):
         return
-    name = f"{param}_in"
+    name, method = f"{param}_in", quant.calibrate
     ref = mod.get_variable("quant_stats", name) if method == "mse" else None
-    rec = calibration_stats(x, method, ref)
+    rec = calibration_stats(x, method, ref, symmetric=quant.symmetric)
     mod.variable("quant_calib", name, lambda: rec).value = rec
 
 
 def calibration_stats(x: jax.Array, method: str, ref: MinMax | None = None,
-                      lead: int = 0) -> jax.Array:
+                      lead: int = 0, symmetric: bool = False) -> jax.Array:
     """What a calibration batch says of the tensor ``x`` (per index of its ``lead`` leading
     axes, e.g. one per variable of a stacked layer; non-finite values ignored):
     ``minmax``: ``[..., 2]`` its min and max; ``percentile:P``: its P-th and (100−P)-th
@@ -41,7 +41,7 @@ def calibration_stats(x: jax.Array, method: str, ref: MinMax | None = None,
         xf = jnp.where(fin, x, 0.0)
 
         def err(a):  # one candidate at a time: one compiled body, the tensor's own memory
-            s_, zp = activation_qparams(MinMax(ref.min * a, ref.max * a, ref.count))
+            s_, zp = activation_qparams(MinMax(ref.min * a, ref.max * a, ref.count), symmetric)
             y = fake_quant(xf, s_[..., None], zp[..., None])
             return jnp.sum(jnp.where(fin, (y - xf) ** 2, 0.0), axis=-1)
 

@@ -10,19 +10,51 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from tftjax.quant import KERNEL_AXES, MinMax, QuantSpec, layer_name, quantize_weight
+from tftjax.quant import (KERNEL_AXES, MinMax, QuantSpec, fake_quant_weight, layer_name,
+                          quantize_weight)
+
+
+def fold_kernel(emb_k: jax.Array, kernel: jax.Array) -> jax.Array:
+    """``A_j = k_j K_j``: ``[m, d_v]`` embeddings and a ``[m·d_v, out]`` kernel → ``[m, out]``
+    (the selection GRN's folded input matmul, :mod:`tftjax.models.folded`)."""
+    m, dv = emb_k.shape
+    return jnp.einsum("mv,mvo->mo", emb_k, kernel.reshape(m, dv, -1))
+
+
+def folded(params: dict, quant: QuantSpec, path: tuple = ()) -> dict:
+    """``params`` with every covered folded selection-GRN input kernel (a VSN's
+    ``weights/fc2`` and ``weights/skip``, when its embeddings are wider than 1 and it has no
+    instrument table) replaced by the folded float ``[m, out]`` kernel, and the embedding
+    biases' share added as ``fold_bias`` (what the int8 ``FoldedDense`` reads). The
+    embeddings folded are those the model uses: fake-quantized where ``emb_k`` is covered."""
+    out = {k: folded(v, quant, path + (k,)) if isinstance(v, dict) else v
+           for k, v in params.items()}
+    if ("emb_k" in params and "weights" in params and "instrument_table" not in params
+            and params["emb_k"].shape[1] != 1):
+        emb = params["emb_k"]
+        if quant.covers(layer_name(path, "emb_k")):
+            emb = fake_quant_weight(emb, quant.axes("emb_k"))
+        for sub in ("fc2", "skip"):
+            node = params["weights"].get(sub)
+            if node is not None and quant.covers(layer_name(path + ("weights", sub), "kernel")):
+                k = node["kernel"]
+                out["weights"][sub] = {**out["weights"][sub],
+                                       "kernel": fold_kernel(emb, k),
+                                       "fold_bias": params["emb_b"].reshape(-1) @ k}
+    return out
 
 
 def int8_variables(params: dict, quant: QuantSpec) -> dict:
     """``{"params": ..., "weight_scale": ...}`` for ``mode="int8"``: every covered kernel
-    becomes int8 with its per-channel scale (the same grid as the fake-quant forward);
+    becomes int8 with its scales (per output channel by default; the same grid as the
+    fake-quant forward; the selection GRNs' input kernels folded first, :func:`folded`);
     everything else stays float."""
     scales: dict = {}
 
     def convert(path, leaf):
         keys = tuple(k.key for k in path)
         if keys[-1] in KERNEL_AXES and quant.covers(layer_name(keys[:-1], keys[-1])):
-            q, s = quantize_weight(leaf, KERNEL_AXES[keys[-1]])
+            q, s = quantize_weight(leaf, quant.axes(keys[-1]))
             node = scales
             for k in keys[:-1]:
                 node = node.setdefault(k, {})
@@ -30,7 +62,7 @@ def int8_variables(params: dict, quant: QuantSpec) -> dict:
             return q
         return leaf
 
-    qparams = jax.tree_util.tree_map_with_path(convert, params)
+    qparams = jax.tree_util.tree_map_with_path(convert, folded(params, quant))
     return {"params": qparams, "weight_scale": scales}
 
 

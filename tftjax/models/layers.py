@@ -43,13 +43,13 @@ def dense(mod: Any, param: str, x: jax.Array, w: jax.Array, quant: QuantSpec | N
     if not qt.covered(quant, mod.path, param):
         return jax.lax.dot_general(x, w, dims)
     if quant.calibrate is not None:  # record, quantize no activation
-        calibration_record(mod, param, x, quant.calibrate)
+        calibration_record(mod, param, x, quant)
         return jax.lax.dot_general(x, qt.weight(mod, param, w, quant), dims)
     stats = qt.observer(mod, param, x, quant)
     if quant.mode == "fake":
         wq = qt.weight(mod, param, w, quant)
-        return jax.lax.dot_general(qt.quantize_observed(x, stats), wq, dims)
-    s, zp = qt.activation_qparams(stats)
+        return jax.lax.dot_general(qt.quantize_observed(x, stats, quant.symmetric), wq, dims)
+    s, zp = qt.activation_qparams(stats, quant.symmetric)
     qw, sw = qt.weight(mod, param, w, quant)
     return qt.int8_dense(qt.quantize_activation(x, s, zp), s, zp, qw, sw)
 
@@ -140,52 +140,6 @@ class GRN(nn.Module):
         return LayerNorm(name="norm")(skip + g)
 
 
-class FoldedDense(nn.Module):
-    """``Dense`` (same parameter, shape and initialiser) applied to the flattened embeddings
-    ``concat_j (x_j k_j + b_j)`` of m scalar inputs, without forming them.
-
-    The input is affine in ``x`` ``[N, m]``, so ``flat @ K = x @ A + b @ K`` with
-    ``A_j = k_j K_j`` ``[m, out]``: a ``[N, m] × [m, out]`` matmul instead of
-    ``[N, m·d_v] × [m·d_v, out]`` (d_v times fewer FLOPs; for TFT-225's encoder VSN
-    the largest dense matmul of the model).
-    """
-
-    features: int
-    use_bias: bool = True
-
-    @nn.compact
-    def __call__(self, x: Array, emb_k: Array, emb_b: Array) -> Array:
-        m, dv = emb_k.shape
-        kernel = self.param("kernel", nn.initializers.lecun_normal(), (m * dv, self.features))
-        k3 = kernel.reshape(m, dv, self.features)
-        y = x @ jnp.einsum("mv,mvo->mo", emb_k, k3) + emb_b.reshape(-1) @ kernel
-        if self.use_bias:
-            y = y + self.param("bias", nn.initializers.zeros, (self.features,))
-        return y
-
-
-class EmbeddedGRN(nn.Module):
-    """:class:`GRN` (same parameters and names) over the flattened per-variable embeddings
-    of ``x`` ``[N, m]``, with its two input matmuls folded (:class:`FoldedDense`).
-    Float only: a quantized GRN observes its real input, so it takes :class:`GRN`."""
-
-    hidden: int
-    output: int
-    dropout: float = 0.0
-
-    @nn.compact
-    def __call__(self, x: Array, emb_k: Array, emb_b: Array, context: Array | None = None,
-                 deterministic: bool = True) -> Array:
-        skip = FoldedDense(self.output, name="skip")(x, emb_k, emb_b)
-        h = FoldedDense(self.hidden, name="fc2")(x, emb_k, emb_b)
-        if context is not None:
-            h = h + Dense(self.hidden, use_bias=False, name="context")(context)
-        h = checkpoint_name(nn.elu(h), "grn_hidden")
-        h = Dense(self.hidden, name="fc1")(h)
-        g = GLU(self.output, self.dropout, name="glu")(h, deterministic)
-        return LayerNorm(name="norm")(skip + g)
-
-
 class GateAddNorm(nn.Module):
     """``LayerNorm(a + GLU(b))``."""
 
@@ -254,7 +208,8 @@ class LSTM(nn.Module):
               and self.is_mutable_collection("quant_calib") and not self.is_initializing()):
             ref = (self.get_variable("quant_stats", "w_h_in")
                    if self.quant.calibrate == "mse" else None)
-            rec = calibration_stats(seen_h(), self.quant.calibrate, ref)
+            rec = calibration_stats(seen_h(), self.quant.calibrate, ref,
+                                    symmetric=self.quant.symmetric)
             self.variable("quant_calib", "w_h_in", lambda: rec).value = rec
         return carry, jnp.swapaxes(hs, 0, 1)  # [B, T, d]
 
@@ -266,7 +221,7 @@ class LSTM(nn.Module):
         var = self.variable("quant_stats", "w_h_in", qt.init_minmax, ())
         update = self.is_mutable_collection("quant_batch") and not self.is_initializing()
         stats = var.value
-        s, zp = qt.activation_qparams(stats)
+        s, zp = qt.activation_qparams(stats, self.quant.symmetric)
         if self.quant.mode == "int8":
             qw, sw = qt.weight(self, "w_h", w_h, self.quant)
             return (lambda h: qt.int8_dense(qt.quantize_activation(h, s, zp), s, zp, qw, sw),

@@ -58,7 +58,9 @@ def quant_spec(cfg: TFTConfig, mode: str | None = None,
         raise ValueError(f"unknown quantization mode {mode!r}; choose one of {MODES}")
     if mode == "float":
         return None
-    return QuantSpec(mode, tuple(cfg.qat_layers), cfg.qat_freeze_after, calibrate=calibration)
+    return QuantSpec(mode, tuple(cfg.qat_layers), cfg.qat_freeze_after, calibrate=calibration,
+                     act_symmetric=cfg.act_symmetric, weight_granularity=cfg.weight_granularity,
+                     stacked_scales=cfg.stacked_scales)
 
 
 class TFT(nn.Module):

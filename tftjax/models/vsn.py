@@ -23,7 +23,8 @@ from jax.ad_checkpoint import checkpoint_name
 from tftjax import quant as qt
 from tftjax.models import fused
 from tftjax.models.dropout import keep_mask, keep_prob
-from tftjax.models.layers import GRN, EmbeddedGRN, norm_stats
+from tftjax.models.folded import EmbeddedGRN
+from tftjax.models.layers import GRN, norm_stats
 from tftjax.quant import QuantSpec
 from tftjax.quant_calib import calibration_stats
 
@@ -85,11 +86,12 @@ def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
             return _bmm(h, p[name])
         st = stats[name]  # as before this step: what the step quantizes with
         if sq.spec.calibrate is not None:  # a calibration pass: record, float activations
-            new_stats[name] = calibration_stats(h, sq.spec.calibrate, st, lead=1)
+            new_stats[name] = calibration_stats(h, sq.spec.calibrate, st, lead=1,
+                                                symmetric=sq.spec.symmetric)
             return _bmm(h, p[name])
         if sq.update:  # this batch's range, per variable; the step updates the observers once
             new_stats[name] = qt.batch_range(h, 1)
-        s, zp = qt.activation_qparams(st)
+        s, zp = qt.activation_qparams(st, sq.spec.symmetric)
         if int8:
             return qt.int8_bmm(qt.quantize_activation(h, s[:, None, None], zp[:, None, None]),
                                s, zp, p[name], p[name + "_scale"])
@@ -202,10 +204,10 @@ class VariableSelection(nn.Module):
         ctx = None
         if context is not None:
             ctx = jnp.broadcast_to(context, lead + context.shape[-1:]).reshape(n, -1)
-        if self.quant is None and m * dv != m and extra is None:
-            # Float: the embedding folded into the GRN. Its activations are [N, d] and
-            # [N, m] (no [N, m·d_v]): too small to be worth recomputing.
-            logits = EmbeddedGRN(min(d, m), m, self.dropout, name="weights")(
+        if m * dv != m and extra is None:
+            # The embedding folded into the GRN (float and quantized alike, models.folded).
+            # Its activations are [N, d] and [N, m] (no [N, m·d_v]): too small to recompute.
+            logits = EmbeddedGRN(min(d, m), m, self.dropout, self.quant, name="weights")(
                 xf, emb_k, p["emb_b"], ctx, deterministic)
         else:
             flat = xf[:, :, None] * emb_k + p["emb_b"]  # [N, m, d_v]

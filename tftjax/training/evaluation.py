@@ -35,14 +35,15 @@ def saved_dataset(saved: SavedModel, parquet_file=None, *, unknown: str = "refus
 def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
                    int8: bool = False, calibrate_batches: int = 0, unknown: str = "refuse",
                    instrument: str | None = None, log: Callable = print,
-                   calibration: str = "minmax") -> dict:
+                   calibration: str = "minmax", quant_options: dict | None = None) -> dict:
     """Metrics of a saved TFT on one split, beside the baselines.
 
     The data is the file the model was trained on (found relative to its run folder or at
     its recorded path, and refused when its content hash changed), or ``parquet_file`` on
     purpose, featurised with the *training* statistics. ``int8``: also the int8 inference
     path (and the float weights without quantization) of a QAT checkpoint, or of a float
-    one calibrated on ``calibrate_batches`` training batches (PTQ). An int8 export is
+    one calibrated on ``calibrate_batches`` training batches (PTQ, under ``quant_options``:
+    :func:`tftjax.training.ptq.calibrate`). An int8 export is
     evaluated as int8 beside its float32 weights.
 
     Raises:
@@ -53,6 +54,9 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
     what = saved.what
     if calibrate_batches and not int8:
         raise ConfigError("--calibrate needs --int8 (it calibrates the int8 activation ranges)")
+    if quant_options and not calibrate_batches:
+        raise ConfigError(f"--{'/--'.join(k.replace('_', '-') for k in quant_options)} "
+                          "choose how a PTQ --calibrate quantizes (a QAT model keeps its own)")
     if saved.kind != "checkpoint":  # an export
         if int8 and saved.kind != "int8":
             raise ConfigError(f"{saved.path} holds float32 weights only: export a --qat run, "
@@ -80,7 +84,8 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
             raise ConfigError("--calibrate uses the training windows: evaluate on the training "
                               "data (drop --parquet-file)")
         cfg, qstats = calibrate(cfg, variables["params"], trainer.data, ds.splits.train,
-                                calibrate_batches, tc.batch_size, method=calibration)
+                                calibrate_batches, tc.batch_size, method=calibration,
+                                options=quant_options)
         trainer = Trainer(cfg, tc, trainer.data)
         variables = {"params": variables["params"], "quant_stats": qstats}
         what += (f", int8 ranges calibrated on {calibrate_batches} training batches "

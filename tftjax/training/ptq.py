@@ -75,11 +75,13 @@ def _rebuild(like: dict, values: dict, prefix: tuple = ()) -> dict:
 
 
 def calibrate(cfg: TFTConfig, params, data: DeviceData, starts: np.ndarray, batches: int,
-              batch_size: int, seed: int = 0, method: str = "minmax") -> tuple[TFTConfig, dict]:
+              batch_size: int, seed: int = 0, method: str = "minmax",
+              options: dict | None = None) -> tuple[TFTConfig, dict]:
     """Post-training quantization: the activation ranges of a float model's layers
     (``cfg.qat_layers``) from ``batches`` shuffled *full* batches of the windows at
-    ``starts`` (training windows; cycled if there are fewer) by ``method``. Returns the
-    quantized config and its ``quant_stats``.
+    ``starts`` (training windows; cycled if there are fewer) by ``method``, under the
+    quantization ``options`` (``act_symmetric``, ``weight_granularity``, ``stacked_scales``).
+    Returns the quantized config and its ``quant_stats``.
 
     Raises:
       ConfigError: a bad method, ``batches`` < 1, or fewer windows than one batch.
@@ -87,7 +89,7 @@ def calibrate(cfg: TFTConfig, params, data: DeviceData, starts: np.ndarray, batc
     method = check_calibration(method)
     if batches < 1:
         raise ConfigError(f"--calibrate must be >= 1 batch, got {batches}")
-    qcfg = dataclasses.replace(cfg, qat=True)
+    qcfg = dataclasses.replace(cfg, qat=True, **(options or {}))
     like = init_variables(qcfg, jax.random.key(0))["quant_stats"]
     idx, mask = epoch_batches(starts, batch_size, seed=seed, epoch=1)
     full = [i for i, m in zip(idx, mask) if m.all()]
