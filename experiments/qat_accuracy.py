@@ -2,13 +2,17 @@
 
     python experiments/qat_accuracy.py [--preset tiny] [--epochs 8] [--qat-epochs 3]
         [--synthetic-days 180] [--out experiments/results/qat]
+        [--table experiments/tables/qat_accuracy.md]
 
 For each data set (the bundled ES bars, and a synthetic ES-like set of
 ``--synthetic-days`` sessions written by ``tftjax.data.synthetic``):
 
 1. **float**: a TFT trained with the usual loop (early stopping on validation);
-2. **PTQ**: its weights, int8 activation ranges calibrated on ``--calibrate``
-   training batches, no training (fake-quant and the int8 path);
+2. **PTQ**: its weights, int8 activation ranges calibrated on ``--calibrate`` full
+   training batches, no training, by each calibration method (``minmax``,
+   ``percentile:99.99``, ``mse``; fake-quant and the int8 path for minmax), and with minmax
+   under each quantization option (``--act-symmetric``, ``--weight-granularity tensor``,
+   ``--stacked-scales variable``): the int8 path's loss and its weight bytes;
 3. **QAT**: ``--init-from`` the float run, ``--qat-epochs`` of quantization-aware
    fine-tuning at ``--qat-lr`` (fake-quant, its float weights, the int8 path).
 
@@ -64,18 +68,24 @@ def one_dataset(name: str, parquet: Path, args, work: Path) -> dict:
     float_vars = restore_checkpoint(ck_float).variables()
     qat_vars = restore_checkpoint(ck_qat).variables()
     trainer = Trainer(cfg, tc, data)
-    qcfg, ptq_stats = calibrate(cfg, float_vars["params"], data, ds.splits.train, args.calibrate,
-                                tc.batch_size)
-    qtrainer = Trainer(qcfg, tc, data)
-    ptq_vars = {"params": float_vars["params"], "quant_stats": ptq_stats}
-    rows = {
-        "float": metrics(trainer.evaluate(float_vars, test)),
-        "PTQ fake-quant": metrics(qtrainer.evaluate(ptq_vars, test, "fake")),
-        "PTQ int8": metrics(qtrainer.evaluate(ptq_vars, test, "int8")),
-        "QAT fake-quant": metrics(qtrainer.evaluate(qat_vars, test, "fake")),
-        "QAT weights, float": metrics(qtrainer.evaluate(qat_vars, test, "float")),
-        "QAT int8": metrics(qtrainer.evaluate(qat_vars, test, "int8")),
-    }
+    rows = {"float": metrics(trainer.evaluate(float_vars, test))}
+    variants = [("minmax", {}), ("percentile:99.99", {}), ("mse", {}),
+                ("minmax", {"act_symmetric": True}), ("minmax", {"weight_granularity": "tensor"}),
+                ("minmax", {"stacked_scales": "variable"})]
+    for method, opts in variants:
+        qcfg, ptq_stats = calibrate(cfg, float_vars["params"], data, ds.splits.train,
+                                    args.calibrate, tc.batch_size, method=method, options=opts)
+        qtrainer = Trainer(qcfg, tc, data)
+        ptq_vars = {"params": float_vars["params"], "quant_stats": ptq_stats}
+        name = f"PTQ {method}" + "".join(f", {k}={v}" for k, v in opts.items())
+        if method == "minmax" and not opts:
+            rows[f"{name}, fake-quant"] = metrics(qtrainer.evaluate(ptq_vars, test, "fake"))
+        rows[f"{name}, int8"] = {**metrics(qtrainer.evaluate(ptq_vars, test, "int8")),
+                                 "int8_weight_bytes": int8_bytes(qcfg, float_vars["params"])}
+    qtrainer = Trainer(dataclasses.replace(cfg, qat=True), tc, data)
+    rows["QAT fake-quant"] = metrics(qtrainer.evaluate(qat_vars, test, "fake"))
+    rows["QAT weights, float"] = metrics(qtrainer.evaluate(qat_vars, test, "float"))
+    rows["QAT int8"] = metrics(qtrainer.evaluate(qat_vars, test, "int8"))
     ref = rows["float"]["loss"]
     for r in rows.values():
         r["loss_vs_float_pct"] = round(100 * (r["loss"] / ref - 1), 2)
@@ -86,6 +96,16 @@ def one_dataset(name: str, parquet: Path, args, work: Path) -> dict:
             "qat_weights_epoch": ck_qat.meta["weights_epoch"], "train_s": round(train_s, 1),
             "test": rows, "weight_bytes": {"float32": exp["float32_weight_bytes"],
                                            "int8": exp["int8_weight_bytes"]}}
+
+
+def int8_bytes(cfg, params) -> int:
+    """Bytes of the int8 weights and their scales of ``params`` quantized under ``cfg``."""
+    from tftjax.models.tft import quant_spec
+    from tftjax.quant_tree import int8_variables
+
+    q = jax.device_get(int8_variables(params, quant_spec(cfg, "int8")))
+    return (export_lib.nbytes(export_lib.flatten(q["params"], "p"))
+            + export_lib.nbytes(export_lib.flatten(q["weight_scale"], "s")))
 
 
 def inference_speed(preset_name: str, batch: int, repeats: int, data, starts) -> dict:
@@ -109,13 +129,8 @@ def inference_speed(preset_name: str, batch: int, repeats: int, data, starts) ->
             times[mode].append(time.perf_counter() - t)
     out = {m: round(starts.size / statistics.median(ts), 1) for m, ts in times.items()}
     out["int8_over_float"] = round(out["int8"] / out["float"], 3)
-    from tftjax.models.tft import quant_spec
-    from tftjax.quant_tree import int8_variables
-
-    q = jax.device_get(int8_variables(state.params, quant_spec(trainer.cfg, "int8")))
     out["float32_weight_bytes"] = export_lib.nbytes(export_lib.flatten(state.params, "p"))
-    out["int8_weight_bytes"] = (export_lib.nbytes(export_lib.flatten(q["params"], "p"))
-                                + export_lib.nbytes(export_lib.flatten(q["weight_scale"], "s")))
+    out["int8_weight_bytes"] = int8_bytes(trainer.cfg, state.params)
     return out
 
 
@@ -133,6 +148,8 @@ def main() -> None:
     ap.add_argument("--speed-batch", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("experiments/results/qat"))
+    ap.add_argument("--table", type=Path, default=Path("experiments/tables/qat_accuracy.md"),
+                    help="the markdown tables (committed, unlike --out's raw results)")
     args = ap.parse_args()
 
     results: dict = {"datasets": {}, "speed": {}}
@@ -151,17 +168,25 @@ def main() -> None:
             results["speed"][p] = inference_speed(p, args.speed_batch, args.repeats, data, starts)
             print(p, results["speed"][p], flush=True)
     write_result(args.out / "qat.json", results, args)
-    print(table(results, args))
+    md = table(results, args)
+    args.table.parent.mkdir(parents=True, exist_ok=True)
+    args.table.write_text(md + "\n")
+    print(md)
 
 
 def table(results: dict, args) -> str:
-    lines = [f"preset {args.preset}; test split; loss vs float in %", "",
-             "| data | model | test loss | vs float | q-risk P50 | q-risk P90 |",
-             "|---|---|---|---|---|---|"]
+    from tftjax.provenance import describe, provenance
+
+    lines = [describe(provenance(args)), "",
+             f"preset {args.preset}; test split; loss vs float in %; int8 bytes: weights and "
+             "their scales", "",
+             "| data | model | test loss | vs float | q-risk P50 | q-risk P90 | int8 bytes |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in results["datasets"].items():
         for model, m in r["test"].items():
+            b = f"{m['int8_weight_bytes']:,}" if "int8_weight_bytes" in m else ""
             lines.append(f"| {name} | {model} | {m['loss']:.4f} | {m['loss_vs_float_pct']:+.2f}% "
-                         f"| {m['q_risk_50']:.4f} | {m['q_risk_90']:.4f} |")
+                         f"| {m['q_risk_50']:.4f} | {m['q_risk_90']:.4f} | {b} |")
     lines += ["", "| data | float32 weight bytes | int8 weight bytes (+ scales) | ratio |",
               "|---|---|---|---|"]
     for name, r in results["datasets"].items():

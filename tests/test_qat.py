@@ -6,6 +6,8 @@ same predictions, exact resume, --init-from and PTQ, and the bad-input refusals.
 import dataclasses
 import functools
 import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 from conftest import call, random_inputs, short_es, xla_optimised
 from test_runloop import TINY_TFT, raw_state, tiny_tft
 
@@ -234,23 +237,32 @@ def _module_cases():
     carry = (jnp.asarray(rng.normal(size=(4, 8)), jnp.float32),
              jnp.asarray(rng.normal(size=(4, 8)), jnp.float32))
     ctx = jnp.asarray(rng.normal(size=(4, 1, 8)), jnp.float32)
+    vsn = (lambda q: VariableSelection(7, 3, 8, chunk=4, quant=q), (seq, ctx))
     return {"dense": (lambda q: Dense(5, quant=q), (x,)),
             "lstm": (lambda q: LSTM(8, quant=q), (carry, seq)),
-            # 7 variables in chunks of 4: the padded variable runs through the int8 path too
-            "vsn": (lambda q: VariableSelection(7, 3, 8, chunk=4, quant=q), (seq, ctx))}
+            # 7 variables in chunks of 4: the padded variable runs through the int8 path too;
+            # the selection GRN with its embeddings folded (models/folded.py)
+            "vsn": vsn, "dense_options": (lambda q: Dense(5, quant=q), (x,)),
+            "vsn_options": vsn}
+
+
+OPTIONS = dict(act_symmetric=True, weight_granularity="tensor", stacked_scales="variable")
 
 
 @MODEL
-@pytest.mark.parametrize("name", ["dense", "lstm", "vsn"])
+@pytest.mark.parametrize("name", ["dense", "lstm", "vsn", "dense_options", "vsn_options"])
 def test_int8_layer_within_one_step_of_fake_quant(name):
     # Each quantized layer kind alone (Dense, LSTM input and recurrence, stacked per-variable
-    # GRNs with the selection GRN): the int8 path (int8 operands, int32 accumulation) gives
-    # outputs within one quantisation step of the fake-quant forward. Steps: the Dense's
-    # output grid s_x·s_w (per channel); otherwise the coarsest activation grid inside.
+    # GRNs with the folded selection GRN), with the default scales and with the options
+    # (symmetric activations, per-tensor weights, per-variable stacked scales): the int8 path
+    # (int8 operands, int32 accumulation) gives outputs within one quantisation step of the
+    # fake-quant forward. Steps: the Dense's output grid s_x·s_w (per channel); otherwise the
+    # coarsest activation grid inside.
     from tftjax.quant import QuantSpec
 
     make, args = _module_cases()[name]
-    fake_spec, int8_spec = QuantSpec("fake"), QuantSpec("int8")
+    opts = OPTIONS if name.endswith("_options") else {}
+    fake_spec, int8_spec = QuantSpec("fake", **opts), QuantSpec("int8", **opts)
     v = jax.jit(make(fake_spec).init)(jax.random.key(0), *args)
     _, stats, _ = jax.jit(lambda v: observed(make(fake_spec), fake_spec, v, *args))(v)
     v = {"params": v["params"], "quant_stats": stats}
@@ -259,16 +271,49 @@ def test_int8_layer_within_one_step_of_fake_quant(name):
           "quant_stats": v["quant_stats"]}
     assert {a.dtype for a in jax.tree.leaves(i8["params"])} >= {jnp.dtype(jnp.int8)}
     got = jax.jit(lambda v: make(int8_spec).apply(v, *args))(i8)
-    scales = [np.max(np.asarray(activation_qparams(st)[0])) for st in jax.tree.leaves(
-        v["quant_stats"], is_leaf=lambda t: isinstance(t, MinMax))]
-    if name == "dense":
+    scales = [np.max(np.asarray(activation_qparams(st, fake_spec.symmetric)[0]))
+              for st in jax.tree.leaves(v["quant_stats"], is_leaf=lambda t: isinstance(t, MinMax))]
+    if name.startswith("dense"):
         step = float(scales[0]) * np.asarray(i8["weight_scale"]["kernel"]).reshape(-1)
     else:
         step = max(scales)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(fake)):
         diff = np.abs(np.asarray(a) - np.asarray(b))
         assert np.all(diff <= step), (name, diff.max(), step)
-        assert diff.max() > 0 or name == "dense"  # (the paths are really different code)
+        assert diff.max() > 0 or name.startswith("dense")  # (really different code)
+
+
+@MODEL
+def test_quant_options_against_numpy():
+    # symmetric activations, per-tensor weights and per-variable stacked scales against
+    # numpy's round-and-clip written out (PyTorch's formulas; the reciprocal in float32)
+    from tftjax.quant import QuantSpec
+
+    rng = np.random.default_rng(3)
+    f32 = np.float32
+    x = rng.normal(0.7, 2.0, size=200).astype(f32)
+    s, zp = activation_qparams(MinMax(jnp.float32(x.min()), jnp.float32(x.max()), 1), True)
+    s_np = f32(max(-min(x.min(), 0), max(x.max(), 0)) / f32(127.5))
+    assert float(zp) == 0 and float(s) == pytest.approx(float(s_np), rel=1e-7)
+    want = np.clip(np.round(x * (f32(1) / f32(s))), -128, 127) * f32(s)
+    np.testing.assert_array_equal(np.asarray(fake_quant(jnp.asarray(x), s, zp)), want)
+    assert QuantSpec().axes("kernel") == (1,) and QuantSpec().axes("glu_k") == (0, 2)
+    w = rng.normal(size=(6, 4)).astype(f32)
+    axes = QuantSpec(weight_granularity="tensor").axes("kernel")
+    assert axes == () and QuantSpec(weight_granularity="tensor").axes("w_h") == ()
+    q, sw = quantize_weight(jnp.asarray(w), axes)
+    sw_np = f32(np.abs(w).max() / f32(127))
+    sw = np.asarray(sw)
+    assert sw.shape == (1, 1) and float(sw[0, 0]) == pytest.approx(float(sw_np), rel=1e-7)
+    np.testing.assert_array_equal(np.asarray(q), np.clip(np.round(w * (f32(1) / sw)), -127, 127))
+    wb = (rng.normal(size=(3, 5, 6)) * np.array([1, 5, 0.1])[:, None, None]).astype(f32)
+    axes = QuantSpec(stacked_scales="variable").axes("glu_k")
+    assert axes == (0,) and QuantSpec(stacked_scales="variable").axes("emb_k") == (0,)
+    q, sw = quantize_weight(jnp.asarray(wb), axes)
+    sw_np = (np.abs(wb).max((1, 2)) / f32(127))[:, None, None]
+    np.testing.assert_allclose(np.asarray(sw), sw_np, rtol=1e-7)
+    np.testing.assert_array_equal(np.asarray(q), np.clip(
+        np.round(wb * (f32(1) / np.asarray(sw))), -127, 127))
 
 
 @MODEL
@@ -330,6 +375,28 @@ def test_qat_summary_export_and_evaluate(qat_run, capsys):
     assert call(evaluate_cli.main, "--checkpoint", out) == 0
     printed = capsys.readouterr().out
     assert "TFT int8 (export)" in printed and "TFT: float, no quant" in printed
+    # the export rebuilt in plain numpy (a fresh process: no jax, flax or tftjax imported)
+    # reproduces tftjax's int8 outputs on the bundled ES windows it holds
+    ref = Path(__file__).resolve().parents[1] / "experiments" / "int8_numpy_reference.py"
+    r = subprocess.run([sys.executable, str(ref), "--export", str(out), "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["imported"] == [] and got["windows"] == 8 and got["max_diff_in_steps"] <= 1, got
+    samples = load_file(str(out / "samples.safetensors"))
+    x = tuple(jnp.asarray(samples[k]) for k in ("static", "historical", "known"))
+    i8 = TFT(cfg, "int8").apply(exp.variables, *x)[0]  # op by op, as the export ran it
+    np.testing.assert_array_equal(np.asarray(i8), samples["int8_output"])
+    # a float-only export: one line, exit 2
+    import shutil
+
+    f32_only = out.parent / "float_only"
+    shutil.copytree(out, f32_only)
+    (f32_only / "model_int8.safetensors").unlink()
+    r = subprocess.run([sys.executable, str(ref), "--export", str(f32_only)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "holds float32 weights only" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
 @RUN
@@ -383,6 +450,9 @@ def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
     (["--qat", "--qat-layers", "attention/*", "lstm_enc"], "--qat-layers lstm_enc matches no layer"),
     (["--qat-freeze-after", "5"], "need --qat"),
     (["--qat", "--init-from", "nowhere"], "--init-from nowhere: no such checkpoint"),
+    (["--qat", "--stacked-scales", "bogus"], "--stacked-scales must be channel or variable, got 'bogus'"),
+    (["--qat", "--weight-granularity", "row"], "--weight-granularity must be channel or tensor"),
+    (["--act-symmetric"], "need --qat (or a PTQ --calibrate)"),
 ])
 def test_bad_qat_flags_exit_2(args, expect, tmp_path, capsys):
     rc = call(train_cli.main, *TINY_TFT, "--workdir", tmp_path / "run", *args)
