@@ -76,10 +76,16 @@ def test_accumulated_micro_batches_give_the_whole_batch_update(worker):
 def test_qat_observers_and_weights_do_not_depend_on_the_split(worker, case):
     # issue 27: each micro-batch once moved the observers (narrowing the ranges with K) and
     # counted against --qat-freeze-after; now the step updates them once, by the batch's range
+    # Equal up to fake-quant's rounding flips: micro-batches of B/4 rows (on one device or
+    # four) round off differently from the whole batch in the last ulp, so the observers
+    # differ by round-off and a value on a rounding boundary can land one int8 step away.
+    # The bug this guards against is not subtle: each micro-batch moved the observers
+    # (12 updates instead of 3, ranges narrowed by O(1)).
     r = worker[case]
-    close(r)
-    assert r["observers"]["n"] > 0 and r["observers"]["max_abs"] < 1e-5, r["observers"]
     assert r["observers"]["counts"] == [3], r["observers"]  # 3 steps, one update each
+    assert r["observers"]["n"] > 0 and r["observers"]["max_abs"] < 1e-4, r["observers"]
+    assert r["loss_rel"] <= 1e-3 and r["params_max_abs"] <= 1e-4, r  # 10% of one Adam step
+    assert r["replicated"], r
 
 
 @pytest.mark.slow

@@ -55,6 +55,7 @@ this map names every module::
   memory.report         the per-tier memory and time report, profiles, plot
   memory.soak           --soak: N epochs of training, device/array/host memory per epoch
   memory                the memory package's names in one place
+  export_int8           the int8 export's activation scales and zero points, sample windows
   export                safetensors export (float32 and int8) and its loader
   saved                 any saved TFT (checkpoint, run folder, export) as one record
   forecast              quantile forecasts of a saved TFT from chosen origins (no lookahead)

@@ -1,0 +1,53 @@
+"""What the int8 export holds beside the int8 weights (:mod:`tftjax.export`): each activation
+observer's scale and zero point, and sample windows with tftjax's int8 outputs for them, so
+that another runtime can rebuild and check the int8 forward (``docs/int8_format.md``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+SAMPLES = 8
+"""Sample windows in ``samples.safetensors``."""
+
+
+def act_qparams(stats: Any, symmetric: bool) -> dict:
+    """``{scale, zero_point}`` (float32, int32) of every observer in ``stats``, by
+    :func:`tftjax.quant.activation_qparams` (what the int8 forward quantizes with)."""
+    from tftjax.quant import MinMax, activation_qparams
+
+    if isinstance(stats, MinMax):
+        s, zp = activation_qparams(stats, symmetric)
+        return {"scale": np.asarray(s, np.float32), "zero_point": np.asarray(zp, np.int32)}
+    return {k: act_qparams(v, symmetric) for k, v in stats.items()}
+
+
+def samples(cfg, variables: dict, ds=None) -> tuple[dict[str, np.ndarray], str]:
+    """:data:`SAMPLES` test windows of ``ds`` (standard normal inputs without one) and the
+    int8 path's outputs for them, as ``samples.safetensors`` holds them."""
+    import jax
+    import jax.numpy as jnp
+
+    from tftjax.data import gather, to_device
+    from tftjax.models.tft import TFT
+
+    starts = np.asarray(ds.splits.test)[:SAMPLES] if ds is not None else np.zeros(0)
+    if len(starts):
+        b = gather(to_device(ds.features), jnp.asarray(starts, jnp.int32), cfg.encoder_steps,
+                   cfg.decoder_steps)
+        x, source = (b.static, b.historical, b.known), f"the first test windows of {ds.describe()}"
+    else:
+        k = jax.random.split(jax.random.key(0), 3)
+        te, td, n = cfg.encoder_steps, cfg.decoder_steps, SAMPLES
+        x = (jax.random.normal(k[0], (n, cfg.num_static)),
+             jax.random.normal(k[1], (n, te, cfg.num_historical)),
+             jax.random.normal(k[2], (n, te + td, cfg.num_known)))
+        source = "standard normal inputs"
+    # op by op (not jitted): XLA's fusions reorder float sums, and a value within round-off
+    # of a rounding boundary lands one int8 step away in a jitted program and moves what
+    # follows; op by op is the arithmetic docs/int8_format.md writes out
+    out = TFT(cfg, "int8").apply(variables, *x)[0]
+    names = ("static", "historical", "known")
+    return ({**{n: np.asarray(a, np.float32) for n, a in zip(names, x)},
+             "int8_output": np.asarray(out, np.float32)}, source)
