@@ -54,6 +54,27 @@ def compare_observers(run, ref) -> dict:
             "counts": sorted({int(np.max(x)) for x, y in zip(a, b) if x.dtype.kind == "i"})}
 
 
+def padded_rows(cfg) -> dict:
+    """QAT: a batch whose last rows are padding (-1, the last batch of an epoch) moves the
+    observers exactly as the same batch with those rows replaced by its first window: the
+    padded rows add nothing to the ranges (they once were window 0's values)."""
+    tc = TrainConfig(batch_size=BATCH, eval_batch_size=30)
+    par = make_parallel(1, "replicated")
+    trainer = Trainer(cfg, tc, par.put_data(DS.features), par=par)
+    key = par.replicate(jax.random.key(1, impl="rbg"))
+    idx = np.asarray(DS.splits.train[-BATCH:], np.int32)  # far from window 0
+    pad, dup = idx.copy(), idx.copy()
+    pad[-5:], dup[-5:] = -1, idx[0]
+
+    def observers(i):  # a fresh state each (the step donates its input)
+        state = par.replicate(create_train_state(cfg, tc, jax.random.key(0)))
+        return jax.device_get(trainer.train_step(state, i, key)[0].quant_stats)
+
+    a, b = observers(pad), observers(dup)
+    return {"max_abs": float(max(np.abs(np.asarray(x, np.float64) - np.asarray(y)).max()
+                                 for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))))}
+
+
 def compare(run, ref) -> dict:
     a = [np.asarray(x, np.float64) for x in jax.tree.leaves(run["state"].params)]
     b = [np.asarray(x, np.float64) for x in jax.tree.leaves(ref["state"].params)]
@@ -107,5 +128,6 @@ if __name__ == "__main__":
     for name, run in (("qat_accumulate_4_vs_whole", train(qat, 1, accumulate=4)),
                       ("qat_four_devices_vs_one", train(qat, 4))):
         out[name] = {**compare(run, q1), "observers": compare_observers(run, q1)}
+    out["qat_padded_rows"] = padded_rows(qat)
     print(json.dumps(out))
     sys.stdout.flush()

@@ -90,6 +90,12 @@ def test_qat_observers_and_weights_do_not_depend_on_the_split(worker, case):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("parallel_worker")
+def test_qat_observers_ignore_the_padded_rows_of_a_last_batch(worker):
+    assert worker["qat_padded_rows"]["max_abs"] == 0.0, worker["qat_padded_rows"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("parallel_worker")
 def test_checkpoints_move_between_meshes(worker):
     assert worker["saved_on_4_restored_on_1"] == {"equal": True, "devices": [1]}
     assert worker["saved_on_1_restored_on_4"] == {"equal": True, "devices": [4]}

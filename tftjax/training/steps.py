@@ -99,18 +99,21 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
     k_acc = int(accumulate)
     spec = quant_spec(cfg)
 
-    def grads_of(params, stats, apply_fn, data, idx, dropout_key, denom):
-        batch = take(data, jnp.maximum(idx, 0))
+    def grads_of(params, stats, apply_fn, data, idx, fill, dropout_key, denom):
+        # a padded row (-1: the last batch of an epoch) is masked out of the loss and gathered
+        # as the batch's first window, so that QAT's observers see only real windows
+        batch = take(data, jnp.where(idx >= 0, idx, fill))
         return jax.value_and_grad(_loss_fn, has_aux=True)(
             params, stats, apply_fn, batch, idx >= 0, quantiles, dropout_key, denom,
             cfg.vol_target)
 
     def step(state: TrainState, data: DeviceData, batch_idx: Array, key: Array):
         mask = batch_idx >= 0
+        fill = jnp.maximum(batch_idx[0], 0)  # padding is at the end: row 0 is real
         dropout_key = jax.random.fold_in(key, state.step)
         if k_acc == 1:
             (loss, ranges), grads = grads_of(state.params, state.quant_stats, state.apply_fn,
-                                             data, batch_idx, dropout_key, None)
+                                             data, batch_idx, fill, dropout_key, None)
         else:
             denom = jnp.maximum(mask.sum(), 1).astype(jnp.float32)
             micro = batch_idx.reshape(-1, k_acc).T  # [K, B/K]
@@ -121,7 +124,7 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
                 g_sum, l_sum, seen = carry
                 idx, k = xs
                 (l, ranges), g = grads_of(state.params, state.quant_stats, state.apply_fn, data,
-                                          idx, jax.random.fold_in(dropout_key, k), denom)
+                                          idx, fill, jax.random.fold_in(dropout_key, k), denom)
                 g_sum = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g)
                 return (g_sum, l_sum + l, jax.tree.map(qt.merge_ranges, seen, ranges)), None
 
