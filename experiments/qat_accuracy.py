@@ -35,7 +35,7 @@ import jax
 
 from tftjax import export as export_lib
 from tftjax.config import TrainConfig, preset
-from tftjax.data import default_parquet, load_dataset, to_device
+from tftjax.data import default_parquet, load_dataset, saved_featurisation, to_device
 from tftjax.data.synthetic import generate
 from tftjax.data.bars import write_bars
 from tftjax.provenance import write_result
@@ -63,7 +63,8 @@ def one_dataset(name: str, parquet: Path, args, work: Path) -> dict:
     train_s = time.perf_counter() - t0
 
     ck_float, ck_qat = open_checkpoint(float_dir), open_checkpoint(qat_dir)
-    ds = load_dataset(parquet, cfg.data)
+    cfg = ck_float.cfg  # the trained model's (with its instrument vocabulary)
+    ds = load_dataset(parquet, cfg.data, **saved_featurisation(ck_float.meta))
     data, test = to_device(ds.features), ds.splits.test
     float_vars = restore_checkpoint(ck_float).variables()
     qat_vars = restore_checkpoint(ck_qat).variables()

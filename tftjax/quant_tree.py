@@ -5,6 +5,7 @@ them (:mod:`tftjax.quant` is the arithmetic)."""
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -27,15 +28,15 @@ def folded(params: dict, quant: QuantSpec, path: tuple = ()) -> dict:
     instrument table) replaced by the folded float ``[m, out]`` kernel, and the embedding
     biases' share added as ``fold_bias`` (what the int8 ``FoldedDense`` reads). The
     embeddings folded are those the model uses: fake-quantized where ``emb_k`` is covered."""
-    out = {k: folded(v, quant, path + (k,)) if isinstance(v, dict) else v
-           for k, v in params.items()}
+    out = {k: folded(v, quant, path + (k,)) if isinstance(v, Mapping) else v
+           for k, v in params.items()}  # (restored checkpoints may hold other mappings)
     if ("emb_k" in params and "weights" in params and "instrument_table" not in params
             and params["emb_k"].shape[1] != 1):
         emb = params["emb_k"]
         if quant.covers(layer_name(path, "emb_k")):
             emb = fake_quant_weight(emb, quant.axes("emb_k"))
         for sub in ("fc2", "skip"):
-            node = params["weights"].get(sub)
+            node = dict(params["weights"]).get(sub)
             if node is not None and quant.covers(layer_name(path + ("weights", sub), "kernel")):
                 k = node["kernel"]
                 out["weights"][sub] = {**out["weights"][sub],
