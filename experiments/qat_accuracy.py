@@ -78,10 +78,10 @@ def one_dataset(name: str, parquet: Path, args, work: Path) -> dict:
                                     args.calibrate, tc.batch_size, method=method, options=opts)
         qtrainer = Trainer(qcfg, tc, data)
         ptq_vars = {"params": float_vars["params"], "quant_stats": ptq_stats}
-        name = f"PTQ {method}" + "".join(f", {k}={v}" for k, v in opts.items())
+        row = f"PTQ {method}" + "".join(f", {k}={v}" for k, v in opts.items())
         if method == "minmax" and not opts:
-            rows[f"{name}, fake-quant"] = metrics(qtrainer.evaluate(ptq_vars, test, "fake"))
-        rows[f"{name}, int8"] = {**metrics(qtrainer.evaluate(ptq_vars, test, "int8")),
+            rows[f"{row}, fake-quant"] = metrics(qtrainer.evaluate(ptq_vars, test, "fake"))
+        rows[f"{row}, int8"] = {**metrics(qtrainer.evaluate(ptq_vars, test, "int8")),
                                  "int8_weight_bytes": int8_bytes(qcfg, float_vars["params"])}
     qtrainer = Trainer(dataclasses.replace(cfg, qat=True), tc, data)
     rows["QAT fake-quant"] = metrics(qtrainer.evaluate(qat_vars, test, "fake"))
@@ -163,6 +163,7 @@ def main() -> None:
             sets[f"synthetic_{args.synthetic_days}d"] = syn
         for name, path in sets.items():
             results["datasets"][name] = one_dataset(name, path, args, work)
+            write_result(args.out / "qat.json", results, args)  # (what is done so far)
         ds = load_dataset(default_parquet(), preset("tft225").data)
         data, starts = to_device(ds.features), ds.splits.test
         for p in ("tiny", "tft225"):

@@ -54,12 +54,11 @@ def compare_observers(run, ref) -> dict:
             "counts": sorted({int(np.max(x)) for x, y in zip(a, b) if x.dtype.kind == "i"})}
 
 
-def padded_rows(cfg) -> dict:
+def padded_rows(cfg, par) -> dict:
     """QAT: a batch whose last rows are padding (-1, the last batch of an epoch) moves the
     observers exactly as the same batch with those rows replaced by its first window: the
     padded rows add nothing to the ranges (they once were window 0's values)."""
-    tc = TrainConfig(batch_size=BATCH, eval_batch_size=30)
-    par = make_parallel(1, "replicated")
+    tc = TrainConfig(batch_size=BATCH, eval_batch_size=30)  # train()'s: its compiled step
     trainer = Trainer(cfg, tc, par.put_data(DS.features), par=par)
     key = par.replicate(jax.random.key(1, impl="rbg"))
     idx = np.asarray(DS.splits.train[-BATCH:], np.int32)  # far from window 0
@@ -128,6 +127,6 @@ if __name__ == "__main__":
     for name, run in (("qat_accumulate_4_vs_whole", train(qat, 1, accumulate=4)),
                       ("qat_four_devices_vs_one", train(qat, 4))):
         out[name] = {**compare(run, q1), "observers": compare_observers(run, q1)}
-    out["qat_padded_rows"] = padded_rows(qat)
+    out["qat_padded_rows"] = padded_rows(qat, q1["par"])
     print(json.dumps(out))
     sys.stdout.flush()
