@@ -419,6 +419,12 @@ def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
     assert call(evaluate_cli.main, "--checkpoint", flt, "--int8", "--calibrate", "2") == 0
     printed = capsys.readouterr().out
     assert "calibrated on 2 training batches (minmax, PTQ)" in printed and "TFT: int8 inference" in printed
+    for args, expect in ((["--int8", "--act-symmetric"], "--act-symmetric choose how a PTQ"),
+                         (["--int8", "--calibrate", "2", "--stacked-scales", "bogus"],
+                          "--stacked-scales must be channel or variable, got 'bogus'")):
+        assert call(evaluate_cli.main, "--checkpoint", flt, *args) == 2
+        err = capsys.readouterr().err
+        assert expect in err and err.count("\n") == 1, err
     from tftjax.config import TFTConfig
     from tftjax.data import load_dataset
     from tftjax.training import initial_weights
