@@ -234,6 +234,9 @@ def load(path: str | Path) -> Export:
         kind = "float32"
         if (path / INT8_FILE).is_file():
             variables, kind = unflatten(load_file(str(path / INT8_FILE))), "int8"
+            if "act_qparams" not in variables:  # before the folded selection GRN's int8 layout
+                raise DataError(f"{path}: an int8 export from before its format changed "
+                                "(issue 27: folded selection GRN, act_qparams); export it again")
             variables.setdefault("quant_stats", {})  # weight-only layers have no observers
             variables.pop("act_qparams", None)  # derived from quant_stats (for other runtimes)
         return Export(cfg, variables, {"params": f32["params"]},

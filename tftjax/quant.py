@@ -76,11 +76,11 @@ fake_quant.defvjp(_fake_quant_fwd, _fake_quant_bwd)
 
 
 def channel_scale(w: jax.Array, axis: int | tuple[int, ...] = -1, qmax: int = SYMMETRIC_MAX,
-                  eps: float = 1e-12) -> jax.Array:
+                  eps: float = SCALE_FLOOR) -> jax.Array:
     """Symmetric per-channel scales ``absmax / qmax`` with one scale per index of the kept
     ``axis`` (an int or a tuple: e.g. ``(0, 2)`` for a stacked ``[m, in, out]`` kernel);
     the other axes are reduced and kept with size 1, so the result broadcasts against
-    ``w``. An all-zero channel gets ``eps``."""
+    ``w``. Floored at ``eps`` (:func:`fake_quant`'s floor: the two agree on tiny channels)."""
     kept = {a % w.ndim for a in ((axis,) if isinstance(axis, int) else axis)}
     others = tuple(a for a in range(w.ndim) if a not in kept)
     absmax = jnp.max(jnp.abs(w), axis=others, keepdims=True)
