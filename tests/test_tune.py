@@ -59,6 +59,47 @@ def test_a_search_on_validation_writes_settings_that_train_reads(tmp_path, capsy
     assert a.model.dropout == 0.05  # a flag after --config wins
 
 
+def test_a_stopped_search_goes_on_with_resume(tmp_path, capsys, monkeypatch):
+    """Two trials, a third cut off mid-run (left running in the journal), then --resume to 4:
+    the cut-off trial is failed and run again, the sampler does not redraw the first
+    settings, and every trial is in trials.json; a changed setting or a folder with no
+    search is refused in one line."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    import tftjax.training as training
+    import tftjax.training.search as search
+
+    def fake_train(model, train, workdir, *, dataset, callback, **kw):
+        callback(1, None, {"val_loss": train.learning_rate}, True)
+        return {"history": [{"val_loss": train.learning_rate}], "weights_epoch": 1,
+                "model": {"val": {"q_risk_90": 0.5}}}
+
+    monkeypatch.setattr(training, "train_and_evaluate", fake_train)
+    monkeypatch.setattr(search, "release_compiled", lambda: None)
+    wd = tmp_path / "tune"
+    base = ["--preset", "tiny", "--parquet-file", short_es(), "--workdir", wd]
+    assert call(tune_cli.main, *base, "--trials", "2") == 0
+    storage = JournalStorage(JournalFileBackend(str(wd / "study.journal")))
+    optuna.load_study(study_name="tftjax", storage=storage).ask()  # a trial cut off mid-run
+    capsys.readouterr()
+    assert call(tune_cli.main, *base, "--trials", "4") == 2  # not without --resume
+    assert "--resume to go on" in capsys.readouterr().err
+    assert call(tune_cli.main, *base, "--trials", "4", "--resume") == 0
+    rows = json.loads((wd / "trials.json").read_text())["trials"]
+    assert [r["state"] for r in rows] == ["complete", "complete", "fail", "complete",
+                                          "complete"]
+    lrs = [r["learning_rate"] for r in rows if r["state"] == "complete"]
+    assert len(set(lrs)) == 4  # no settings drawn twice
+    best = json.loads((wd / "best.json").read_text())
+    assert best["train"]["learning_rate"] == min(lrs)
+    for extra, expect in ((["--dropout", "0.3"], "model.dropout differ"),
+                          (["--workdir", tmp_path / "none"], "holds no search")):
+        assert call(tune_cli.main, *base, "--trials", "5", "--resume", *extra) == 2
+        err = capsys.readouterr().err
+        assert expect in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("args,expect", [
     (["--trials", "0"], "--trials must be >= 1, got 0"),
     (["--config", "missing.json"], "--config missing.json: no such file"),

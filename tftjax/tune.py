@@ -11,6 +11,11 @@ loss (early stopping on validation, as in training). **The test windows are neve
 The best trial's settings go to ``WORKDIR/best.json``, which ``tftjax.train --config`` and
 ``tftjax.backtest --config`` accept (flags given after it still win); every trial is in
 ``WORKDIR/trials.json`` and printed as a table. Needs the ``tune`` extra (``optuna``).
+
+The study is kept in ``WORKDIR/study.journal`` (Optuna's journal file) and the settings it
+started with in ``WORKDIR/search.json``: a search stopped part way (a closed laptop, a lost
+job) goes on with ``--resume`` and the same flags, up to ``--trials`` in all; a trial cut
+off mid-run counts as failed.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ class Args:
     workdir: Path = Path("runs/tune/run_001")
     """Trials' runs (trial_000 …), trials.json and best.json (default: a new
     runs/tune/run_NNN)."""
+    resume: bool = False
+    """Go on with the search stopped in --workdir (its study.journal): run the trials left
+    of --trials, with the settings it was started with."""
     no_progress: bool = False
 
 
@@ -63,6 +71,12 @@ def defaults(argv: list[str] | None) -> Args:
                 workdir=run_folder(pre.workdir, "runs/tune", False))
 
 
+def flat(d: dict) -> dict:
+    """``{"model": {"hidden": 32}}`` → ``{"model.hidden": 32}``."""
+    return {f"{sec}.{k}" if isinstance(v, dict) else sec: (v[k] if isinstance(v, dict) else v)
+            for sec, v in d.items() for k in (v if isinstance(v, dict) else [None])}
+
+
 def run(argv: list[str] | None = None) -> int:
     args = parse(Args, argv, defaults(argv), "python -m tftjax.tune", __doc__.split("\n\n")[0])
     if args.trials < 1:
@@ -71,12 +85,30 @@ def run(argv: list[str] | None = None) -> int:
 
     if args.remat not in TIERS:
         raise ConfigError(f"--remat {args.remat!r} is not a tier; choose one of: {', '.join(TIERS)}")
-    if args.workdir.exists() and any(args.workdir.iterdir()):
-        raise ConfigError(f"--workdir {args.workdir} is not empty; choose a new folder")
+    journal, started = args.workdir / "study.journal", args.workdir / "search.json"
     cfg = dataclasses.replace(args.model, remat=args.remat)
-    out = tune(cfg, args.train, data_files(args.parquet_file, args.dataset), args.workdir,
-               args.trials, args.sampler_seed, progress=not args.no_progress)
+    paths = data_files(args.parquet_file, args.dataset)
+    search = json.loads(json.dumps({"model": dataclasses.asdict(cfg),
+                                    "train": dataclasses.asdict(args.train),
+                                    "data": [str(p) for p in (paths if isinstance(paths, (list, tuple)) else [paths])],
+                                    "sampler_seed": args.sampler_seed}, default=str))
+    if args.resume:
+        if not journal.is_file() or not started.is_file():
+            raise ConfigError(f"--resume: {args.workdir} holds no search to go on with "
+                              f"(no study.journal and search.json)")
+        was, now = flat(json.loads(started.read_text())), flat(search)
+        changed = [k for k in now if was.get(k) != now[k]]
+        if changed:
+            raise ConfigError(f"--resume: {', '.join(changed)} differ from the search started in "
+                              f"{args.workdir}; give the same settings, or a new --workdir")
+    elif args.workdir.exists() and any(args.workdir.iterdir()):
+        raise ConfigError(f"--workdir {args.workdir} is not empty; choose a new folder, or "
+                          f"--resume to go on with its search")
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if not args.resume:
+        started.write_text(json.dumps(search, indent=1))
+    out = tune(cfg, args.train, paths, args.workdir, args.trials, args.sampler_seed,
+               progress=not args.no_progress, journal=journal)
     (args.workdir / "trials.json").write_text(json.dumps(out, indent=1))
     best = {**out["settings"], "tuned": {"trials": args.trials, "sampler_seed": args.sampler_seed,
                                          "objective": "best validation loss"}}

@@ -36,10 +36,15 @@ def suggest(trial, model: TFTConfig, train: TrainConfig):
 
 
 def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, seed: int = 0,
-         progress: bool = False, log=print, dataset=None) -> dict:
+         progress: bool = False, log=print, dataset=None, journal: Path | None = None) -> dict:
     """Run the search; the trials and the best settings (see the module docstring).
     ``dataset``: search on these windows (its test windows dropped) instead of reading
-    ``paths`` (a walk-forward fold's own training and validation stretches)."""
+    ``paths`` (a walk-forward fold's own training and validation stretches).
+    ``journal``: keep the study in this Optuna journal file, so that a search stopped part
+    way goes on where it stopped when called again with the same file: ``trials`` is the
+    total, completed and pruned trials count, a trial cut off mid-run is marked failed (and
+    is run again), and the sampler is seeded with ``seed`` + the trials already in the study (so that it does not
+    draw the first settings again)."""
     try:
         import optuna
     except ImportError:
@@ -58,11 +63,21 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
         dataclasses.replace(s, splits=dataclasses.replace(s.splits, test=np.zeros(0, np.int32)))
         for s in ds.series))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="minimize",
-                                sampler=optuna.samplers.TPESampler(seed=seed),
+    storage, before = None, 0
+    if journal is not None:
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        storage = JournalStorage(JournalFileBackend(str(journal)))
+        before = stopped_trials(storage)
+    study = optuna.create_study(direction="minimize", storage=storage, study_name="tftjax",
+                                load_if_exists=True,
+                                sampler=optuna.samplers.TPESampler(seed=seed + before),
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=3,
                                                                    n_warmup_steps=1))
-    rows = []
+    counted = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    finished = sum(t.state in counted for t in study.trials)  # a failed trial is run again
+    if finished and finished >= trials:
+        log(f"the study already has {finished} finished trials of {trials}")
 
     def objective(trial):
         (model, train), drawn = suggest(trial, cfg, tc)
@@ -75,25 +90,24 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
                 raise optuna.TrialPruned()
 
         run = workdir / f"trial_{trial.number:03d}"
+        trial.set_user_attr("run", str(run))
         try:
             s = train_and_evaluate(model, train, run, dataset=ds, progress=progress,
                                    callback=report, log=lambda *a: None, plots=False)
         finally:
             release_compiled()  # each trial's programs: compiled again if ever needed
-            rows.append({"trial": trial.number, **{k: v for sec in drawn.values()
-                                                   for k, v in sec.items()},
-                         "run": str(run)})
         best = min(h["val_loss"] for h in s["history"] if h.get("val_loss") is not None)
-        rows[-1].update(best_val_loss=best, weights_epoch=s["weights_epoch"],
-                        val_q_risk_90=s["model"]["val"]["q_risk_90"])
+        trial.set_user_attr("best_val_loss", best)
+        trial.set_user_attr("weights_epoch", s["weights_epoch"])
+        trial.set_user_attr("val_q_risk_90", s["model"]["val"]["q_risk_90"])
         log(f"trial {trial.number}: val loss {best:.4f} (epoch {s['weights_epoch']}) "
             + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                         for sec in drawn.values() for k, v in sec.items()))
         return best
 
-    study.optimize(objective, n_trials=trials, catch=())
-    for r, t in zip(rows, study.trials):
-        r["state"] = t.state.name.lower()
+    study.optimize(objective, n_trials=max(trials - finished, 0), catch=())
+    rows = [{"trial": t.number, **{k.split(".")[1]: v for k, v in t.params.items()},
+             **t.user_attrs, "state": t.state.name.lower()} for t in study.trials]
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not done:
         raise ConfigError("every trial was pruned or failed: more --trials or epochs")
@@ -104,6 +118,22 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
         settings[sec][name] = v
     return {"trials": rows, "best": {"trial": best.number, "val_loss": best.value, **settings},
             "settings": settings, "searched": list(SPACE)}
+
+
+def stopped_trials(storage) -> int:
+    """Mark the trials of a stored study that a stopped process left running as failed
+    (nothing else runs them); the number of trials it holds (0 if none yet)."""
+    import optuna
+
+    try:
+        sid = storage.get_study_id_from_name("tftjax")
+    except KeyError:
+        return 0
+    held = storage.get_all_trials(sid, deepcopy=False)
+    for t in held:
+        if t.state == optuna.trial.TrialState.RUNNING:
+            storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+    return len(held)
 
 
 def format_trials(out: dict) -> str:
