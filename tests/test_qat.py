@@ -486,6 +486,35 @@ def test_init_from_another_model_and_bad_exports_exit_2(qat_run, tmp_path, capsy
     assert not (tmp_path / "run").exists()
 
 
+@RUN
+def test_a_qat_checkpoint_from_before_the_folded_layout_is_refused(qat_run, tmp_path, capsys):
+    """A QAT run saved before quant_format (its selection observers held the flat
+    embeddings' ranges): evaluate and --resume refuse it in one line; --init-from keeps its
+    weights and drops its observers."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(qat_run / "run", old)
+    for meta in old.glob("checkpoints/*/meta/metadata"):
+        m = json.loads(meta.read_text())
+        assert m["identity"].pop("quant_format") == 2
+        meta.write_text(json.dumps(m))
+    for main, args in ((evaluate_cli.main, ["--checkpoint", old, "--int8"]),
+                       (train_cli.main, ["--resume", "--workdir", old, "--epochs", "3",
+                                         "--no-progress"])):
+        assert call(main, *args) == 2
+        err = capsys.readouterr().err
+        assert "before quantization format 2" in err and err.count("\n") == 1, err
+    from tftjax.config import TFTConfig
+    from tftjax.data import load_dataset
+    from tftjax.training import initial_weights
+
+    summary = json.loads((old / "summary.json").read_text())
+    qcfg = TFTConfig.from_json(summary["identity"]["model"])
+    init = initial_weights(old, qcfg, load_dataset(short_es(), qcfg.data))
+    assert init.quant_stats is None and "observers start empty" in init.note
+
+
 @MODEL
 def test_layer_patterns_choose_what_is_quantized():
     cfg = small(qat_layers=("attention/*", "lstm_*/w_h", "*_vsn/glu_k"))

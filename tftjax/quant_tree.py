@@ -14,6 +14,12 @@ import jax.numpy as jnp
 from tftjax.quant import (KERNEL_AXES, MinMax, QuantSpec, fake_quant_weight, layer_name,
                           quantize_weight)
 
+QUANT_FORMAT = 2
+"""The layout of a QAT run's observers, kept in its identity (``quant_format``). 2: the
+variable selections' weight GRNs observe their raw ``[N, m]`` inputs (the folded int8 path,
+917d886). QAT checkpoints from before it hold the flat embeddings' ranges under the same
+names, and are refused rather than misread."""
+
 
 def fold_kernel(emb_k: jax.Array, kernel: jax.Array) -> jax.Array:
     """``A_j = k_j K_j``: ``[m, d_v]`` embeddings and a ``[m·d_v, out]`` kernel → ``[m, out]``

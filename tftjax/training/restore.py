@@ -24,6 +24,11 @@ from tftjax.quant_tree import as_minmax
 from tftjax.training.state import TrainState, abstract_train_state
 
 
+OLD_QAT = ("a QAT checkpoint from before quantization format 2 (917d886: the variable "
+           "selections' observers now watch their raw inputs), whose observer ranges would be "
+           "misread")
+
+
 class Checkpoint(NamedTuple):
     path: Path
     meta: dict
@@ -92,13 +97,18 @@ def open_checkpoint(path: str | Path, flag: str = "--checkpoint") -> Checkpoint:
     return Checkpoint(path, meta, cfg, tc)
 
 
-def restore_checkpoint(ck: Checkpoint) -> TrainState:
+def restore_checkpoint(ck: Checkpoint, *, old_observers: bool = False) -> TrainState:
     """The checkpoint's train state (a float checkpoint written before ``quant_stats``
     existed gets an empty one).
 
     Raises:
-      DataError: the state cannot be restored (damaged, or not this model's shapes).
+      DataError: the state cannot be restored (damaged, or not this model's shapes), or it is
+      a QAT state from before :data:`~tftjax.quant_tree.QUANT_FORMAT` (unless
+      ``old_observers``: the caller drops its observers).
     """
+    if is_old_qat(ck) and not old_observers:
+        raise DataError(f"{ck.path}: {OLD_QAT}; re-run its QAT (train --qat --init-from "
+                        "it keeps the weights, with fresh observers)")
     like = abstract_train_state(ck.cfg, ck.tc)
     try:
         return restore_state(ck.path, like)
@@ -110,6 +120,10 @@ def restore_checkpoint(ck: Checkpoint) -> TrainState:
                 pass
         raise DataError(f"{ck.path}: the weights cannot be restored ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200]})") from None
+
+
+def is_old_qat(ck: Checkpoint) -> bool:
+    return ck.cfg.qat and "quant_format" not in ck.meta["identity"]
 
 
 def restore_without_observers(restore, like: TrainState) -> TrainState:
@@ -161,8 +175,9 @@ def initial_weights(init_from: str | Path, cfg: TFTConfig, ds: Dataset) -> Initi
                           f"{str(src.get('sha256'))[:12]}…), this run reads {now['file']} (sha256 "
                           f"{now['sha256'][:12]}…): fine-tune on the data the weights were "
                           "trained on")
-    state = restore_checkpoint(ck)
-    same_quant = ck.cfg.qat and cfg.qat and tuple(ck.cfg.qat_layers) == tuple(cfg.qat_layers)
+    state = restore_checkpoint(ck, old_observers=True)
+    same_quant = (ck.cfg.qat and cfg.qat and tuple(ck.cfg.qat_layers) == tuple(cfg.qat_layers)
+                  and not is_old_qat(ck))  # an old layout's ranges are not kept
     source = {"checkpoint": str(ck.path), "weights_epoch": ck.meta.get("weights_epoch"),
               "qat": ck.cfg.qat}
     kind = "QAT" if ck.cfg.qat else "float"

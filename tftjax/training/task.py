@@ -19,10 +19,10 @@ from tftjax.data.calendar import format_interval
 from tftjax.errors import TrainingDiverged
 from tftjax.models.tft import init_variables
 from tftjax.parallel import is_primary, make_parallel
-from tftjax.quant_tree import layer_names, unmatched
+from tftjax.quant_tree import QUANT_FORMAT, layer_names, unmatched
 from tftjax.remat import plan as remat_plan
 from tftjax.training.evaluation import format_summary, summarize
-from tftjax.training.restore import Initial, restore_without_observers
+from tftjax.training.restore import OLD_QAT, Initial, restore_without_observers
 from tftjax.training.state import TrainState, abstract_train_state, create_train_state
 from tftjax.training.trainer import Trainer, epoch_indices, steps_per_epoch
 
@@ -57,7 +57,7 @@ class TFTTask:
         self.progress, self.profile_dir, self.plots = progress, profile_dir, plots
         self.trainer = Trainer(cfg, tc, self.par.put_data(ds.features), par=self.par)
         self._identity = {"data": ds.identity(workdir), "model": cfg.to_json(),
-                          "train": tc.to_json()}
+                          "train": tc.to_json(), **({"quant_format": QUANT_FORMAT} if cfg.qat else {})}
         # Dropout masks from the RBG generator: same quality for dropout, and
         # XLA:CPU compiles it much faster than threefry (17 s → 11 s, tiny preset).
         self.dropout_key = self.par.replicate(jax.random.key(tc.seed, impl="rbg"))
@@ -104,6 +104,9 @@ class TFTTask:
     def normalize_identity(identity: dict) -> dict:
         """A saved identity with the fields added since (at their defaults) filled in."""
         out = dict(identity)
+        if out.get("model", {}).get("qat") and "quant_format" not in out:
+            raise ConfigError(f"--resume: {OLD_QAT}; train another --workdir (--init-from keeps "
+                              "its weights, with fresh observers)")
         try:
             out["model"] = TFTConfig.from_json(identity["model"]).to_json()
             out["train"] = TrainConfig.from_json(identity["train"]).to_json()
