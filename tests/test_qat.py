@@ -495,10 +495,15 @@ def test_a_qat_checkpoint_from_before_the_folded_layout_is_refused(qat_run, tmp_
 
     old = tmp_path / "old"
     shutil.copytree(qat_run / "run", old)
-    for meta in old.glob("checkpoints/*/meta/metadata"):
-        m = json.loads(meta.read_text())
-        assert m["identity"].pop("quant_format") == 2
-        meta.write_text(json.dumps(m))
+    newer = tmp_path / "newer"  # 917d886 until quant_format: the layout told by its settings
+    shutil.copytree(qat_run / "run", newer)
+    for run, fields in ((old, ("quant_format", "stacked_scales", "weight_granularity",
+                               "act_symmetric")), (newer, ("quant_format",))):
+        for meta in run.glob("checkpoints/*/meta/metadata"):
+            m = json.loads(meta.read_text())
+            for f in fields:
+                (m["identity"] if f == "quant_format" else m["identity"]["model"]).pop(f)
+            meta.write_text(json.dumps(m))
     for main, args in ((evaluate_cli.main, ["--checkpoint", old, "--int8"]),
                        (train_cli.main, ["--resume", "--workdir", old, "--epochs", "3",
                                          "--no-progress"])):
@@ -511,8 +516,17 @@ def test_a_qat_checkpoint_from_before_the_folded_layout_is_refused(qat_run, tmp_
 
     summary = json.loads((old / "summary.json").read_text())
     qcfg = TFTConfig.from_json(summary["identity"]["model"])
-    init = initial_weights(old, qcfg, load_dataset(short_es(), qcfg.data))
+    ds = load_dataset(short_es(), qcfg.data)
+    init = initial_weights(old, qcfg, ds)
     assert init.quant_stats is None and "observers start empty" in init.note
+    # a run of the folded layout that predates the marker: its observers are kept, and its
+    # identity reads as format 2 (a resume compares it equal to a new run's)
+    assert initial_weights(newer, qcfg, ds).quant_stats is not None
+    from tftjax.checkpoints import read_meta
+    from tftjax.training.task import TFTTask
+
+    ck = sorted((newer / "checkpoints").glob("tft_final_epoch*"))[-1]
+    assert TFTTask.normalize_identity(read_meta(ck)["identity"])["quant_format"] == 2
 
 
 @MODEL

@@ -101,7 +101,7 @@ def run(argv: list[str] | None = None) -> int:
         if changed:
             raise ConfigError(f"--resume: {', '.join(changed)} differ from the search started in "
                               f"{args.workdir}; give the same settings, or a new --workdir")
-    elif args.workdir.exists() and any(args.workdir.iterdir()):
+    elif args.workdir.exists() and any(p != started for p in args.workdir.iterdir()):
         raise ConfigError(f"--workdir {args.workdir} is not empty; choose a new folder, or "
                           f"--resume to go on with its search")
     args.workdir.mkdir(parents=True, exist_ok=True)

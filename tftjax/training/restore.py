@@ -122,8 +122,17 @@ def restore_checkpoint(ck: Checkpoint, *, old_observers: bool = False) -> TrainS
                         f"{str(e).splitlines()[0][:200]})") from None
 
 
+def quant_format(identity: dict) -> int:
+    """The observers' layout of a saved run (:data:`~tftjax.quant_tree.QUANT_FORMAT`): as
+    recorded, else 2 for a run written by 917d886 or later (its model settings name
+    ``stacked_scales``, added with the folded layout), else 1."""
+    if "quant_format" in identity:
+        return int(identity["quant_format"])
+    return 2 if "stacked_scales" in identity.get("model", {}) else 1
+
+
 def is_old_qat(ck: Checkpoint) -> bool:
-    return ck.cfg.qat and "quant_format" not in ck.meta["identity"]
+    return bool(ck.cfg.qat) and quant_format(ck.meta["identity"]) < 2
 
 
 def restore_without_observers(restore, like: TrainState) -> TrainState:

@@ -22,7 +22,7 @@ from tftjax.parallel import is_primary, make_parallel
 from tftjax.quant_tree import QUANT_FORMAT, layer_names, unmatched
 from tftjax.remat import plan as remat_plan
 from tftjax.training.evaluation import format_summary, summarize
-from tftjax.training.restore import OLD_QAT, Initial, restore_without_observers
+from tftjax.training.restore import OLD_QAT, Initial, quant_format, restore_without_observers
 from tftjax.training.state import TrainState, abstract_train_state, create_train_state
 from tftjax.training.trainer import Trainer, epoch_indices, steps_per_epoch
 
@@ -104,9 +104,11 @@ class TFTTask:
     def normalize_identity(identity: dict) -> dict:
         """A saved identity with the fields added since (at their defaults) filled in."""
         out = dict(identity)
-        if out.get("model", {}).get("qat") and "quant_format" not in out:
-            raise ConfigError(f"--resume: {OLD_QAT}; train another --workdir (--init-from keeps "
-                              "its weights, with fresh observers)")
+        if out.get("model", {}).get("qat"):
+            if quant_format(out) < 2:
+                raise ConfigError(f"--resume: {OLD_QAT}; train another --workdir (--init-from "
+                                  "keeps its weights, with fresh observers)")
+            out["quant_format"] = quant_format(out)
         try:
             out["model"] = TFTConfig.from_json(identity["model"]).to_json()
             out["train"] = TrainConfig.from_json(identity["train"]).to_json()
