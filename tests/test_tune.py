@@ -64,6 +64,9 @@ def test_a_stopped_search_goes_on_with_resume(tmp_path, capsys, monkeypatch):
     the cut-off trial is failed and run again, the sampler does not redraw the first
     settings, and every trial is in trials.json; a changed setting or a folder with no
     search is refused in one line."""
+    import shutil
+    from pathlib import Path
+
     import optuna
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
@@ -93,6 +96,14 @@ def test_a_stopped_search_goes_on_with_resume(tmp_path, capsys, monkeypatch):
     assert len(set(lrs)) == 4  # no settings drawn twice
     best = json.loads((wd / "best.json").read_text())
     assert best["train"]["learning_rate"] == min(lrs)
+    other = tmp_path / "other.parquet"  # other bars under the same name
+    shutil.copy(short_es(), other)
+    assert call(tune_cli.main, *base[:2], "--parquet-file", other, "--workdir", tmp_path / "o",
+                "--trials", "1") == 0
+    other.write_bytes(Path(short_es()).read_bytes()[:-1] + b"x")
+    assert call(tune_cli.main, *base[:2], "--parquet-file", other, "--workdir", tmp_path / "o",
+                "--trials", "2", "--resume") == 2
+    assert "data differ" in capsys.readouterr().err
     for extra, expect in ((["--dropout", "0.3"], "model.dropout differ"),
                           (["--workdir", tmp_path / "none"], "holds no search")):
         assert call(tune_cli.main, *base, "--trials", "5", "--resume", *extra) == 2

@@ -71,6 +71,18 @@ def defaults(argv: list[str] | None) -> Args:
                 workdir=run_folder(pre.workdir, "runs/tune", False))
 
 
+def data_digest(paths) -> list[str]:
+    """The bars a search reads, by content (sha256; a missing file by its name: reading it
+    fails with one line later): a resume that would read other bars is refused, under any
+    path spelling."""
+    from tftjax.data import default_parquet
+    from tftjax.data.identity import file_sha256
+
+    files = [default_parquet()] if paths is None else list(paths) if isinstance(
+        paths, (list, tuple)) else [paths]
+    return [file_sha256(p) if Path(p).is_file() else str(p) for p in files]
+
+
 def flat(d: dict) -> dict:
     """``{"model": {"hidden": 32}}`` → ``{"model.hidden": 32}``."""
     return {f"{sec}.{k}" if isinstance(v, dict) else sec: (v[k] if isinstance(v, dict) else v)
@@ -90,7 +102,7 @@ def run(argv: list[str] | None = None) -> int:
     paths = data_files(args.parquet_file, args.dataset)
     search = json.loads(json.dumps({"model": dataclasses.asdict(cfg),
                                     "train": dataclasses.asdict(args.train),
-                                    "data": [str(p) for p in (paths if isinstance(paths, (list, tuple)) else [paths])],
+                                    "data": data_digest(paths),
                                     "sampler_seed": args.sampler_seed}, default=str))
     if args.resume:
         if not journal.is_file() or not started.is_file():
