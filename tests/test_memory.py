@@ -196,7 +196,7 @@ def live_bytes():
 # one compile serves both).
 @pytest.mark.xdist_group("remat_training")
 @pytest.mark.parametrize("tier", ["off", "aggressive"])
-def test_no_growth_of_live_device_memory_over_50_steps(tier):
+def test_no_growth_of_live_device_memory_over_20_steps(tier):
     from test_remat_training import CFG as TRAIN_CFG
     from conftest import short_es
     from test_remat_training import TC
@@ -211,7 +211,7 @@ def test_no_growth_of_live_device_memory_over_50_steps(tier):
     jax.block_until_ready(state)
     del m
     after_one = live_bytes()
-    for i in range(1, 50):
+    for i in range(1, 20):  # a leak of any step's buffers grows with every step
         state, m = trainer.train_step(state, idx[i % len(idx)], key)
     jax.block_until_ready(state)
     del m
@@ -268,7 +268,8 @@ def test_memory_cli_writes_report(tmp_path, analysed, capsys):
 def test_memory_cli_isolated_point_runs_in_its_own_process(tmp_path):
     # What a GPU does by default (a fresh process per point: its own device peak), forced
     # on CPU: the point's step time comes back from the child's report.
-    p = _run("--preset", "tiny", "--tiers", "full", "--batch-sizes", "8", "--steps", "1",
+    # (tier off at batch 16: test_memory_cli_writes_report's point, often in the compile cache)
+    p = _run("--preset", "tiny", "--tiers", "off", "--batch-sizes", "16", "--steps", "1",
              "--budgets", "", "--isolate", "--out", str(tmp_path), JAX_LOG_COMPILES="1")
     assert p.returncode == 0, p.stderr
     import json
@@ -277,8 +278,8 @@ def test_memory_cli_isolated_point_runs_in_its_own_process(tmp_path):
     assert rec["isolated"] is True and rec["step_time_s"] > 0 and rec["temp_bytes"] > 0
     # one compile per point: the child's (the parent's own log shows no train step compiled)
     assert "Compiling jit(step)" not in p.stderr, p.stderr[-2000:]
-    assert json.loads((tmp_path / "point_full_b8_k1" / "config.json").read_text())["remat"] == "full"
-    assert (tmp_path / "memory_full_b8.prof").exists()
+    assert json.loads((tmp_path / "point_off_b16_k1" / "config.json").read_text())["remat"] == "off"
+    assert (tmp_path / "memory_off_b16.prof").exists()
 
 
 # ------------------------------------------------------------------ soak: memory that stays put

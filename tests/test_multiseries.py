@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import bars_columns, call, random_bars, short_es
-from test_runloop import TINY_TFT
+from test_runloop import TINY_TFT, TINY_TRAIN
 
 from tftjax import evaluate as evaluate_cli
 from tftjax import predict as predict_cli
@@ -145,6 +145,7 @@ def test_statics_and_the_instrument_embedding_reach_the_model(files):
 @pytest.fixture(scope="module")
 def run(files, tmp_path_factory):
     root = tmp_path_factory.mktemp("multirun")
+    # with its plots (their titles name each window's series)
     assert call(train_cli.main, *TINY_TFT, "--epochs", "1", "--workdir", root / "run",
                 "--parquet-file", *pair(files)) == 0
     return root / "run"
@@ -154,6 +155,7 @@ def run(files, tmp_path_factory):
 def test_one_model_over_two_series_reports_each_and_the_pool(run, files, capsys):
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["series"]) == {"es", "alt"}
+    assert (run / "quantile_fan.png").stat().st_size > 1000  # windows of both series
     for name in ("es", "alt"):
         e = summary["series"][name]
         assert set(e["model"]) == {"train", "val", "test"}
@@ -285,13 +287,13 @@ def test_bad_multiseries_input_exits_2_with_one_line(run, files, tmp_path, capsy
         table = pa.concat_tables([pa.table(bars_columns(es))] * 2)
         pq.write_table(table.take(pa.array(np.argsort(np.concatenate([es.ts, es.ts]),
                                                       kind="stable"))), tmp_path / "long.parquet")
-        args = (train_cli.main, *TINY_TFT, "--workdir", tmp_path / "r", "--parquet-file",
+        args = (train_cli.main, *TINY_TRAIN, "--workdir", tmp_path / "r", "--parquet-file",
                 tmp_path / "long.parquet")
     elif case == "intervals":
         hourly = random_bars(len(es), seed=4)
         hourly = hourly.replace(ts=es.ts[0] + np.arange(len(es), dtype=np.int64) * 3600 * 10**9)
         write_bars(hourly, tmp_path / "hourly.parquet")
-        args = (train_cli.main, *TINY_TFT, "--workdir", tmp_path / "r", "--parquet-file",
+        args = (train_cli.main, *TINY_TRAIN, "--workdir", tmp_path / "r", "--parquet-file",
                 files / "es.parquet", tmp_path / "hourly.parquet")
     elif case == "missing_dir":
         out = tmp_path / "nowhere" / "f.parquet"

@@ -145,7 +145,7 @@ def test_two_processes_train_like_one(tmp_path, capsys):
     # the 1-process reference in this process: it shares this worker's compiled steps
     from tftjax import train as train_cli
 
-    assert train_cli.main([*args, "--workdir", str(tmp_path / "one")]) == 0
+    assert train_cli.main([*args, "--workdir", str(tmp_path / "one"), "--no-plots"]) == 0
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import call, short_es
-from test_runloop import TINY_TFT
+from test_runloop import TINY_TRAIN
 
 from tftjax import predict as predict_cli
 from tftjax.data import load_dataset, read_bars, to_device, write_bars
@@ -23,7 +23,7 @@ GROUP = pytest.mark.xdist_group("runloop_base")  # the tiny runs' compiled steps
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("predict")
     shutil.copy(short_es(), root / "bars.parquet")
-    assert call(__import__("tftjax.train").train.main, *TINY_TFT, "--epochs", "1",
+    assert call(__import__("tftjax.train").train.main, *TINY_TRAIN, "--epochs", "1",
                 "--workdir", root / "run", "--parquet-file", root / "bars.parquet") == 0
     return root
 

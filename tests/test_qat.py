@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from conftest import call, random_inputs, short_es, xla_optimised
-from test_runloop import TINY_TFT, raw_state, tiny_tft
+from test_runloop import TINY_TRAIN, raw_state, tiny_tft
 
 from tftjax import export as export_cli
 from tftjax import evaluate as evaluate_cli
@@ -458,7 +458,7 @@ def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
     (["--act-symmetric"], "need --qat (or a PTQ --calibrate)"),
 ])
 def test_bad_qat_flags_exit_2(args, expect, tmp_path, capsys):
-    rc = call(train_cli.main, *TINY_TFT, "--workdir", tmp_path / "run", *args)
+    rc = call(train_cli.main, *TINY_TRAIN, "--workdir", tmp_path / "run", *args)
     err = capsys.readouterr().err
     assert rc == 2 and expect in err and "Traceback" not in err and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()
@@ -472,7 +472,7 @@ def test_init_from_another_model_and_bad_exports_exit_2(qat_run, tmp_path, capsy
     assert rc == 2 and "another model than this run's: hidden: 16 there, 8 now" in err, err
     from test_runloop import other_file
 
-    rc = call(train_cli.main, *TINY_TFT, "--qat", "--init-from", qat_run / "run",
+    rc = call(train_cli.main, *TINY_TRAIN, "--qat", "--init-from", qat_run / "run",
               "--parquet-file", other_file(tmp_path), "--workdir", tmp_path / "run")
     err = capsys.readouterr().err
     assert rc == 2 and "other.parquet (sha256" in err and "fine-tune on the data" in err, err

@@ -32,14 +32,20 @@ TINY_TFT = ["--preset", "tiny", "--remat", "off", "--batch-size", "32",
             "--max-steps-per-epoch", "3", "--patience", "0", "--no-progress"]
 
 
+# tftjax.train's: without the PNG plots (a quarter of a warm tiny run; test_train.py and
+# test_parallel.py check them)
+TINY_TRAIN = [*TINY_TFT, "--no-plots"]
+
+
 def tiny_tft(*args):
     """The tiny CLI run's flags on the suite's short data file (conftest.short_es)."""
-    return [*TINY_TFT, "--parquet-file", short_es(), *args]
+    return [*TINY_TRAIN, "--parquet-file", short_es(), *args]
 TINY_DQN = ["--window", "4", "--features", "r1", "ret_5", "rvol_10", "--episode-len", "64",
             "--num-envs", "4", "--steps-per-epoch", "200", "--hidden", "16", "--batch-size", "32",
             "--buffer-size", "2000", "--learning-starts", "64", "--target-update-every", "20",
             "--eps-decay-steps", "400", "--patience", "0", "--no-progress"]
 quiet = dict(log=lambda *a: None, progress=False)
+tft_quiet = dict(quiet, plots=False)  # train_and_evaluate without its PNG plots
 
 
 def snapshot(d):
@@ -63,9 +69,10 @@ def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("base")
     (root / "data").mkdir()
     shutil.copy(short_es(), root / "data" / "bars.parquet")
-    rc = call(train_cli.main, *TINY_TFT, "--epochs", "3", "--workdir", root / "run",
+    rc = call(train_cli.main, *TINY_TRAIN, "--epochs", "3", "--workdir", root / "run",
               "--parquet-file", root / "data" / "bars.parquet")
     assert rc == 0
+    assert not list((root / "run").glob("*.png"))  # --no-plots
     return root, root / "run"
 
 
@@ -142,7 +149,7 @@ def early(tmp_path_factory):
                      patience=2)
     summary = train_and_evaluate(
         preset("tiny"), tc, root / "run", parquet_file=data,
-        callback=lambda e, s, m, f: seen.__setitem__(e, jax.device_get(s.params)), **quiet)
+        callback=lambda e, s, m, f: seen.__setitem__(e, jax.device_get(s.params)), **tft_quiet)
     return root, summary, seen
 
 
@@ -204,7 +211,7 @@ def test_nan_mid_epoch_stops_within_the_epoch(tmp_path):
     cfg = preset("tiny")
     es = load_dataset(short_es(), cfg.data)
     tc = TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=4, patience=0)
-    train_and_evaluate(cfg, tc, tmp_path, dataset=es, **quiet)
+    train_and_evaluate(cfg, tc, tmp_path, dataset=es, **tft_quiet)
     before = snapshot(tmp_path / "checkpoints")
     # NaN decoder inputs at one origin row, first used by the third batch of epoch 2 (batch
     # order by numpy). (A NaN *target* is a missing one, masked: it cannot make the loss NaN.)
@@ -229,7 +236,8 @@ def test_no_validation_windows_turns_early_stopping_off(tmp_path):
     assert ds.splits.val.size == 0
     lines = []
     tc = TrainConfig(epochs=3, batch_size=32, max_steps_per_epoch=2, patience=1)
-    s = train_and_evaluate(cfg, tc, tmp_path, dataset=ds, log=lines.append, progress=False)
+    s = train_and_evaluate(cfg, tc, tmp_path, dataset=ds, log=lines.append, progress=False,
+                           plots=False)
     assert not s["stopped_early"] and s["epochs_run"] == 3 and s["weights_epoch"] == 3
     assert "val" not in s["model"] and any("no validation windows" in x for x in lines)
     # the compile is timed apart: only the first epoch of a run carries it

@@ -22,7 +22,7 @@ from tftjax.training import Trainer, create_train_state, train_and_evaluate
 
 CFG = preset("tiny")
 TC = TrainConfig(epochs=1, batch_size=32, learning_rate=3e-3, max_steps_per_epoch=4, patience=0)
-quiet = dict(log=lambda *a: None, progress=False)
+quiet = dict(log=lambda *a: None, progress=False, plots=False)  # the plots: one test below
 # the tests of the tiny model on the short ES bars share one worker and its compiled steps
 # (tests/test_precision.py's bf16 training test too)
 ES = pytest.mark.xdist_group("train_es")
@@ -91,7 +91,7 @@ def names(workdir):
 @ES
 def test_checkpoint_names_full_run(tmp_path, es):
     tc = dataclasses.replace(TC, epochs=3)
-    train_and_evaluate(CFG, tc, tmp_path, dataset=es, **quiet)
+    train_and_evaluate(CFG, tc, tmp_path, dataset=es, **dict(quiet, plots=True))
     got = set(names(tmp_path))
     assert {"tft_epoch_2", "tft_epoch_3", "tft_final_epoch3"} <= got
     hist = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -118,8 +118,9 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     wd = tmp_path / "run"
     p = run("-m", "tftjax.train", "--preset", "tiny", "--epochs", "1", "--batch-size", "32",
             "--max-steps-per-epoch", "3", "--workdir", str(wd), "--no-progress",
-            "--profile", str(tmp_path / "prof"), "--parquet-file", short_es())
+            "--profile", str(tmp_path / "prof"), "--parquet-file", short_es(), "--no-plots")
     assert p.returncode == 0, p.stderr
+    assert not list(wd.glob("*.png"))  # --no-plots (the plots: test_checkpoint_names_full_run)
     assert "naive: train quantiles" in p.stdout and "q-risk P50" in p.stdout
     assert (wd / "checkpoints" / "tft_final_epoch1").is_dir()
     assert list((tmp_path / "prof").rglob("*.xplane.pb"))

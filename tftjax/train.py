@@ -76,6 +76,9 @@ class Args:
     """Write a jax.profiler trace of a few steps here (TensorBoard / XProf)."""
     no_progress: bool = False
     """Hide the per-epoch progress bar."""
+    no_plots: bool = False
+    """Skip the PNG plots (loss curves, quantile fans, variable importance): headless or
+    scripted runs; the summary and checkpoints are the same."""
 
 
 def defaults(argv: list[str] | None) -> Args:
@@ -131,7 +134,7 @@ def run(argv: list[str] | None = None) -> int:
     train_and_evaluate(cfg, tc, args.workdir, parquet_file=args.parquet_file, resume=args.resume,
                        progress=not args.no_progress and primary,
                        profile_dir=str(args.profile) if args.profile else None, par=par,
-                       log=print if primary else (lambda *a, **k: None))
+                       log=print if primary else (lambda *a, **k: None), plots=not args.no_plots)
     if args.profile and primary:
         print(f"profile trace written under {args.profile} (open with TensorBoard/XProf)")
     return 0
