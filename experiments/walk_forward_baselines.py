@@ -1,0 +1,97 @@
+"""Every baseline of a walk-forward, scored on the same folds as ``python -m tftjax.backtest``
+without training a TFT: the rows of the README's walk-forward table for the baselines that
+were not the one chosen on validation.
+
+    python experiments/walk_forward_baselines.py --dataset spx --calendar XNYS --block 36
+    python experiments/walk_forward_baselines.py --dataset btc --calendar 24/7 --block 164
+
+It takes the backtest's own flags (``--preset``, ``--folds``, ``--test-fraction``, the data
+and calendar flags) and the same code: the folds of
+:func:`tftjax.data.windows.walk_forward_times`, each fold's dataset with statistics fitted on
+its own training rows, :func:`tftjax.training.evaluation.baselines_forecasts` on its
+validation and test windows, and :mod:`tftjax.scoring`'s pooled metrics and circular block
+bootstrap. The baselines do not depend on the TFT, so these rows are the backtest's; only the
+bootstrap block is the backtest's choice (Politis–White on the TFT's per-window P90 loss
+differences with the chosen baseline): give it with ``--block`` (the table's block column),
+or leave it out for each baseline's own Politis–White length on its per-window P90 loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--block", type=int, default=None)
+    own.add_argument("--json", default=None, help="also write the rows here")
+    extra, rest = own.parse_known_args(argv)
+
+    from tftjax import backtest as bt
+    from tftjax import scoring
+    from tftjax.baselines import NAMES
+    from tftjax.cli import data_files, parse
+    from tftjax.data import default_parquet, load_dataset
+    from tftjax.data.bars import read_series
+    from tftjax.data.windows import walk_forward_times
+    from tftjax.training.evaluation import baselines_forecasts, window_targets
+
+    args = parse(bt.Args, rest, bt.defaults(rest), "experiments/walk_forward_baselines.py",
+                 __doc__.split("\n\n")[0])
+    cfg = args.model
+    files = data_files(args.parquet_file, args.dataset)
+    files = files if isinstance(files, list) else [files] if files is not None else [
+        default_parquet()]
+    ts = [b.ts for p in files for b in read_series(p)]
+    qs = cfg.quantiles
+    rows: dict[str, dict[str, list]] = {}
+    for k, fold in enumerate(walk_forward_times(ts, cfg.data, args.folds, args.test_fraction), 1):
+        ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
+        for split in ("val", "test"):
+            starts = getattr(ds.splits, split)
+            y = window_targets(ds, starts)
+            for name, p in baselines_forecasts(ds, qs, starts).items():
+                rows.setdefault(name, {"val": [], "test": []})[split].append(
+                    scoring.window_sums(y, p, qs))
+        print(f"fold {k}/{args.folds}: {ds.splits.test.size} test windows", file=sys.stderr)
+    pooled = {n: {s: np.concatenate(r[s]) for s in ("val", "test")} for n, r in rows.items()}
+    best = min(pooled, key=lambda n: scoring.from_sums(pooled[n]["val"])["q_risk_90"])
+    out = {}
+    for n, r in pooled.items():
+        s = r["test"]
+        seen = s[:, 5] > 0
+        block = extra.block or scoring.block_length(s[seen, 2])
+        out[n] = {"val": {m: float(v) for m, v in scoring.from_sums(r["val"]).items()},
+                  "test": {m: float(v) for m, v in scoring.from_sums(s).items()},
+                  "block": block,
+                  "ci95": {m: scoring.bootstrap_interval(
+                      lambda x, m=m: scoring.from_sums(x)[m], s, block, args.bootstrap)
+                      for m in ("q_risk_50", "q_risk_90", "coverage_80")}}
+    print(f"{args.folds} folds, {len(pooled[best]['test'])} test windows; the best baseline on "
+          f"validation: {NAMES.get(best, best)}; 95% circular block bootstrap "
+          + (f"(block {extra.block})" if extra.block else "(each row's own block)"))
+    print("| baseline | val P90 | P50 [95% CI] | P90 [95% CI] | cover 10-90 [95% CI] |")
+    print("|---|---|---|---|---|")
+    for n in sorted(out, key=lambda n: out[n]["test"]["q_risk_90"]):
+        r, ci = out[n], out[n]["ci95"]
+        cell = lambda m: (f"{r['test'][m]:.4f} [{ci[m][0]:.4f}, {ci[m][1]:.4f}]"  # noqa: E731
+                          if m != "coverage_80" else
+                          f"{r['test'][m]:.3f} [{ci[m][0]:.3f}, {ci[m][1]:.3f}]")
+        print(f"| {NAMES.get(n, n)}{' (chosen)' if n == best else ''} | {r['val']['q_risk_90']:.4f} "
+              f"| {cell('q_risk_50')} | {cell('q_risk_90')} | {cell('coverage_80')} |")
+    if extra.json:
+        with open(extra.json, "w") as f:
+            json.dump({"best_on_val": best, "rows": out}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    from tftjax.cli import exit as cli_exit
+    from tftjax.cli import main as cli_main
+
+    cli_exit(cli_main(main, None))
