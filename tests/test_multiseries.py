@@ -145,9 +145,15 @@ def test_statics_and_the_instrument_embedding_reach_the_model(files):
 @pytest.fixture(scope="module")
 def run(files, tmp_path_factory):
     root = tmp_path_factory.mktemp("multirun")
-    # with its plots (their titles name each window's series)
-    assert call(train_cli.main, *TINY_TFT, "--epochs", "1", "--workdir", root / "run",
-                "--parquet-file", *pair(files)) == 0
+    # with its plots: the quantile fans' titles name each window's series
+    from tftjax import plots
+
+    titles, draw = [], plots.quantile_fan
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plots, "quantile_fan", lambda *a, **k: (titles.extend(a[5]), draw(*a, **k)))
+        assert call(train_cli.main, *TINY_TFT, "--epochs", "1", "--workdir", root / "run",
+                    "--parquet-file", *pair(files)) == 0
+    (root / "run" / "fan_titles.json").write_text(json.dumps(titles))
     return root / "run"
 
 
@@ -155,7 +161,9 @@ def run(files, tmp_path_factory):
 def test_one_model_over_two_series_reports_each_and_the_pool(run, files, capsys):
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["series"]) == {"es", "alt"}
-    assert (run / "quantile_fan.png").stat().st_size > 1000  # windows of both series
+    assert (run / "quantile_fan.png").stat().st_size > 1000
+    titles = json.loads((run / "fan_titles.json").read_text())  # test windows of both series
+    assert titles and all(t.split(": ")[0] in ("es", "alt") for t in titles), titles
     for name in ("es", "alt"):
         e = summary["series"][name]
         assert set(e["model"]) == {"train", "val", "test"}

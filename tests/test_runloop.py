@@ -32,8 +32,8 @@ TINY_TFT = ["--preset", "tiny", "--remat", "off", "--batch-size", "32",
             "--max-steps-per-epoch", "3", "--patience", "0", "--no-progress"]
 
 
-# tftjax.train's: without the PNG plots (a quarter of a warm tiny run; test_train.py and
-# test_parallel.py check them)
+# tftjax.train's: without the PNG plots (a quarter of a warm tiny run; test_train.py,
+# test_multiseries.py and test_parallel.py draw and check them)
 TINY_TRAIN = [*TINY_TFT, "--no-plots"]
 
 
@@ -124,7 +124,7 @@ def test_resume_through_the_cli_equals_the_uninterrupted_run(base, tmp_path, cap
     # at full precision: on CPU the default already is)
     capsys.readouterr()
     assert call(train_cli.main, "--resume", "--workdir", copy / "run", "--epochs", "3",
-                "--no-progress", "--matmul-precision", "highest") == 0
+                "--no-progress", "--matmul-precision", "highest", "--no-plots") == 0
     assert ("--resume: model.matmul_precision: 'default' in the checkpoint, 'highest' now"
             in capsys.readouterr().out)
     a = raw_state(ckpts / "tft_epoch_3")
@@ -224,7 +224,7 @@ def test_nan_mid_epoch_stops_within_the_epoch(tmp_path):
                          es.cfg)
     with pytest.raises(TrainingDiverged, match="at step 3 of epoch 2.*tft_epoch_1"):
         train_and_evaluate(cfg, dataclasses.replace(tc, epochs=3), tmp_path, dataset=bad,
-                           resume=True, **quiet)
+                           resume=True, **tft_quiet)
     assert snapshot(tmp_path / "checkpoints") == before
     assert [json.loads(x)["epoch"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
 

@@ -78,7 +78,8 @@ class Args:
     """Hide the per-epoch progress bar."""
     no_plots: bool = False
     """Skip the PNG plots (loss curves, quantile fans, variable importance): headless or
-    scripted runs; the summary and checkpoints are the same."""
+    scripted runs; the summary and checkpoints are the same. Per invocation (a --resume
+    draws them unless given it again); a multi-process run gives it to every process."""
 
 
 def defaults(argv: list[str] | None) -> Args:
