@@ -10,10 +10,12 @@ and calendar flags) and the same code: the folds of
 :func:`tftjax.data.windows.walk_forward_times`, each fold's dataset with statistics fitted on
 its own training rows, :func:`tftjax.training.evaluation.baselines_forecasts` on its
 validation and test windows, and :mod:`tftjax.scoring`'s pooled metrics and circular block
-bootstrap. The baselines do not depend on the TFT, so these rows are the backtest's; only the
-bootstrap block is the backtest's choice (Politis–White on the TFT's per-window P90 loss
-differences with the chosen baseline): give it with ``--block`` (the table's block column),
-or leave it out for each baseline's own Politis–White length on its per-window P90 loss.
+bootstrap, and :mod:`tftjax.verdict`'s per-fold choice (each fold's baseline chosen on its
+own validation stretch, stitched). The baselines do not depend on the TFT, so these rows are
+the backtest's; only the bootstrap block is the backtest's choice (Politis–White on the
+TFT's per-window P90 loss differences with the stitched choice): give it with ``--block``
+(the table's block column), or leave it out for Politis–White on the stitched choice's own
+per-window P90 loss.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--block must be >= 1 window, got {extra.block}")
 
     from tftjax import backtest as bt
-    from tftjax import scoring
+    from tftjax import scoring, verdict
     from tftjax.baselines import NAMES
     from tftjax.cli import data_files, parse
     from tftjax.data import default_parquet, load_dataset
@@ -53,46 +55,42 @@ def main(argv: list[str] | None = None) -> int:
         default_parquet()]
     ts = [b.ts for p in files for b in read_series(p)]
     qs = cfg.quantiles
-    rows: dict[str, dict[str, list]] = {}
+    folds = []
     for k, fold in enumerate(walk_forward_times(ts, cfg.data, args.folds, args.test_fraction), 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
+        f = verdict.Fold({}, {}, None, {})
         for split in ("val", "test"):
             starts = getattr(ds.splits, split)
             y = window_targets(ds, starts)
-            for name, p in baselines_forecasts(ds, qs, starts).items():
-                rows.setdefault(name, {"val": [], "test": []})[split].append(
-                    scoring.window_sums(y, p, qs))
+            preds = baselines_forecasts(ds, qs, starts)
+            for name, p in preds.items():
+                getattr(f, split)[name] = scoring.window_sums(y, p, qs)
+            if split == "test":
+                f.y, f.pred = y, preds
+        folds.append(f)
         print(f"fold {k}/{args.folds}: {ds.splits.test.size} test windows", file=sys.stderr)
-    pooled = {n: {s: np.concatenate(r[s]) for s in ("val", "test")} for n, r in rows.items()}
-    best = min(pooled, key=lambda n: scoring.from_sums(pooled[n]["val"])["q_risk_90"])
-    out = {}
-    for n, r in pooled.items():
-        s = r["test"]
-        seen = s[:, 5] > 0
-        block = extra.block if extra.block is not None else scoring.block_length(s[seen, 2])
-        out[n] = {"val": {m: float(v) for m, v in scoring.from_sums(r["val"]).items()},
-                  "test": {m: float(v) for m, v in scoring.from_sums(s).items()},
-                  "block": block,
-                  "ci95": {m: scoring.bootstrap_interval(
-                      lambda x, m=m: scoring.from_sums(x)[m], s, block, args.bootstrap)
-                      for m in ("q_risk_50", "q_risk_90", "coverage_80")}}
-    print(f"{args.folds} folds, {len(pooled[best]['test'])} test windows; the best baseline on "
-          f"validation: {NAMES.get(best, best)}; 95% circular block bootstrap "
-          + (f"(block {extra.block})" if extra.block is not None else
-             "(each row's own block: Politis-White on its own per-window P90 loss, not the "
-             "backtest's rule)"))
-    print("| baseline | val P90 | P50 [95% CI] | P90 [95% CI] | cover 10-90 [95% CI] |")
-    print("|---|---|---|---|---|")
-    for n in sorted(out, key=lambda n: out[n]["test"]["q_risk_90"]):
-        r, ci = out[n], out[n]["ci95"]
+    out = verdict.summarize(folds, qs, cfg.decoder_steps, args.bootstrap, model=None,
+                            block=extra.block)
+    picks = out["chosen_per_fold"]
+    print(f"{args.folds} folds, {sum(out['fold_windows'])} test windows; chosen per fold on its "
+          f"own validation: {', '.join(NAMES.get(p, p) for p in picks)}; 95% circular block "
+          f"bootstrap (block {out['block']}"
+          + ("" if extra.block is not None else ": Politis-White on the stitched choice's P90 "
+             "loss; the backtest's is on the TFT's differential with it") + ")")
+    print("| baseline | val P90 | P50 [95% CI] | P90 [95% CI] | cover 10-90 [95% CI] | CRPS |")
+    print("|---|---|---|---|---|---|")
+    rows = out["pooled"]
+    for n in sorted(rows, key=lambda n: rows[n]["test"]["q_risk_90"]):
+        r, ci = rows[n], rows[n]["ci95"]
         cell = lambda m: (f"{r['test'][m]:.4f} [{ci[m][0]:.4f}, {ci[m][1]:.4f}]"  # noqa: E731
                           if m != "coverage_80" else
                           f"{r['test'][m]:.3f} [{ci[m][0]:.3f}, {ci[m][1]:.3f}]")
-        print(f"| {NAMES.get(n, n)}{' (chosen)' if n == best else ''} | {r['val']['q_risk_90']:.4f} "
-              f"| {cell('q_risk_50')} | {cell('q_risk_90')} | {cell('coverage_80')} |")
+        name = "baseline chosen per fold" if n == verdict.CHOSEN else NAMES.get(n, n)
+        print(f"| {name} | {r['val']['q_risk_90']:.4f} | {cell('q_risk_50')} | "
+              f"{cell('q_risk_90')} | {cell('coverage_80')} | {r['calibration']['crps']:.4f} |")
     if extra.json:
         with open(extra.json, "w") as f:
-            json.dump({"best_on_val": best, "rows": out}, f, indent=1)
+            json.dump(out, f, indent=1)
     return 0
 
 

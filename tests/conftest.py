@@ -10,20 +10,38 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # xdist workers inherit the controller's
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="tftjax-jax-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
-# Little XLA optimisation work (LLVM at -O0, no expensive passes; the CLI subprocesses inherit
-# it): the suite runs each program for a few steps and compiles are most of its time
-# (measured: the tiny TFT's train step compiles in 5.5 s instead of 11-12 s and runs 2-5x
-# slower). Every comparison is between programs compiled alike; users and experiments keep
-# XLA's defaults. The exception is QAT (see xla_optimised): XLA:CPU at -O0 gives NaN
-# gradients for it where the optimised program, and the same program op by op, are finite.
-os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-# Where a test does compile optimised (xla_optimised), LLVM's -O1 rather than its default: the
-# same XLA passes, compiles ~25% shorter (measured on the QAT gradients: 11.5 s against 17.3 s).
-# And XLA:CPU's older element-wise code generator instead of its MLIR fusion emitters: the
-# tiny TFT's train step compiles in 3.5 s instead of 6.5 s.
-for flag in ("--xla_backend_optimization_level=1", "--xla_cpu_use_fusion_emitters=false"):
-    if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+# How the suite compiles (docs/testing.md lists which tests run where, and why):
+# - the quick tier (-m "not slow", the README's test command): little XLA optimisation work
+#   (no expensive passes, LLVM at -O1, XLA:CPU's older element-wise code generator; the CLI
+#   subprocesses inherit it). It runs each program for a few steps and compiles are most of
+#   its time (the tiny TFT's train step compiles in 3.5 s instead of 11-12 s). Every
+#   comparison is between programs compiled alike. The exception is QAT (xla_optimised):
+#   XLA:CPU without its passes gives NaN gradients for it where the optimised program, and
+#   the same program op by op, are finite.
+# - TFTJAX_TEST_XLA=users (what .ci/run sets for the full tier's slow tests): XLA's defaults,
+#   the programs users and experiments/ run; conftest changes nothing of the compiler.
+COMPILE_AS_USERS = os.environ.get("TFTJAX_TEST_XLA", "fast") == "users"
+if os.environ.get("TFTJAX_TEST_XLA", "fast") not in ("fast", "users"):
+    raise SystemExit(f"TFTJAX_TEST_XLA must be 'fast' or 'users', got "
+                     f"{os.environ['TFTJAX_TEST_XLA']!r}")
+
+
+def fast_compile(env: dict) -> dict:
+    """``env`` (changed in place, and returned) with the quick tier's little XLA optimisation:
+    for this process, and for the subprocesses of the full tier whose point is a comparison
+    between programs compiled alike (devices, processes), not the users' compile."""
+    env.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+    # where a test does compile optimised (xla_optimised): LLVM's -O1 rather than its default
+    # (the same XLA passes, compiles ~25% shorter: the QAT gradients 11.5 s against 17.3 s),
+    # and the older element-wise code generator (the tiny train step 3.5 s against 6.5 s)
+    for flag in ("--xla_backend_optimization_level=1", "--xla_cpu_use_fusion_emitters=false"):
+        if flag.split("=")[0] not in env.get("XLA_FLAGS", ""):
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flag).strip()
+    return env
+
+
+if not COMPILE_AS_USERS:
+    fast_compile(os.environ)
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
@@ -39,6 +57,9 @@ def xla_optimised(on: bool = True):
     inside the block (``jax_disable_most_optimizations`` is read at each compile)."""
     import jax
 
+    if COMPILE_AS_USERS:  # XLA's defaults throughout
+        yield
+        return
     was = jax.config.read("jax_disable_most_optimizations")
     jax.config.update("jax_disable_most_optimizations", not on)
     try:

@@ -48,10 +48,14 @@ def compare_observers(run, ref) -> dict:
     """QAT: the observers after the same steps (min/max and how many updates)."""
     a = jax.tree.leaves(jax.device_get(run["state"].quant_stats))
     b = jax.tree.leaves(jax.device_get(ref["state"].quant_stats))
-    return {"n": len(b), "max_abs": float(max(np.abs(np.asarray(x, np.float64)
-                                                     - np.asarray(y, np.float64)).max()
-                                              for x, y in zip(a, b))),
-            "counts": sorted({int(np.max(x)) for x, y in zip(a, b) if x.dtype.kind == "i"})}
+    ranges = [(np.asarray(x, np.float64), np.asarray(y, np.float64))
+              for x, y in zip(a, b) if y.dtype.kind == "f"]
+    return {"n": len(b),
+            "max_abs": float(max(np.abs(x - y).max() for x, y in ranges)),
+            # against the largest magnitude the same observer holds (a tensor's min/max)
+            "max_rel": float(max(np.abs(x - y).max() / max(np.abs(y).max(), 1e-12)
+                                 for x, y in ranges)),
+            "counts": sorted({int(np.max(x)) for x in a if x.dtype.kind == "i"})}
 
 
 def padded_rows(cfg, par) -> dict:
@@ -82,6 +86,11 @@ def compare(run, ref) -> dict:
     return {"loss_rel": max(abs(x - y) / abs(y) for x, y in zip(run["losses"], ref["losses"])),
             "params_rel": float(diff / norm),
             "params_max_abs": float(max(np.abs(x - y).max() for x, y in zip(a, b))),
+            # parameters more than one Adam step (lr 1e-3) apart, as a share of all of them
+            "params_share_beyond_one_step": float(sum((np.abs(x - y) > 1e-3).sum()
+                                                      for x, y in zip(a, b))
+                                                  / sum(y.size for y in b)),
+            "params_n": int(sum(y.size for y in b)),
             "leaf_rel_max": float(max(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-12)
                                       for x, y in zip(a, b))),
             "eval_rel": (abs(run["eval"] - ref["eval"]) / ref["eval"]

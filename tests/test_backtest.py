@@ -9,7 +9,7 @@ import pytest
 from conftest import call, short_es
 from test_runloop import TINY_TFT
 
-from tftjax import backtest, scoring
+from tftjax import backtest, scoring, verdict
 from tftjax.config import preset
 from tftjax.data import bundled_path, load_dataset, read_bars
 from tftjax.data.windows import walk_forward_times
@@ -43,30 +43,77 @@ def test_folds_keep_train_val_and_test_apart_and_tile_the_test_region():
     assert covered[-1][1] == len(bars)
 
 
-def test_the_baseline_is_chosen_on_validation_never_on_test():
+def _sums(rng, q90, n=200):
+    """Per-window sums whose P90 q-risk is about ``q90``."""
+    s = np.zeros((n, 6))
+    s[:, 0] = rng.uniform(0.9, 1.1, n) * q90
+    s[:, 2] = s[:, 0] * 5
+    s[:, 3] = 10.0
+    s[:, 4], s[:, 5] = 8, 10
+    return s
+
+
+def _fold(rng, val: dict, test: dict, n=200):
+    y = rng.normal(size=(n, 2))
+    pred = {m: np.sort(rng.normal(size=(n, 2, 3)), axis=-1) for m in val}
+    return verdict.Fold({m: _sums(rng, q) for m, q in val.items()},
+                        {m: _sums(rng, q) for m, q in test.items()}, y, pred)
+
+
+def test_the_baseline_is_chosen_per_fold_on_its_own_validation_never_on_test():
     rng = np.random.default_rng(0)
+    folds = [  # fold 1: "a" best on validation, "b" on test; fold 2 the other way round
+        _fold(rng, {"tft": 0.5, "a": 0.40, "b": 0.45}, {"tft": 0.5, "a": 0.60, "b": 0.30}),
+        _fold(rng, {"tft": 0.5, "a": 0.45, "b": 0.40}, {"tft": 0.5, "a": 0.30, "b": 0.60})]
+    out = verdict.summarize(folds, (0.1, 0.5, 0.9), 2, 200)
+    assert out["chosen_per_fold"] == ["a", "b"]
+    # the stitched choice is fold 1's "a" then fold 2's "b", window for window
+    np.testing.assert_allclose(
+        out["pooled"]["chosen"]["test"]["q_risk_90"],
+        scoring.from_sums(np.concatenate([folds[0].test["a"], folds[1].test["b"]]))["q_risk_90"])
+    assert out["comparisons"] == 3  # a, b and the stitched choice
+    assert set(out["pooled"]) == {"tft", "a", "b", "chosen"}
+    for n in ("a", "b", "chosen"):  # every model calibrated alike; the TFT compared with each
+        assert {"crps", "interval_score_80", "hits", "pit"} <= set(out["pooled"][n]["calibration"])
+        v = out["pooled"][n]["vs"]
+        assert v["dm_p90"]["p_holm"] >= v["dm_p90"]["p"]
+        assert v["p90_diff_ci95"][0] <= v["p90_diff"] <= v["p90_diff_ci95"][1]
+    # a fold's choice reads no target of its own test stretch, nor of any later fold's:
+    # rewrite every test row (and the later fold's validation) and the first pick stands
+    changed = [verdict.Fold(f.val if k == 0 else {m: _sums(rng, 0.1 if m == "b" else 0.9)
+                                                 for m in f.val},
+                            {m: _sums(rng, 0.01 if m == "b" else 0.99) for m in f.test},
+                            f.y, f.pred) for k, f in enumerate(folds)]
+    assert verdict.summarize(changed, (0.1, 0.5, 0.9), 2, 50)["chosen_per_fold"][0] == "a"
 
-    def sums(q90):  # per-window sums whose P90 q-risk is about q90
-        n = 200
-        s = np.zeros((n, 6))
-        s[:, 0] = rng.uniform(0.9, 1.1, n) * q90
-        s[:, 2] = s[:, 0] * 5
-        s[:, 3] = 10.0
-        s[:, 4], s[:, 5] = 8, 10
-        return s
 
-    rows = {"tft": {"val": [sums(0.5)], "test": [sums(0.5)]},
-            "a": {"val": [sums(0.40)], "test": [sums(0.60)]},  # best on validation
-            "b": {"val": [sums(0.45)], "test": [sums(0.30)]}}  # best on test
-    y1, p1 = rng.normal(size=200), np.sort(rng.normal(size=(200, 3)), axis=1)
-    y, pred = rng.normal(size=(200, 2)), np.sort(rng.normal(size=(200, 2, 3)), axis=-1)
-    out = backtest.summarize(scoring, rows, [], y1, p1, [(y, pred)], (0.1, 0.5, 0.9), 2, 200)
-    assert out["best_baseline_on_val"] == "a"
-    assert out["comparisons"] == 2
-    assert set(out["pooled"]) == {"tft", "a", "b"}
-    assert out["pooled"]["a"]["dm_tft_vs"]["p_holm"] >= out["pooled"]["a"]["dm_tft_vs"]["p"]
+def test_dm_bandwidth_is_never_shorter_than_the_bootstrap_block():
+    # an AR(1) loss differential with phi 0.95: Politis-White asks for a block of tens of
+    # windows, Newey-West's rule of thumb gives 5 lags for 1,000
+    rng = np.random.default_rng(3)
+    e = rng.normal(size=1000)
+    d = np.empty(1000)
+    d[0] = e[0]
+    for t in range(1, 1000):
+        d[t] = 0.95 * d[t - 1] + e[t]
+    r = verdict.dm(d + 1.0, np.ones(1000), horizon=1)
+    assert r["block"] == scoring.block_length(d) and r["block"] > scoring.default_lags(1000, 1)
+    assert r["lags"] >= r["block"]
+    # and the statistic is Diebold-Mariano's with those lags (numpy by hand: Bartlett
+    # weights, the HLN factor for h = 1 is sqrt((n - 1) / n))
+    n, L, x = 1000, r["lags"], d - d.mean()
+    v = x @ x / n + 2 * sum((1 - k / (L + 1)) * (x[:-k] @ x[k:]) / n for k in range(1, L + 1))
+    assert r["stat"] == pytest.approx(d.mean() / np.sqrt(v / n) * np.sqrt((n - 1) / n), rel=1e-9)
 
 
+def test_verdict_words():
+    assert verdict.verdict({"stat": -3.0, "p": 0.001, "p_holm": 0.004}) == "beats"
+    assert verdict.verdict({"stat": 3.0, "p": 0.001, "p_holm": 0.004}) == "behind"
+    assert verdict.verdict({"stat": -3.0, "p": 0.01, "p_holm": 0.06}) == "level"
+    assert verdict.verdict({"stat": float("nan"), "p": float("nan")}) == "level"
+
+
+@pytest.mark.slow
 @pytest.mark.xdist_group("runloop_base")
 def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
     # tuning inside each fold: the search (tested in test_tune.py) stands in here, to show
@@ -96,10 +143,15 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
         assert open_checkpoint(tmp_path / "bt" / f"fold_{k}").cfg.dropout == pytest.approx(0.05 * k)
     assert seen[0][2][0] < seen[1][2][0]  # the second fold's search reaches further
     assert out["folds"][0]["train_rows"][0][1] < out["folds"][1]["train_rows"][0][1]
-    assert out["best_baseline_on_val"] in out["pooled"]
+    assert len(out["chosen_per_fold"]) == 2
+    assert [f["chosen"] for f in out["folds"]] == out["chosen_per_fold"]
+    for f in out["folds"]:  # each fold's pick is the lowest validation P90 of its baselines
+        val = {n: v for n, v in f["val_q_risk_90"].items() if n != "tft"}
+        assert val[f["chosen"]] == min(val.values())
     lo, hi = out["pooled"]["tft"]["ci95"]["q_risk_90"]
     assert lo <= out["pooled"]["tft"]["test"]["q_risk_90"] <= hi
-    assert set(out["calibration"]["hits"]) == {"0.1", "0.9"}
+    assert out["verdict"] in ("beats", "level", "behind")
+    assert set(out["pooled"]["tft"]["calibration"]["hits"]) == {"0.1", "0.9"}
     assert len(out["pooled"]["tft"]["q_risk_90_by_step"]) == 5  # one per forecast step
     assert "| TFT |" in capsys.readouterr().out
 
@@ -109,6 +161,7 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
     (["--folds", "40"], "leave 5 bars a fold, fewer than one 25-bar window"),
     (["--test-fraction", "1.5"], "--test-fraction must be in (0, 1)"),
     (["--tune-trials", "-1"], "--tune-trials must be >= 0"),
+    (["--bootstrap", "-1"], "--bootstrap must be >= 1 resample, got -1"),
     (["--target", "nonsense"], "--target must be one of"),
 ])
 def test_bad_backtest_input_exits_2_with_one_line(tmp_path, capsys, args, expect):

@@ -64,7 +64,9 @@ def test_mse_records_each_candidates_error_against_numpy(x):
     want = [np.sum((np_fake_quant(x.astype(np.float64), a * lo, a * hi) - x) ** 2)
             for a in MSE_SHRINK]
     np.testing.assert_allclose(got, want, rtol=2e-3)
-    assert int(np.argmin(got)) == int(np.argmin(want))
+    # the candidate it picks is numpy's best up to that same 2e-3 (two candidates whose errors
+    # lie closer than the float32 sums' round-off may come out in either order)
+    assert want[int(np.argmin(got))] <= min(want) * (1 + 2e-3)
 
 
 def test_calibrate_reduces_the_batches_as_its_method_says():

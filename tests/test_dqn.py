@@ -196,6 +196,7 @@ def sine_bars(n=1600, period=8, amp=2e-3):
                 np.minimum(open_, close) * 0.9999, close, vol)
 
 
+@pytest.mark.slow
 def test_agent_beats_buy_and_hold_and_flat_on_a_deterministic_series(tmp_path):
     path = write_table(tmp_path / "sine.parquet", bars_columns(sine_bars()))
     cfg = dataclasses.replace(TINY, features=("r1",), window=4, fee_bps=0.5, epochs=12,
@@ -308,8 +309,11 @@ def test_whole_run_in_one_jit_matches_the_epoch_loop():
     s = dqn.init(key, env)
     for _ in range(2):
         s, _ = dqn.epoch(s, env)
+    # one scan over the epochs against the jitted epoch called twice: the same ops, compiled
+    # in two programs whose fusions may round off differently in the last ulp; Adam carries
+    # that through the updates (the bound of test_seeds_in_one_program_equal_separate_runs)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(s.params)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-6)
     assert metrics["loss"].shape == (2,)
     pos, net, _ = greedy_rollout(dqn.apply, s.params, env.on(ds.splits.val_rows))
     assert set(np.unique(np.asarray(pos))) <= {-1, 0, 1}
@@ -321,6 +325,7 @@ def cli(*args, timeout=600):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_cli_runs_on_the_bundled_bars(tmp_path, capsys):
     wd = tmp_path / "cli"
     p = cli("--epochs", "2", "--steps-per-epoch", "256", "--num-envs", "4", "--fee-bps", "0.5",

@@ -222,6 +222,7 @@ def test_polyak_moves_the_target_after_every_update():
                                                          jax.tree.leaves(now)))
 
 
+@pytest.mark.slow
 def test_an_early_stopped_run_can_be_extended(tmp_path, capsys):
     cfg = dataclasses.replace(TINY, epochs=6, learning_starts=TINY.buffer_size, patience=1)
     summary = run(cfg, tmp_path / "r", **quiet)
@@ -258,6 +259,7 @@ def test_bad_execution_flags_exit_2_with_one_line(tmp_path, capsys, args, expect
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow
 def test_seeds_in_one_program_equal_separate_runs(tmp_path):
     """--seeds 2 selects, seed by seed, the agent a separate --patience 0 run of that seed
     keeps (its epoch of best smoothed validation Sharpe), with the same parameters; and the
@@ -269,6 +271,12 @@ def test_seeds_in_one_program_equal_separate_runs(tmp_path):
     report = run_seeds(cfg, 2, tmp_path / "seeds", log=lambda *a: None)
     ck = next((tmp_path / "seeds" / "checkpoints").glob("dqn_seeds_final_epoch2"))
     stacked = raw_state(ck)
+    # The vmapped program batches the network's dots over the seeds, so its sums may round
+    # off differently from the single seed's in the last ulp; Adam carries that through the
+    # ~250 updates (measured ~1e-5, hence 2e-4). What would break the claim, a seed's
+    # keys or epsilon shared or mixed, changes the trajectories and is off by O(1). A
+    # round-off difference flips a greedy action or a best epoch only where two Q-values, or
+    # two epochs' validation Sharpes, tie to ~1e-7: about 1e-3 over the ~1,600 decisions.
     for i in range(2):
         one = run(dataclasses.replace(cfg, seed=i), tmp_path / f"s{i}", **quiet)
         assert report["best_epoch"][i] == one["best_epoch"]
@@ -304,6 +312,7 @@ def early_tft(tmp_path_factory):
     return run_dir, short_es()
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("runloop_base")
 def test_tft_forecasts_join_the_observation_causally(early_tft, tmp_path):
     from tftjax.data import read_bars, write_bars
@@ -340,6 +349,7 @@ def test_tft_forecasts_join_the_observation_causally(early_tft, tmp_path):
                               np.asarray(other["train"].observe(t + 3, hist)))
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("runloop_base")
 def test_a_tft_trained_too_late_or_no_tft_is_refused(early_tft, tmp_path):
     from tftjax.data import DataError
@@ -405,10 +415,10 @@ def test_trades_add_up_to_the_pass(next_open):
     assert all(t["bars"] >= 1 for t in tr)
 
 
-def test_the_compact_buffer_trains_bit_identically():
+def test_the_compact_buffer_trains_the_same_weights():
     """Keys (bar, decisions) in the buffer instead of observations: the observations rebuilt
-    at sampling are the same floats, so two epochs give the same parameters bit for bit,
-    with a buffer of 2 int32 per state instead of the window of features."""
+    at sampling are the same floats (checked exactly below), so two epochs give the same
+    parameters, with a buffer of 2 int32 per state instead of the window of features."""
     from tftjax.data import load_dataset
     from tftjax.dqn.env import make_trading_env
     from tftjax.dqn.loop import data_config
@@ -427,8 +437,13 @@ def test_the_compact_buffer_trains_bit_identically():
     assert out[True].buffer.data.obs.shape == (TINY.buffer_size, 2)
     assert out[True].buffer.data.obs.dtype == np.int32
     assert out[False].buffer.data.obs.shape == (TINY.buffer_size, env.obs_dim)
+    # Bit for bit here, but the two are different compiled programs (a gather feeds the
+    # network's first dot in one): XLA may fuse that dot otherwise and round off its sums
+    # differently in the last ulp, which Adam carries through the updates (what
+    # test_seeds_in_one_program_equal_separate_runs allows too). A wrong rebuild trains on
+    # other observations and is off by O(1).
     for a, b in zip(jax.tree.leaves(out[True].params), jax.tree.leaves(out[False].params)):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
     # and what the buffer rebuilds is what was stored
     k = np.asarray(out[True].buffer.data.obs[:50])
     np.testing.assert_array_equal(np.asarray(jax.vmap(env.decode)(jnp.asarray(k))),

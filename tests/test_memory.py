@@ -36,6 +36,7 @@ def analysed():
     return {b: memory.analyse(CFG, b, ROWS) for b in (16, 32)}
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("memory_analysed")
 def test_compiled_bytes_grow_with_batch(analysed):
     a16, a32 = analysed[16], analysed[32]
@@ -45,6 +46,7 @@ def test_compiled_bytes_grow_with_batch(analysed):
     assert a32.argument_bytes - 16 <= memory.min_bytes(CFG, 32, ROWS) <= a32.argument_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("memory_analysed")
 def test_analysis_only_gives_the_optimised_programs_buffers(analysed):
     # The planner compiles with little optimisation (tftjax.memory.analysis.analysis_only):
@@ -62,6 +64,7 @@ def test_full_tier_holds_less_temp_memory_than_off(analysed):
     assert full.temp_bytes < analysed[32].temp_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("memory_analysed")
 def test_auto_grows_the_batch_when_off_fits(analysed):
     budget = 1.5 * analysed[32].total_bytes
@@ -194,6 +197,7 @@ def live_bytes():
 
 # The steps of tests/test_remat_training.py (same model, batch and optimizer; same group, so
 # one compile serves both).
+@pytest.mark.slow
 @pytest.mark.xdist_group("remat_training")
 @pytest.mark.parametrize("tier", ["off", "aggressive"])
 def test_no_growth_of_live_device_memory_over_20_steps(tier):
@@ -298,6 +302,7 @@ def soak_run(tmp_path, callback=None):
                 log=lambda *a: None, callback=callback)
 
 
+@pytest.mark.slow
 @SOAK
 def test_soak_passes_a_clean_run(tmp_path):
     records, grew = soak_run(tmp_path)
@@ -306,6 +311,7 @@ def test_soak_passes_a_clean_run(tmp_path):
     assert (tmp_path / "soak" / "checkpoints").is_dir()  # epochs saved as in a real run
 
 
+@pytest.mark.slow
 @SOAK
 def test_soak_catches_a_leak(tmp_path):
     kept = []  # a real leak: every epoch's parameters kept alive on the device

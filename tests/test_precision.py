@@ -85,7 +85,7 @@ def test_bf16_gradients_are_float32_and_within_bf16_tolerance_of_f32(params, inp
     within_bf16_tolerance(rel_errors(g16, g32))
 
 
-def within_bf16_tolerance(errs):
+def within_bf16_tolerance(errs, against_float32: bool = True):
     # The backward pass runs in bf16 too (cotangents of bf16 activations are bf16), and a
     # gradient is a sum over the batch and time of products that partly cancel: measured on
     # this model, the median leaf is 12 bf16 round-offs (2^-8) from float32 and the worst
@@ -94,25 +94,23 @@ def within_bf16_tolerance(errs):
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 128 * BF16_EPS, (worst, errs[worst])
     assert np.median(list(errs.values())) <= 32 * BF16_EPS, np.median(list(errs.values()))
-    assert np.median(list(errs.values())) > 2.0**-20  # bf16 did happen
+    if against_float32:
+        assert np.median(list(errs.values())) > 2.0**-20  # bf16 did happen
 
 
+@pytest.mark.slow
 @GROUP
 @pytest.mark.parametrize("tier", ["minimal", "aggressive", "full"])
 def test_every_tier_under_bf16_equals_bf16_off(tier, params, inputs, bf16_off):
     loss, grads = loss_and_grads(small(precision="bf16", remat=tier), params, inputs)
     assert float(loss) == pytest.approx(float(bf16_off[0]), rel=BF16_EPS)
-    errs = rel_errors(grads, bf16_off[1])
-    if tier != "minimal":
-        # `aggressive` sums the VSNs' variables chunk by chunk, and on CPU `full`'s fused
-        # kernel computes them in float32 (it stores nothing for bf16 to halve): other
-        # roundings of the same sums, as far from bf16 `off` as bf16 is from float32
-        # (measured: aggressive's worst leaf 8 round-offs from bf16 `off`)
-        within_bf16_tolerance(errs)
-        return
-    # the LSTM's per-step recomputation repeats the same bf16 operations
-    worst = max(errs, key=errs.get)
-    assert errs[worst] <= BF16_EPS, (tier, worst, errs[worst])
+    # `aggressive` sums the VSNs' variables chunk by chunk, and on CPU `full`'s fused kernel
+    # computes them in float32 (it stores nothing for bf16 to halve): other roundings of the
+    # same sums, as far from bf16 `off` as bf16 is from float32 (measured: aggressive's worst
+    # leaf 8 round-offs from bf16 `off`). `minimal` recomputes the LSTM step with the same
+    # bf16 operations, but where XLA rounds to bf16 inside a fusion (excess precision kept
+    # or not) is its own choice per program, so it gets the same bound, not bit equality.
+    within_bf16_tolerance(rel_errors(grads, bf16_off[1]), against_float32=False)
 
 
 @GROUP
@@ -152,6 +150,7 @@ def test_precision_settings_are_checked():
         preset("tiny", precision="bf16", qat=True)
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("train_es")  # its float32 steps are tests/test_train.py's
 def test_bf16_training_and_evaluation_on_the_bundled_bars():
     # Trained on the (short) bundled ES bars for a few float32 steps, the model's test loss

@@ -40,10 +40,14 @@ def test_a_forecast_is_the_scored_prediction_of_its_window(run):
         origin = ds.bars.ts[test[j] + e - 1]
         f = forecast(saved, as_of=str(np.datetime64(int(origin), "ns")))
         assert f["rows"].tolist() == [test[j] + e - 1]
-        np.testing.assert_array_equal(f["pred"][0], scored[j])  # bit for bit
-        q = f["table"]["q50"]
+        # the same compiled step on the same inputs, but the window sits in another row of
+        # the batch: a GEMM may take another kernel path (SIMD remainder, FMA) for that row,
+        # a few float32 ulps per layer over ~20 layers; a wrong window is off by O(1)
+        np.testing.assert_allclose(f["pred"][0], scored[j], rtol=1e-5,
+                                   atol=1e-6 * np.abs(scored[j]).max())
+        q = f["table"]["q50"]  # the file's column is the forecast's own, times the scale
         np.testing.assert_array_equal(
-            q, scored[j][:, 1].astype(np.float64) * saved.feature_stats.target_scale)
+            q, f["pred"][0][:, 1].astype(np.float64) * saved.feature_stats.target_scale)
 
 
 @GROUP

@@ -11,7 +11,9 @@ from tftjax.models.tft import TFT, init_params
 
 # "gpu:…": the GPU's plan of the tier (tftjax.remat.GPU_PLANS: the VSNs in checkpointed
 # chunks of batched matmuls), traced and checked here on the CPU
-TIERS = ["minimal", "aggressive", "full", "offload", "gpu:minimal", "gpu:aggressive", "gpu:full"]
+TIERS = ["minimal", "aggressive", "full", "offload",
+         *(pytest.param(t, marks=pytest.mark.slow)  # the full tier: same mechanisms, GPU plans
+           for t in ("gpu:minimal", "gpu:aggressive", "gpu:full"))]
 B = 4
 
 
@@ -74,6 +76,7 @@ def test_tier_gradients_equal_off_for_every_leaf(tier, inputs, reference):
         assert np.abs(g - g_ref).max() <= max(1e-5 * scale, floor), f"{tier}: {name}"
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("remat_reference")
 def test_tier_gradients_at_the_default_matmul_precision(inputs, reference):
     # the backend's default (TF32 on NVIDIA GPUs): the float32 tolerance scaled by the

@@ -88,6 +88,7 @@ def names(workdir):
     return list_checkpoints(workdir / "checkpoints")
 
 
+@pytest.mark.slow
 @ES
 def test_checkpoint_names_full_run(tmp_path, es):
     tc = dataclasses.replace(TC, epochs=3)

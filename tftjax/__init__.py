@@ -22,6 +22,7 @@ this map names every module::
   data                  the pipeline's names in one place
   losses                pinball loss, q-risk, coverage
   scoring               block bootstrap, Diebold-Mariano, Holm, Kupiec/Christoffersen, CRPS
+  verdict               a walk-forward's verdict: per-fold baseline choice, DM, calibration
   quant                 fake-quant (a custom_vjp straight-through estimator), observers, int8
   quant_tree            the quantized trees: int8 variables, layer names, observers
   quant_calib           what a PTQ calibration batch records of each tensor, by method

@@ -7,17 +7,18 @@
 fold trains a model **from scratch** on every bar before its validation stretch (feature
 statistics fitted on those rows), early-stops on its own validation stretch (the best
 epoch's weights), and scores its own test stretch once. The folds' test targets tile the
-test region without overlap, and the forecasts are stitched across folds. The baseline the
-TFT is compared with is the one of lowest P90 q-risk on the folds' **validation** stretches
-(pooled); nothing is chosen on test.
+test region without overlap, and the forecasts are stitched across folds. Each fold chooses
+its baseline on **its own validation stretch**, and the picks are stitched into the
+forecast the TFT must beat; nothing is chosen on test.
 
-Reported, pooled over folds and per fold: P50/P90 q-risk and 10-90% coverage with 95%
-circular-block-bootstrap intervals (block length: Politis–White on the TFT's per-window P90
-loss), the Diebold–Mariano statistic and p-value (Newey–West, HLN correction) of the TFT
-against that baseline on the per-window quantile loss, per-quantile hit rates with Kupiec and
-Christoffersen tests on the one-step-ahead forecasts, the 80% interval score, a CRPS
-approximation, the quantile-crossing rate, and (``--plot``) a PIT histogram. Written to
-``WORKDIR/backtest.json``; the table is printed.
+Reported (:mod:`tftjax.verdict`), pooled over folds for the TFT, every baseline and the
+stitched choice alike: P50/P90 q-risk and 10-90% coverage with 95% circular-block-bootstrap
+intervals, CRPS, the 80% interval score, per-quantile hit rates with Kupiec and
+Christoffersen tests, the crossing rate and the PIT counts; the TFT against each of them by
+Diebold–Mariano on the P90 pinball loss (Holm-adjusted) and on the mean quantile loss, with
+a bandwidth never shorter than the Politis–White block, and a paired bootstrap interval of
+the P90 difference; and the verdict: beats, level or behind. ``--plot`` draws the TFT's PIT
+histogram. Written to ``WORKDIR/backtest.json``; the table is printed.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Args:
     remat: str = "full"
     """Rematerialisation tier of every fold's training."""
     bootstrap: int = 2000
-    """Circular block bootstrap resamples of the intervals."""
+    """Circular block bootstrap resamples of the intervals (at least 1)."""
     plot: bool = False
     """Also draw the stitched forecasts' PIT histogram (WORKDIR/pit.png)."""
     no_progress: bool = False
@@ -89,7 +90,7 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
     :func:`tftjax.training.search.tune` trials on the fold's training and validation
     stretches (its test windows dropped from the search's dataset), then train the fold with
     the best."""
-    from tftjax import scoring
+    from tftjax import scoring, verdict
     from tftjax.data import load_dataset, to_device
     from tftjax.data.bars import read_series
     from tftjax.data.windows import walk_forward_times
@@ -98,6 +99,8 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
 
     if folds < 2:
         raise ConfigError(f"--folds must be >= 2 (a walk-forward needs several), got {folds}")
+    if reps < 1:
+        raise ConfigError(f"--bootstrap must be >= 1 resample, got {reps}")
     if not 0 < test_fraction < 1:
         raise ConfigError(f"--test-fraction must be in (0, 1), got {test_fraction}")
     if tune_trials < 0:
@@ -115,9 +118,7 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
     ts = [b.ts for p in files for b in read_series(p)]
     times = walk_forward_times(ts, cfg.data, folds, test_fraction)
     qs = cfg.quantiles
-    rows, fold_out, steps = {"tft": {"val": [], "test": []}}, [], {}
-    y1, p1 = [], []  # one-step-ahead targets and TFT quantiles, stitched (hit tests)
-    all_pred = []
+    scored, fold_out, steps = [], [], {}
     for k, fold in enumerate(times, 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
         run = workdir / f"fold_{k}"
@@ -136,104 +137,41 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
                  "train_rows": [list(s.splits.train_rows) for s in ds.series],
                  "test_from": str(np.datetime64(fold[1], "ns")),
                  "windows": {s: int(getattr(ds.splits, s).size) for s in ("train", "val", "test")}}
+        f = verdict.Fold({}, {}, None, {})
         for split in ("val", "test"):
             starts = getattr(ds.splits, split)
             y = window_targets(ds, starts)
-            pred, _ = trainer.predict(variables, starts)
-            rows["tft"][split].append(scoring.window_sums(y, pred, qs))
-            if split == "test":
-                steps.setdefault("tft", []).append(scoring.step_q_risk(y, pred, qs))
-            for name, p in baselines_forecasts(ds, qs, starts).items():
-                rows.setdefault(name, {"val": [], "test": []})[split].append(
-                    scoring.window_sums(y, p, qs))
+            preds = {"tft": trainer.predict(variables, starts)[0],
+                     **baselines_forecasts(ds, qs, starts)}
+            for name, p in preds.items():
+                getattr(f, split)[name] = scoring.window_sums(y, p, qs)
                 if split == "test":
                     steps.setdefault(name, []).append(scoring.step_q_risk(y, p, qs))
             if split == "test":
-                y1.append(y[:, 0])
-                p1.append(pred[:, 0])
-                all_pred.append((y, pred))
-        entry["test"] = {name: _metrics(scoring, r["test"][-1]) for name, r in rows.items()}
+                f.y, f.pred = y, preds
+        scored.append(f)
+        entry["test"] = {name: {m: float(v) for m, v in scoring.from_sums(r).items()}
+                         for name, r in f.test.items()}
+        entry["val_q_risk_90"] = {name: float(scoring.from_sums(r)["q_risk_90"])
+                                  for name, r in f.val.items()}
+        entry["chosen"] = verdict.choose(f, [n for n in f.val if n != "tft"])
         fold_out.append(entry)
         log(f"fold {k}/{folds}: test from {entry['test_from'][:16]}, {entry['windows']['test']} "
             f"windows, epoch {entry['weights_epoch']}: TFT P90 "
-            f"{entry['test']['tft']['q_risk_90']:.4f}")
-    out = summarize(scoring, rows, fold_out, np.concatenate(y1), np.concatenate(p1),
-                    all_pred, qs, cfg.decoder_steps, reps)
+            f"{entry['test']['tft']['q_risk_90']:.4f}, {entry['chosen']} (chosen on its "
+            f"validation) {entry['test'][entry['chosen']]['q_risk_90']:.4f}")
+    out = verdict.summarize(scored, qs, cfg.decoder_steps, reps)
+    out["folds"] = fold_out
     for name, parts in steps.items():  # P90 q-risk per forecast step, pooled over folds
         tot = np.concatenate(parts).sum(axis=0)  # [D, 2]
         out["pooled"][name]["q_risk_90_by_step"] = (2 * tot[:, 0] / tot[:, 1]).tolist()
     return out
 
 
-def _metrics(scoring, sums) -> dict:
-    return {k: float(v) for k, v in scoring.from_sums(sums).items()}
-
-
-def summarize(scoring, rows, fold_out, y1, p1, all_pred, qs, horizon: int, reps: int) -> dict:
-    """Pooled metrics with intervals, the baseline chosen on validation, DM and calibration."""
-    pooled = {n: {s: np.concatenate(r[s]) for s in ("val", "test")} for n, r in rows.items()}
-    names = [n for n in pooled if n != "tft"]
-    best = min(names, key=lambda n: scoring.from_sums(pooled[n]["val"])["q_risk_90"])
-    tft = pooled["tft"]["test"]
-    seen = tft[:, 5] > 0  # windows with an observed target (the same for every model)
-    block = scoring.block_length(tft[seen, 2] - pooled[best]["test"][seen, 2])
-    table = {}
-    for n in ["tft"] + names:
-        s = pooled[n]["test"]
-        row = {"val": _metrics(scoring, pooled[n]["val"]), "test": _metrics(scoring, s),
-               "ci95": {m: scoring.bootstrap_interval(lambda x, m=m: scoring.from_sums(x)[m], s,
-                                                      block, reps)
-                        for m in ("q_risk_50", "q_risk_90", "coverage_80")}}
-        if n != "tft":
-            row["dm_tft_vs"] = scoring.diebold_mariano(tft[seen, 0], s[seen, 0], horizon)
-        table[n] = row
-    pvals = [table[n]["dm_tft_vs"]["p"] for n in names]
-    for n, adj in zip(names, scoring.holm(pvals)):
-        table[n]["dm_tft_vs"]["p_holm"] = float(adj)
-    y = np.concatenate([a for a, _ in all_pred])
-    pred = np.concatenate([b for _, b in all_pred])
-    calib = {"crossing_rate": scoring.crossing_rate(pred),
-             "crps": float(np.nanmean(scoring.crps_from_quantiles(y, pred, qs))),
-             "missing_targets": float(np.mean(~np.isfinite(y))),
-             "hits": {}}
-    qarr = np.asarray(qs)
-    i10, i90 = int(np.argmin(abs(qarr - 0.1))), int(np.argmin(abs(qarr - 0.9)))
-    if abs(qarr[i10] - 0.1) < 1e-9 and abs(qarr[i90] - 0.9) < 1e-9:
-        calib["interval_score_80"] = float(np.nanmean(scoring.interval_score(
-            y, pred[..., i10], pred[..., i90], 0.2)))
-    seen = np.isfinite(y1)  # one-step hits of the observed targets
-    y1, p1 = y1[seen], p1[seen]
-    for j, q in enumerate(qs):  # one-step hits: y below the q-quantile (lower) or above it
-        hits = y1 < p1[:, j] if q < 0.5 else y1 > p1[:, j]
-        p = q if q < 0.5 else 1 - q
-        if q != 0.5:
-            calib["hits"][f"{q:g}"] = {"kupiec": scoring.kupiec(hits, p),
-                                       "christoffersen": scoring.christoffersen(hits)}
-    counts, expected = scoring.pit_counts(y, pred, qs)
-    calib["pit"] = {"counts": counts.tolist(), "expected": expected.tolist()}
-    return {"folds": fold_out, "pooled": table, "best_baseline_on_val": best, "block": block,
-            "comparisons": len(names), "calibration": calib}
-
-
 def format_table(out: dict) -> str:
     from tftjax.baselines import NAMES
 
-    best = out["best_baseline_on_val"]
-    lines = [f"pooled over {len(out['folds'])} folds; 95% circular block bootstrap (block "
-             f"{out['block']} windows); DM: TFT - baseline on the per-window quantile loss "
-             f"(negative: the TFT is better), Holm over {out['comparisons']} baselines; best "
-             f"baseline on validation: {NAMES.get(best, best)}",
-             "| model | P50 q-risk | P90 q-risk [95% CI] | cover 10-90 | DM stat | p | p (Holm) |",
-             "|---|---|---|---|---|---|---|"]
-    for n, r in out["pooled"].items():
-        t, ci = r["test"], r["ci95"]["q_risk_90"]
-        dm = r.get("dm_tft_vs")
-        name = "TFT" if n == "tft" else NAMES.get(n, n) + (" (best on val)" if n == best else "")
-        lines.append(f"| {name} | {t['q_risk_50']:.4f} | {t['q_risk_90']:.4f} [{ci[0]:.4f}, "
-                     f"{ci[1]:.4f}] | {t['coverage_80']:.3f} | "
-                     + (f"{dm['stat']:+.2f} | {dm['p']:.3g} | {dm['p_holm']:.3g} |" if dm
-                        else "– | – | – |"))
-    return "\n".join(lines)
+    return verdict.format_table(out, NAMES)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -272,7 +210,8 @@ def run(argv: list[str] | None = None) -> int:
     if args.plot:
         from tftjax.plots import pit_histogram
 
-        pit_histogram(args.workdir / "pit.png", out["calibration"]["pit"], cfg.quantiles)
+        pit_histogram(args.workdir / "pit.png", out["pooled"]["tft"]["calibration"]["pit"],
+                      cfg.quantiles)
     print(f"wrote {args.workdir / 'backtest.json'}")
     return 0
 

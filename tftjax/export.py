@@ -39,7 +39,7 @@ import numpy as np
 from tftjax.cli import main as cli_main
 from tftjax.cli import quant_options
 from tftjax.errors import ConfigError, DataError
-from tftjax.export_int8 import act_qparams, samples
+from tftjax.export_int8 import SAMPLES, act_qparams, samples
 
 FORMAT = "tftjax-export-1"
 FLOAT_FILE, INT8_FILE, CONFIG_FILE = "model_float32.safetensors", "model_int8.safetensors", "config.json"
@@ -65,6 +65,9 @@ class Args:
     """With --calibrate: Dense and LSTM weight scales per output channel, or per tensor."""
     stacked_scales: str = "channel"
     """With --calibrate: stacked GRN weight scales per (variable, channel), or per variable."""
+    samples: int = 8
+    """int8 exports: how many test windows samples.safetensors holds, with tftjax's int8
+    outputs for them (what another runtime checks its rebuild against)."""
 
 
 def flatten(tree: Any, prefix: str) -> dict[str, np.ndarray]:
@@ -106,7 +109,7 @@ def nbytes(flat: dict[str, np.ndarray], prefix: str | None = None) -> int:
 
 def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 0,
            log: Callable = print, calibration: str = "minmax",
-           quant_options: dict | None = None) -> dict:
+           quant_options: dict | None = None, sample_windows: int = SAMPLES) -> dict:
     """Write the export of ``checkpoint`` into ``out``; returns what ``config.json`` holds.
 
     Raises:
@@ -122,6 +125,8 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
     from tftjax.training.trainer import to_int8
 
     out = Path(out)
+    if sample_windows < 1:
+        raise ConfigError(f"--samples must be >= 1 window, got {sample_windows}")
     if calibrate_batches < 0:
         raise ConfigError(f"--calibrate must be >= 1 batch, got {calibrate_batches}")
     from tftjax.training.ptq import check_calibration
@@ -164,7 +169,8 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
                                   cfg.data, **saved_featurisation(ck.meta))
             except DataError as e:
                 log(f"  samples: standard normal inputs ({e})")
-        files[SAMPLES_FILE], sample_source = samples(cfg, {**q, "quant_stats": stats}, ds)
+        files[SAMPLES_FILE], sample_source = samples(cfg, {**q, "quant_stats": stats}, ds,
+                                                     sample_windows)
     sizes = {"float32_weight_bytes": nbytes(files[FLOAT_FILE])}
     if quantized:
         sizes["int8_weight_bytes"] = nbytes(files[INT8_FILE], "params") + nbytes(
@@ -270,7 +276,8 @@ def run(argv: list[str] | None = None) -> int:
     if args.calibrate is not None and args.calibrate < 1:
         raise ConfigError(f"--calibrate must be >= 1 batch, got {args.calibrate}")
     export(args.checkpoint, args.out, calibrate_batches=args.calibrate or 0,
-           calibration=args.calibration, quant_options=quant_options(args))
+           calibration=args.calibration, quant_options=quant_options(args),
+           sample_windows=args.samples)
     return 0
 
 

@@ -23,23 +23,23 @@ def act_qparams(stats: Any, symmetric: bool) -> dict:
     return {k: act_qparams(v, symmetric) for k, v in stats.items()}
 
 
-def samples(cfg, variables: dict, ds=None) -> tuple[dict[str, np.ndarray], str]:
-    """:data:`SAMPLES` test windows of ``ds`` (standard normal inputs without one) and the
-    int8 path's outputs for them, as ``samples.safetensors`` holds them."""
+def samples(cfg, variables: dict, ds=None, n: int = SAMPLES) -> tuple[dict[str, np.ndarray], str]:
+    """The first ``n`` test windows of ``ds`` (``n`` standard normal inputs without one) and
+    the int8 path's outputs for them, as ``samples.safetensors`` holds them."""
     import jax
     import jax.numpy as jnp
 
     from tftjax.data import gather, to_device
     from tftjax.models.tft import TFT
 
-    starts = np.asarray(ds.splits.test)[:SAMPLES] if ds is not None else np.zeros(0)
+    starts = np.asarray(ds.splits.test)[:n] if ds is not None else np.zeros(0)
     if len(starts):
         b = gather(to_device(ds.features), jnp.asarray(starts, jnp.int32), cfg.encoder_steps,
                    cfg.decoder_steps)
         x, source = (b.static, b.historical, b.known), f"the first test windows of {ds.describe()}"
     else:
         k = jax.random.split(jax.random.key(0), 3)
-        te, td, n = cfg.encoder_steps, cfg.decoder_steps, SAMPLES
+        te, td = cfg.encoder_steps, cfg.decoder_steps
         x = (jax.random.normal(k[0], (n, cfg.num_static)),
              jax.random.normal(k[1], (n, te, cfg.num_historical)),
              jax.random.normal(k[2], (n, te + td, cfg.num_known)))

@@ -172,8 +172,10 @@ def interval_score(y: np.ndarray, lower: np.ndarray, upper: np.ndarray, alpha: f
 
 def crps_from_quantiles(y: np.ndarray, pred: np.ndarray, quantiles) -> np.ndarray:
     """CRPS approximated from quantile forecasts: ``2 ∫ pinball_τ dτ``, the integral by the
-    trapezoid rule over the forecast levels (extended flat to 0 and 1). ``pred [..., Q]``
-    (NaN where ``y`` is missing)."""
+    midpoint rule: each level's pinball loss weighted by the width of its cell, from the
+    midpoint with the level below to the midpoint with the level above (the first cell from
+    0, the last to 1: the loss held flat beyond the extreme levels). ``pred [..., Q]`` (NaN
+    where ``y`` is missing)."""
     qs = np.asarray(quantiles, np.float64)
     err = np.asarray(y, np.float64)[..., None] - np.asarray(pred, np.float64)
     pin = np.maximum(qs * err, (qs - 1.0) * err)

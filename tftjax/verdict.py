@@ -1,0 +1,210 @@
+"""The walk-forward's verdict (numpy and scipy only).
+
+Each fold chooses its baseline on **its own validation stretch** (the one of lowest P90
+q-risk there), and the picks are stitched over the folds into one forecast, "the baseline
+chosen per fold": the bar a model must clear. Nothing is chosen on a test target: fold k's
+validation stretch ends one embargo before its test stretch, so its choice reads no target
+of its own test stretch or of any later fold's (it may read earlier folds' test targets,
+which lie before it: they are the past by then).
+
+Every model (the TFT, each baseline and the stitched choice) gets the same figures: pooled
+P50/P90 q-risk and 10-90% coverage with circular-block-bootstrap intervals, the CRPS, the
+80% interval score, per-quantile hit rates with Kupiec and Christoffersen tests on the
+one-step-ahead forecasts, the quantile-crossing rate and the PIT counts. The model is
+compared with each of the others by Diebold–Mariano on the per-window P90 pinball loss (the
+metric the choice is made on) and on the mean quantile loss, each with a Newey–West
+bandwidth never shorter than the Politis–White block of its own loss differential, and by
+a paired circular-bootstrap interval of the P90 q-risk difference (the same resampled
+windows for both). Holm adjusts the P90 DM p-values over this run's comparisons; across
+runs (sets × variants), ``experiments/verdicts.py`` adjusts over every row reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tftjax import scoring
+
+CHOSEN = "chosen"
+"""The stitched per-fold choice's name in a verdict's tables."""
+MODEL = "tft"
+LEVEL = 0.05
+"""The Holm-adjusted p-value under which a difference counts."""
+
+
+@dataclasses.dataclass
+class Fold:
+    """One fold's scored windows: per model, per-window sums (:data:`tftjax.scoring.SUMS`)
+    of its validation and test windows, and its test quantiles ``[n, D, Q]`` against the
+    test targets ``y [n, D]``."""
+
+    val: dict[str, np.ndarray]
+    test: dict[str, np.ndarray]
+    y: np.ndarray
+    pred: dict[str, np.ndarray]
+
+
+def choose(fold: Fold, candidates: list[str]) -> str:
+    """The candidate of lowest P90 q-risk on the fold's validation windows (the first of a
+    tie, in ``candidates``' order)."""
+    scores = [scoring.from_sums(fold.val[n])["q_risk_90"] for n in candidates]
+    return candidates[int(np.nanargmin(scores))]
+
+
+def with_choice(folds: list[Fold], candidates: list[str]) -> tuple[list[Fold], list[str]]:
+    """Each fold with the stitched choice added as :data:`CHOSEN` (its pick's validation and
+    test rows and test quantiles), and the picks."""
+    picks = [choose(f, candidates) for f in folds]
+    out = [dataclasses.replace(f, val={**f.val, CHOSEN: f.val[p]},
+                               test={**f.test, CHOSEN: f.test[p]},
+                               pred={**f.pred, CHOSEN: f.pred[p]})
+           for f, p in zip(folds, picks)]
+    return out, picks
+
+
+def dm(a: np.ndarray, b: np.ndarray, horizon: int) -> dict:
+    """Diebold–Mariano of ``a - b`` (per-window losses; negative: ``a`` is better) with a
+    bandwidth of at least the Politis–White block of the differential (overlapping
+    ``horizon``-step forecasts and slowly varying volatility make the differences
+    dependent over far more windows than Newey–West's rule of thumb allows)."""
+    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    block = scoring.block_length(d)
+    lags = max(scoring.default_lags(d.size, horizon), block)
+    return {**scoring.diebold_mariano(a, b, horizon, lags=lags), "block": block}
+
+
+def compare(a: np.ndarray, b: np.ndarray, horizon: int, reps: int, seed: int = 0) -> dict:
+    """Model ``a`` against model ``b`` on the same windows (per-window sums ``[n, 6]``): DM
+    on the P90 pinball loss and on the mean quantile loss, and the P90 q-risk difference
+    ``a - b`` with its paired 95% circular-block-bootstrap interval."""
+    seen = a[:, 5] > 0  # windows with an observed target (the same for every model)
+    a, b = a[seen], b[seen]
+    out = {"dm_p90": dm(a[:, 2], b[:, 2], horizon), "dm_loss": dm(a[:, 0], b[:, 0], horizon)}
+    block = out["dm_p90"]["block"]
+    idx = scoring.circular_bootstrap_index(a.shape[0], block, reps, seed)
+    diffs = np.array([scoring.from_sums(a[i])["q_risk_90"] - scoring.from_sums(b[i])["q_risk_90"]
+                      for i in idx])
+    point = scoring.from_sums(a)["q_risk_90"] - scoring.from_sums(b)["q_risk_90"]
+    out["p90_diff"] = float(point)
+    out["p90_diff_ci95"] = [float(np.quantile(diffs, 0.025)), float(np.quantile(diffs, 0.975))]
+    return out
+
+
+def calibration(y: np.ndarray, pred: np.ndarray, qs) -> dict:
+    """Calibration and sharpness of stitched quantile forecasts ``pred [n, D, Q]`` of the
+    targets ``y [n, D]`` (NaN: not observed): CRPS, the 80% interval score, crossing rate,
+    PIT counts, and the one-step-ahead hits of every quantile but the median (Kupiec's
+    coverage and Christoffersen's independence tests)."""
+    qarr = np.asarray(qs, np.float64)
+    out = {"crossing_rate": scoring.crossing_rate(pred),
+           "crps": float(np.nanmean(scoring.crps_from_quantiles(y, pred, qs))),  # NaN: no y
+           "missing_targets": float(np.mean(~np.isfinite(y))), "hits": {}}
+    i10, i90 = scoring.level(qs, 0.1, required=False), scoring.level(qs, 0.9, required=False)
+    if i10 is not None and i90 is not None:
+        out["interval_score_80"] = float(np.nanmean(scoring.interval_score(
+            y, pred[..., i10], pred[..., i90], 0.2)))
+    y1, p1 = y[:, 0], pred[:, 0]
+    seen = np.isfinite(y1)
+    y1, p1 = y1[seen], p1[seen]
+    for j, q in enumerate(qarr):  # y below a lower quantile, or above an upper one
+        if q == 0.5:
+            continue
+        hits = y1 < p1[:, j] if q < 0.5 else y1 > p1[:, j]
+        p = q if q < 0.5 else 1 - q
+        out["hits"][f"{q:g}"] = {"kupiec": scoring.kupiec(hits, p),
+                                 "christoffersen": scoring.christoffersen(hits)}
+    counts, expected = scoring.pit_counts(y, pred, qs)
+    out["pit"] = {"counts": counts.tolist(), "expected": expected.tolist()}
+    return out
+
+
+def _metrics(sums: np.ndarray) -> dict:
+    return {k: float(v) for k, v in scoring.from_sums(sums).items()}
+
+
+def summarize(folds: list[Fold], qs, horizon: int, reps: int, model: str | None = MODEL,
+              block: int | None = None) -> dict:
+    """The verdict of a walk-forward (see the module docstring): ``pooled`` (a row per model:
+    validation and test metrics, intervals, calibration, and ``vs``: the model against it),
+    ``chosen_per_fold``, ``block``, ``comparisons`` and, with a ``model``, ``verdict``.
+    ``model=None``: the baselines alone (no comparison). ``block``: the intervals' bootstrap
+    block (default: Politis–White on the model's P90 loss differential with the stitched
+    choice, or on the choice's own P90 loss without a model)."""
+    baselines = [n for n in folds[0].val if n != model]
+    folds, picks = with_choice(folds, baselines)
+    names = ([model] if model else []) + baselines + [CHOSEN]
+    cat = lambda part, n: np.concatenate([getattr(f, part)[n] for f in folds])  # noqa: E731
+    test = {n: cat("test", n) for n in names}
+    seen = test[CHOSEN][:, 5] > 0
+    ref = test[model][seen, 2] - test[CHOSEN][seen, 2] if model else test[CHOSEN][seen, 2]
+    block = block or scoring.block_length(ref)
+    y = np.concatenate([f.y for f in folds])
+    table = {}
+    for n in names:
+        s = test[n]
+        table[n] = {"val": _metrics(cat("val", n)), "test": _metrics(s),
+                    "ci95": {m: scoring.bootstrap_interval(
+                        lambda x, m=m: scoring.from_sums(x)[m], s, block, reps)
+                        for m in ("q_risk_50", "q_risk_90", "coverage_80")},
+                    "calibration": calibration(y, cat("pred", n), qs)}
+        if model and n != model:
+            table[n]["vs"] = compare(test[model], s, horizon, reps)
+    out = {"pooled": table, "chosen_per_fold": picks, "block": block,
+           "fold_windows": [int(f.y.shape[0]) for f in folds]}
+    if model:
+        others = [n for n in names if n != model]
+        for n, adj in zip(others, scoring.holm([table[n]["vs"]["dm_p90"]["p"] for n in others])):
+            table[n]["vs"]["dm_p90"]["p_holm"] = float(adj)
+        out["comparisons"] = len(others)
+        out["verdict"] = verdict(table[CHOSEN]["vs"]["dm_p90"])
+    return out
+
+
+def verdict(dm_p90: dict, p_key: str = "p_holm") -> str:
+    """``beats``, ``level`` or ``behind``: the model against the stitched choice on P90, by
+    the sign of the DM statistic and its (Holm-adjusted) p-value against :data:`LEVEL`."""
+    p, stat = dm_p90.get(p_key, dm_p90["p"]), dm_p90["stat"]
+    if not np.isfinite(p) or p >= LEVEL:
+        return "level"
+    return "beats" if stat < 0 else "behind"
+
+
+SENTENCE = {"beats": "the TFT beats the baseline chosen per fold on validation",
+            "level": "the TFT is level with the baseline chosen per fold on validation "
+                     "(no significant difference)",
+            "behind": "the TFT is behind the baseline chosen per fold on validation "
+                      "(significantly worse): not beaten"}
+
+
+def format_table(out: dict, names: dict | None = None) -> str:
+    """The pooled table in Markdown, the stitched choice last, and the verdict's sentence."""
+    names = names or {}
+    picks = out["chosen_per_fold"]
+    label = lambda n: ("TFT" if n == MODEL else "baseline chosen per fold" if n == CHOSEN  # noqa: E731
+                       else names.get(n, n))
+    lines = [f"pooled over {len(picks)} folds; choice per fold on its own validation: "
+             + ", ".join(names.get(p, p) for p in picks)
+             + f"; 95% circular block bootstrap (block {out['block']} windows); DM: TFT - row "
+             "(negative: the TFT is better), Newey-West lags >= the Politis-White block; "
+             f"Holm over {out.get('comparisons', 0)} comparisons",
+             "| model | P50 q-risk | P90 q-risk [95% CI] | cover 10-90 | CRPS | P90 diff [95% CI] "
+             "| DM P90 (p, Holm) | DM loss (p) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for n, r in out["pooled"].items():
+        t, ci = r["test"], r["ci95"]["q_risk_90"]
+        v = r.get("vs")
+        cells = "– | – | – |"
+        if v:
+            d, dl, di = v["dm_p90"], v["dm_loss"], v["p90_diff_ci95"]
+            cells = (f"{v['p90_diff']:+.4f} [{di[0]:+.4f}, {di[1]:+.4f}] | {d['stat']:+.2f} "
+                     f"({d['p']:.3g}, {d.get('p_holm', float('nan')):.3g}) | "
+                     f"{dl['stat']:+.2f} ({dl['p']:.3g}) |")
+        lines.append(f"| {label(n)} | {t['q_risk_50']:.4f} | {t['q_risk_90']:.4f} [{ci[0]:.4f}, "
+                     f"{ci[1]:.4f}] | {t['coverage_80']:.3f} | {r['calibration']['crps']:.4f} | "
+                     + cells)
+    if "verdict" in out:
+        lines.append("")
+        lines.append(f"verdict: {SENTENCE[out['verdict']]}.")
+    return "\n".join(lines)
