@@ -24,8 +24,6 @@ import argparse
 import json
 import sys
 
-import numpy as np
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -170,3 +170,34 @@ def test_bad_backtest_input_exits_2_with_one_line(tmp_path, capsys, args, expect
     err = capsys.readouterr().err
     assert rc == 2 and expect in err and err.count("\n") == 1, err
     assert not (tmp_path / "bt").exists()
+
+
+def test_holm_runs_over_every_row_of_the_table(tmp_path, capsys):
+    """experiments/verdicts.py: the rows of several walk-forwards, Holm over all of them."""
+    import importlib.util
+
+    from tftjax.cli import main as cli_main
+
+    spec = importlib.util.spec_from_file_location(
+        "verdicts", backtest.__file__.replace("tftjax/backtest.py", "experiments/verdicts.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rng = np.random.default_rng(5)
+    paths = []
+    for i, tft in enumerate((0.30, 0.70, 0.505)):  # far better, far worse, level
+        folds = [_fold(rng, {"tft": 0.5, "a": 0.4}, {"tft": tft, "a": 0.5}) for _ in range(2)]
+        out = verdict.summarize(folds, (0.1, 0.5, 0.9), 2, 100)
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "backtest.json").write_text(json.dumps(out))
+        paths.append(f"{tmp_path / f'r{i}' / 'backtest.json'}:run {i}")
+    rows, text = mod.table([mod.load(p) for p in paths])
+    assert [r["run"] for r in rows] == ["run 0", "run 1", "run 2"]
+    by_hand = scoring.holm([r["p"] for r in rows])
+    np.testing.assert_allclose([r["p_holm_table"] for r in rows], by_hand)
+    assert [r["verdict"] for r in rows][:2] == ["beats", "behind"]
+    assert "| run 0 |" in text and "Holm over 3 rows" in text
+    bad = tmp_path / "old.json"
+    bad.write_text(json.dumps({"pooled": {}}))
+    assert cli_main(mod.main, [str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "from before the per-fold choice" in err and err.count("\n") == 1

@@ -189,7 +189,8 @@ def test_vol_target_loss_is_the_pinball_of_scaled_outputs(regime_data):
     mask = jnp.asarray([True, True, True, False])
     y, s = np.asarray(batch.target, np.float64), np.asarray(batch.scale, np.float64)
     for vol in (False, True):
-        loss, _ = _loss_fn({}, {}, fake_apply, batch, mask, qs, None, vol_target=vol)
+        loss, _ = _loss_fn({}, {}, fake_apply, batch, mask, qs, None,
+                           cfg=dataclasses.replace(CFG, vol_target=vol))
         pred = raw * (s[:, None, None] if vol else 1.0)
         err = y[..., None] - pred
         want = np.maximum(qs * err, (qs - 1) * err).mean(axis=(1, 2))[:3].mean()

@@ -82,7 +82,8 @@ def test_settings_that_do_not_touch_the_parameters_share_one_init(model):
                                   target_clip=5.0, bar_interval="1min", timezone="UTC",
                                   calendar="24/7", precision="bf16",
                                   matmul_precision="highest", platform="gpu",
-                                  instrument_dropout=0.3, target="cumulative")
+                                  instrument_dropout=0.3, target="cumulative",
+                                  anchor_median="zero", anchor_loss="vol")
     assert {f for f in CFG.to_json() if getattr(CFG, f) != getattr(variant, f)} == set(
         CFG.INIT_NEUTRAL_FIELDS) - {"qat_freeze_after", "act_symmetric", "weight_granularity",
                                     "stacked_scales"}  # (those need --qat)

@@ -14,10 +14,12 @@ this map names every module::
   data.bundled          the bundled bar sets (ES 1-minute, S&P 500 daily, BTC hourly)
   data.bars             read and validate a parquet OHLCV file → Bars
   data.identity         a data file's content hash, and finding the file again
+  volatility            EWMA, range and HAR volatility models; the anchors of --anchor
   baselines             EWMA, rolling and naive quantile forecasts on the same windows
   data.stats            feature statistics fitted on the training rows (z-scores, target scale)
   data.features         bars → 210 historical, 10 known and 5 static features, the target
   data.windows          time-ordered splits, start-index batches, the on-device window gather
+  data.anchors          the --anchor's volatility forecasts on every row of a series
   data.dataset          one file → a Dataset (bars, features, splits, warnings)
   data                  the pipeline's names in one place
   losses                pinball loss, q-risk, coverage
@@ -36,6 +38,7 @@ this map names every module::
   parallel              device mesh, batch sharding, multi-host start-up
   checkpoints           Orbax epoch and final checkpoints, their names
   provenance            how a result was made (command, versions, device, revision)
+  resume                what a resume may change; the latest checkpoint's metadata
   runloop               the one host loop of every trainer: resume, early stop, NaN stop
   cli                   what every entry point shares: errors → exit codes, flags
   data.synthetic        ES-like synthetic bars (python -m tftjax.data.synthetic)
@@ -45,6 +48,7 @@ this map names every module::
   training.restore      open and restore checkpoints, --init-from, the SavedModel record
   training.ptq          post-training calibration of int8 activation ranges
   training.evaluation   metrics beside the baselines, the summary table
+  training.anchoring    --anchor: the anchor chosen on validation, the data carrying it
   plots                 loss curves, quantile fans, variable importance, DQN equity
   training.task         the TFT's part of the run loop
   training.run          train_and_evaluate: the whole TFT job

@@ -95,6 +95,7 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
     from tftjax.data.bars import read_series
     from tftjax.data.windows import walk_forward_times
     from tftjax.training import Trainer, open_checkpoint, restore_checkpoint, train_and_evaluate
+    from tftjax.training.anchoring import resolve_anchor
     from tftjax.training.evaluation import baselines_forecasts, window_targets
 
     if folds < 2:
@@ -131,9 +132,11 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
         train_and_evaluate(fold_cfg, fold_tc, run, dataset=ds, progress=progress,
                            log=lambda *a: None, plots=False)
         ck = open_checkpoint(run)
+        _, ds, _ = resolve_anchor(ck.cfg, ds)  # the fold's anchor (auto: its own validation)
         trainer = Trainer(ck.cfg, tc, to_device(ds.features))
         variables = restore_checkpoint(ck).variables()
         entry = {"fold": k, "weights_epoch": ck.meta.get("weights_epoch"), "tuned": chosen,
+                 "anchor": ck.cfg.anchor,
                  "train_rows": [list(s.splits.train_rows) for s in ds.series],
                  "test_from": str(np.datetime64(fold[1], "ns")),
                  "windows": {s: int(getattr(ds.splits, s).size) for s in ("train", "val", "test")}}
@@ -169,6 +172,7 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
 
 
 def format_table(out: dict) -> str:
+    from tftjax import verdict
     from tftjax.baselines import NAMES
 
     return verdict.format_table(out, NAMES)

@@ -40,10 +40,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from scipy.signal import lfilter
 from scipy.stats import norm
 
-LAMBDA = 0.94
+from tftjax.volatility import (HAR_LAGS, LAMBDA, anchor, ewma_variance, har_features,  # noqa: F401
+                               har_fit, har_forecasts, range_variance)
+
 ROLLING_WINDOW = 250
 
 NAMES = {
@@ -58,16 +59,6 @@ NAMES = {
 }
 QR_COMPONENTS = 16
 QR_STEPS = 400
-HAR_LAGS = (1, 5, 22)
-
-
-def ewma_variance(r: np.ndarray, lam: float = LAMBDA, init: float | None = None) -> np.ndarray:
-    """``v[t]``: the RiskMetrics variance forecast of ``r[t+1]`` made at ``t`` (uses
-    ``r[0..t]``): ``v[t] = λ v[t-1] + (1-λ) r[t]²``, ``v[-1] = init`` (default ``r[0]²``)."""
-    r = np.asarray(r, np.float64)
-    init = float(r[0] ** 2) if init is None else float(init)
-    v, _ = lfilter([1.0 - lam], [1.0, -lam], r * r, zi=[lam * init])
-    return v
 
 
 SCALE_FLOOR = 1e-3
@@ -93,53 +84,6 @@ def rolling_quantiles(r: np.ndarray, origins: np.ndarray, quantiles, window: int
     for a in range(0, origins.size, chunk):
         block = view[origins[a : a + chunk]]
         out[a : a + chunk] = np.nanquantile(block, quantiles, axis=1).T
-    return out
-
-
-def range_variance(open_: np.ndarray, high: np.ndarray, low: np.ndarray,
-                   close: np.ndarray) -> np.ndarray:
-    """Per-bar variance proxy of the close-to-close log return from the bar's range and its
-    opening gap: ``ln(o_t / c_{t-1})² + ln(h_t / l_t)² / (4 ln 2)`` (Parkinson plus the gap;
-    row 0 has no gap)."""
-    gap = np.zeros(close.shape[0])
-    gap[1:] = np.log(open_[1:] / close[:-1])
-    return gap * gap + np.log(high / low) ** 2 / (4.0 * np.log(2.0))
-
-
-def har_fit(rv: np.ndarray, a: int, b: int) -> np.ndarray:
-    """OLS ``β`` of ``RV_{t+1}`` on ``[1, RV_t, RV^{(5)}_t, RV^{(22)}_t]`` over ``t`` in the
-    training rows ``[a, b)`` (from the 22nd)."""
-    X = har_features(rv)
-    t = np.arange(max(a, HAR_LAGS[-1] - 1), b - 1)
-    beta, *_ = np.linalg.lstsq(X[t], rv[t + 1], rcond=None)
-    return beta
-
-
-def har_features(rv: np.ndarray) -> np.ndarray:
-    """``[n, 4]``: 1 and the means of the last 1, 5 and 22 values ending at each row (fewer at
-    the start)."""
-    cs = np.concatenate([[0.0], np.cumsum(rv)])
-    t = np.arange(rv.size)
-    cols = [np.ones(rv.size)]
-    for L in HAR_LAGS:
-        lo = np.maximum(t + 1 - L, 0)
-        cols.append((cs[t + 1] - cs[lo]) / (t + 1 - lo))
-    return np.stack(cols, axis=1)
-
-
-def har_forecasts(rv: np.ndarray, beta: np.ndarray, origins: np.ndarray, horizon: int,
-                  floor: float) -> np.ndarray:
-    """``[N, horizon]`` HAR forecasts of ``RV_{T+h}``: step 1 from the data, later steps on
-    the forecasts before them (at least ``floor``)."""
-    m = HAR_LAGS[-1]
-    pad = np.concatenate([np.full(m - 1, np.nan), rv])
-    hist = np.lib.stride_tricks.sliding_window_view(pad, m)[origins].copy()  # [N, 22]
-    out = np.empty((origins.size, horizon))
-    for h in range(horizon):
-        x = [np.ones(origins.size)] + [np.nanmean(hist[:, -L:], axis=1) for L in HAR_LAGS]
-        f = np.maximum(np.stack(x, axis=1) @ beta, floor)
-        out[:, h] = f
-        hist = np.concatenate([hist[:, 1:], f[:, None]], axis=1)
     return out
 
 
@@ -172,41 +116,27 @@ def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
     train = y[a:b]
     v = ewma_variance(y, lam, init=float(np.mean(train * train)))
     sigma_next = np.sqrt(v)  # sigma_next[t]: forecast of |r[t+1]|'s scale, made at t
-    # standardised residuals on the training rows: r[t] / sigma forecast made at t-1
-    resid = y[a + 1 : b] / np.maximum(sigma_next[a : b - 1], 1e-12)
     per_origin = {
         "zero": np.zeros((origins.size, qs.size)),
         "train_quantiles": np.broadcast_to(np.quantile(train, qs), (origins.size, qs.size)),
         "rolling": rolling_quantiles(y, origins, qs, window),
         "ewma_gauss": sigma_next[origins, None] * norm.ppf(qs)[None, :],
-        "ewma_empirical": sigma_next[origins, None] * np.quantile(resid, qs)[None, :],
     }
     out = {k: np.repeat(p[:, None, :], horizon, axis=1) for k, p in per_origin.items()}
     steps = np.arange(1, horizon + 1)
     if cumulative:
-        root = np.sqrt(steps)[None, :, None]
-        for k in ("ewma_gauss", "ewma_empirical"):
-            out[k] = out[k] * root
+        out["ewma_gauss"] = out["ewma_gauss"] * np.sqrt(steps)[None, :, None]
         for h in steps[1:]:  # k-bar sums: their own empirical quantiles
             yk = np.convolve(y, np.ones(h))[: y.size]  # yk[t] = y[t-h+1] + … + y[t]
             out["train_quantiles"][:, h - 1] = np.quantile(yk[a + h - 1 : b], qs)
             out["rolling"][:, h - 1] = rolling_quantiles(yk, origins, qs, window)
-    if ranges is not None:
-        rv = np.asarray(ranges, np.float64)
-        vr = np.sqrt(ewma_variance(rv ** 0.5, lam, init=float(np.mean(rv[a:b]))))
-        res = y[a + 1 : b] / np.maximum(vr[a : b - 1], 1e-12)
-        out["range_ewma"] = np.repeat((vr[origins, None] * np.quantile(res, qs)[None, :])
-                                      [:, None, :], horizon, axis=1)
-        if cumulative:
-            out["range_ewma"] = out["range_ewma"] * np.sqrt(steps)[None, :, None]
-        if daily:
-            beta = har_fit(rv, a, b)
-            floor = 1e-4 * float(np.mean(rv[a:b]))
-            fit = np.sqrt(np.maximum(har_features(rv) @ beta, floor))  # of RV[t+1], at t
-            res = y[a + 1 : b] / fit[a : b - 1]
-            var = har_forecasts(rv, beta, origins, horizon, floor)
-            sig = np.sqrt(np.cumsum(var, axis=1) if cumulative else var)
-            out["har"] = sig[..., None] * np.quantile(res, qs)[None, None, :]
+    # the volatility models with empirical standardised quantiles (tftjax.volatility.anchor)
+    names = ["ewma_empirical"] + (["range_ewma"] + (["har"] if daily else [])
+                                  if ranges is not None else [])
+    for name in names:
+        out[name] = anchor(name, y, horizon, qs, train_rows, ranges=ranges, daily=daily,
+                           cumulative=cumulative, lam=lam, origins=origins).quantiles(
+                               np.arange(origins.size))
     if features is not None and decoder_target is not None:
         out["qr"] = quantile_regression(features, decoder_target, origins, qs, train_rows)
     return out

@@ -61,6 +61,9 @@ class DataConfig:
     target: str = "bar"
     """Decoder step k's target: ``bar``, the k-th bar's own 1-bar return, or ``cumulative``,
     the k-bar cumulative return from the origin (what risk and sizing read)."""
+    # From the model's config (TFTConfig.data): the --anchor whose arrays ride on every row.
+    anchor: tyro.conf.Suppress[str] = "none"
+    anchor_quantiles: tyro.conf.Suppress[tuple[float, ...]] = ()
 
     @property
     def window(self) -> int:
@@ -100,6 +103,7 @@ TARGETS = ("bar", "cumulative")
 PRECISIONS = ("f32", "bf16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 DEFAULT_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
+ANCHOR_CHOICES = ("none", "auto", "ewma_empirical", "range_ewma", "har")  # volatility.ANCHORS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +198,15 @@ class TFTConfig:
     stacked_scales: str = "channel"
     """Quantized stacked per-variable GRN kernels: one scale per (variable, output channel),
     or one per variable (fewer scale bytes)."""
+    anchor: str = "none"
+    """Anchor the quantile head on a volatility baseline: quantile q is its volatility forecast
+    σ × exp(s) × (its standardised quantile z_q + Δ_q), s and Δ from a zero-initialised last
+    layer (untrained: the anchor's own quantiles). none, auto (of ewma_empirical, range_ewma,
+    and har on daily bars: the lowest P90 q-risk on validation), or one of those."""
+    anchor_median: str = "learnt"
+    """With --anchor: the median's level learnt (z_0.5 + Δ_0.5), or zero (fixed at 0)."""
+    anchor_loss: str = "return"
+    """With --anchor: the pinball loss in return units, or vol (divided by the anchor's σ)."""
 
     # Execution settings: they change memory and speed, not the parameters or (beyond
     # float round-off) the results, so a resumed run may change them.
@@ -203,7 +216,7 @@ class TFTConfig:
     INIT_NEUTRAL_FIELDS = EXECUTION_FIELDS + (
         "dropout", "monotone_quantiles", "vol_target", "qat_freeze_after", "bar_interval",
         "calendar", "timezone", "winsorize", "target_clip", "instrument_dropout", "target",
-        "act_symmetric", "weight_granularity", "stacked_scales")
+        "act_symmetric", "weight_granularity", "stacked_scales", "anchor_median", "anchor_loss")
 
     def __post_init__(self) -> None:
         from tftjax.remat import TIERS
@@ -251,6 +264,15 @@ class TFTConfig:
             f"{self.matmul_precision!r}": self.matmul_precision in MATMUL_PRECISIONS,
             "--precision bf16 and --qat do not go together (QAT's observers and fake-quant "
             "are float32)": not (self.qat and self.precision == "bf16"),
+            f"--anchor must be one of {', '.join(ANCHOR_CHOICES)}, got {self.anchor!r}":
+                self.anchor in ANCHOR_CHOICES,
+            f"--anchor-median must be learnt or zero, got {self.anchor_median!r}":
+                self.anchor_median in ("learnt", "zero"),
+            f"--anchor-loss must be return or vol, got {self.anchor_loss!r}":
+                self.anchor_loss in ("return", "vol"),
+            "--anchor does not go with --vol-target or --monotone-quantiles (it sets the "
+            "scale and the quantiles' order itself)": self.anchor == "none"
+                or not (self.vol_target or self.monotone_quantiles),
         }, "model config")  # fmt: skip
         self.data  # noqa: B018 - validates the data options
 
@@ -259,7 +281,10 @@ class TFTConfig:
         return DataConfig(encoder_steps=self.encoder_steps, decoder_steps=self.decoder_steps,
                           bar_interval=self.bar_interval, calendar=self.calendar,
                           timezone=self.timezone, winsorize=self.winsorize,
-                          target_clip=self.target_clip, target=self.target)
+                          target_clip=self.target_clip, target=self.target,
+                          anchor=self.anchor if self.anchor != "auto" else "none",
+                          anchor_quantiles=tuple(self.quantiles) if self.anchor not in
+                          ("none", "auto") else ())
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -186,7 +186,11 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
                             "volatility at its forecast time (model.vol_target: "
                             "tftjax.baselines.ewma_scale of the targets, row T; the EWMA "
                             "starts from 1 at the series' first row)"
-                            if cfg.vol_target else "")),
+                            if cfg.vol_target else "")
+                         + (f"; anchored (model.anchor {cfg.anchor}): the network's outputs are "
+                            "[.., Q] Δ and [.., 1] s, and the quantiles σ · exp(s) · (z + Δ) with "
+                            "the anchor's σ and z (tftjax.volatility.anchor, fitted on the "
+                            "series' training rows)" if cfg.anchor != "none" else "")),
               **sizes}
     out.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT}

@@ -163,7 +163,7 @@ class Parallel:
         from tftjax.data import DeviceData
 
         r = self.rows_sharding if self.feature_rows_sharded else self.replicated
-        return DeviceData(r, r, r, r, r, r)
+        return DeviceData(*[r] * len(DeviceData._fields))
 
     def describe(self) -> str:
         kinds = sorted({d.device_kind for d in self.mesh.devices.flat})
@@ -268,7 +268,7 @@ def gather_rows_sharded(par: Parallel, data, starts: jax.Array, encoder_steps: i
     temporary is the global batch's windows, never the feature matrix."""
     from tftjax.data import Batch, DeviceData
 
-    spec = DeviceData(*[P(AXIS)] * 6)
+    spec = DeviceData(*[P(AXIS)] * len(DeviceData._fields))
 
     def local(d: DeviceData, s):
         everyone = jax.lax.all_gather(s, AXIS, tiled=True)  # [B] window starts
@@ -285,11 +285,13 @@ def gather_rows_sharded(par: Parallel, data, starts: jax.Array, encoder_steps: i
 
         parts = (take(d.historical, rows[:, :e]), take(d.known, rows[:, :e]),
                  take(d.future, last)[:, :decoder_steps], take(d.target, last)[:, :decoder_steps],
-                 take(d.scale, last), take(d.static, last))
-        hist, known_e, known_d, target, scale, static = (
+                 take(d.scale, last), take(d.static, last),
+                 take(d.anchor, last)[:, :decoder_steps], take(d.anchor_z, last))
+        hist, known_e, known_d, target, scale, static, anchor, anchor_z = (
             jax.lax.psum_scatter(p, AXIS, scatter_dimension=0, tiled=True) for p in parts)
-        return Batch(static, hist, jnp.concatenate([known_e, known_d], axis=1), target, scale)
+        return Batch(static, hist, jnp.concatenate([known_e, known_d], axis=1), target, scale,
+                     anchor, anchor_z)
 
-    out = Batch(P(AXIS), P(AXIS), P(AXIS), P(AXIS), P(AXIS))
+    out = Batch(*[P(AXIS)] * len(Batch._fields))
     return jax.shard_map(local, mesh=par.mesh, in_specs=(spec, P(AXIS)), out_specs=out,
                          check_vma=False)(data, starts)

@@ -20,7 +20,8 @@ def loss_curves(path: Path, history: list[dict]) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     ep = [h["epoch"] for h in history]
-    ax.plot(ep, [h["train_loss"] for h in history], "o-", label="train")
+    ax.plot(ep, [np.nan if h.get("train_loss") is None else h["train_loss"] for h in history],
+            "o-", label="train")
     ax.plot(ep, [h["val_loss"] for h in history], "s-", label="validation")
     ax.set_xlabel("epoch")
     ax.set_ylabel("quantile loss")

@@ -12,10 +12,12 @@ epoch of training, validation, the summary of the weights it is given):
   another patience trains on). The final checkpoint ``{kind}_final_epoch{N}`` (N: the last
   epoch run), the summary, the plots and the test metrics come from the *best* epoch's state
   (``weights_epoch``); an empty validation split turns early stopping off.
-* **NaN stop**: :class:`TrainingDiverged` within the epoch; nothing of it is saved; the
-  manager is closed in a ``finally`` (an interrupted async save commits or is ignored).
-* **Several processes**: all run the loop and the checkpoints; process 0 writes the files.
-* **Final checkpoint on resume** when the last run ended before writing it.
+* **Epoch 0**: a task with ``score_at_start`` (an anchored TFT: its untrained model is the
+  anchor) is validated and saved before training, so early stopping can keep it.
+* **NaN stop**: :class:`TrainingDiverged` within the epoch, nothing of it saved; the manager
+  is closed in a ``finally`` (an interrupted async save commits or is ignored).
+* **Several processes**: all run the loop and the checkpoints; process 0 writes the files;
+  the final checkpoint is written on resume when the last run ended before writing it.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from tftjax.checkpoints import (EpochCheckpointer, checkpoint_name, epoch_checkpoints,
-                                list_checkpoints, read_history, read_meta)
+                                list_checkpoints, read_history)
 from tftjax.errors import ConfigError, TrainingDiverged
 from tftjax.provenance import provenance
+from tftjax.resume import (KINDS, check_resume, identity_diff, latest_meta,  # noqa: F401
+                           resume_changes)
 
 
 class Task(Protocol):
@@ -51,69 +55,6 @@ class Task(Protocol):
     def validate(self, state) -> dict: ...  # {score: None} when there is nothing to validate on
     def epoch_line(self, metrics: dict) -> str: ...
     def summarize(self, state, workdir: Path, history: list[dict]) -> tuple[dict, str]: ...
-
-
-def identity_diff(saved: dict, now: dict, may_change=(), prefix: str = "") -> list[str]:
-    """Differences between two nested identity dicts, ``path: checkpoint X, now Y``."""
-    out = []
-    for key in sorted(set(saved) | set(now)):
-        path = f"{prefix}{key}"
-        if path in may_change:
-            continue
-        a, b = saved.get(key, "<missing>"), now.get(key, "<missing>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += identity_diff(a, b, may_change, path + ".")
-        elif _norm(a) != _norm(b):
-            out.append(f"{path}: {a!r} in the checkpoint, {b!r} now")
-    return out
-
-
-def resume_changes(saved: dict, task: Task) -> list[str]:
-    """The settings a resume may change (``task.may_change``) that it does change."""
-    now = {k: v for k, v in task.identity().items() if k != "data"}
-    old = {k: v for k, v in saved["identity"].items() if k != "data"}
-    out = []
-    for path in task.may_change:
-        head, _, key = path.partition(".")
-        a, b = old.get(head, {}).get(key, "<missing>"), now.get(head, {}).get(key, "<missing>")
-        if "<missing>" not in (a, b) and _norm(a) != _norm(b):  # (missing: an older run)
-            out.append(f"{path}: {a!r} in the checkpoint, {b!r} now")
-    return out
-
-
-def _norm(x):
-    return tuple(_norm(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-def check_resume(saved: dict, task: Task, ckpt_dir: Path) -> None:
-    """Refuse a resume that would mix data, models or settings (one ConfigError)."""
-    if saved.get("kind") != task.kind:
-        raise ConfigError(f"--resume: {ckpt_dir} holds {saved.get('kind')!r} checkpoints, not "
-                          f"{task.kind!r}")
-    s_data, n_data = saved["identity"].get("data", {}), task.identity().get("data", {})
-    diff = []
-    if (s_data.get("sha256"), s_data.get("rows")) != (n_data.get("sha256"), n_data.get("rows")):
-        diff.append(f"data: trained on {_data(s_data)}, this run reads {_data(n_data)}")
-    saved_identity = saved["identity"]
-    if hasattr(task, "normalize_identity"):
-        saved_identity = task.normalize_identity(saved_identity)
-    diff += identity_diff({k: v for k, v in saved_identity.items() if k != "data"},
-                          {k: v for k, v in task.identity().items() if k != "data"},
-                          task.may_change)
-    if diff:
-        raise ConfigError(f"--resume: {ckpt_dir} was trained with other data or settings: "
-                          + "; ".join(diff) + ". Only --epochs may change on resume; train "
-                          "another --workdir for a new run")
-    done = saved["loop"]["epoch"]
-    if task.epochs < done:
-        raise ConfigError(f"--resume: --epochs {task.epochs} is below the {done} epochs already "
-                          f"trained in {ckpt_dir}; --epochs may only grow")
-
-
-def _data(d: dict) -> str:
-    if "sha256" not in d:
-        return str(d.get("env", d))
-    return f"{d.get('file')} ({d.get('rows')} rows, sha256 {str(d.get('sha256'))[:12]}…)"
 
 
 def _is_better(score: float, best: float | None, mode: str) -> bool:
@@ -197,6 +138,14 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
             log(f"resuming from {ckpt_dir / checkpoint_name(task.kind, start, False)}")
         else:
             state = task.init_state()
+            if getattr(task, "score_at_start", False):  # epoch 0: the untrained model's score
+                m0 = {"epoch": 0, "train_loss": None, **task.validate(state)}
+                loop["best_score"] = m0.get(task.score)
+                history.append(m0)
+                if primary:
+                    metrics_path.write_text(json.dumps(m0) + "\n")
+                checkpointer.save(0, state, m0, meta(m0, False, 0), improved=True)
+                log(f"epoch 0 (before training): {task.score} {m0.get(task.score)}")
         log(task.describe(state))
         bar = _epoch_bar(task, start) if progress and task.epoch_bar else None
         say = bar.write if bar is not None else log  # lines above the bar
@@ -268,36 +217,6 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
     log(f"weights of epoch {best_epoch} (best {task.score}) from {final}")
     log(text)
     return summary
-
-
-def latest_meta(ckpt_dir: str | Path, kind: str | None = None) -> dict:
-    """The metadata of the latest complete epoch checkpoint in ``ckpt_dir``.
-
-    Raises:
-      ConfigError: there is none (``--resume`` into an empty or mistyped folder), it is
-        another trainer's (``kind``), or it cannot be read as this version's checkpoint.
-    """
-    ckpt_dir = Path(ckpt_dir)
-    epochs = {k: epoch_checkpoints(ckpt_dir, k) for k in KINDS}
-    found, latest = max(epochs.items(), key=lambda kv: kv[1][-1] if kv[1] else -1)
-    if not latest:
-        raise ConfigError(f"--resume: no checkpoint to resume in {ckpt_dir}"
-                          + (" (no such folder)" if not ckpt_dir.exists() else "")
-                          + "; drop --resume to start a new run")
-    if kind is not None and found != kind:
-        raise ConfigError(f"--resume: {ckpt_dir} holds {found} checkpoints, not {kind}")
-    path = ckpt_dir / checkpoint_name(found, latest[-1], False)
-    try:
-        meta = read_meta(path)
-    except Exception as e:  # Orbax raises several types for a damaged checkpoint
-        raise ConfigError(f"--resume: {path} cannot be read ({type(e).__name__})") from None
-    if not {"kind", "identity", "loop"} <= set(meta):
-        raise ConfigError(f"--resume: {path} was written by an older tftjax (no data identity "
-                          "in its metadata); train another --workdir")
-    return meta
-
-
-KINDS = ("tft", "dqn")
 
 
 def _is_primary() -> bool:

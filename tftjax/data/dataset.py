@@ -1,6 +1,5 @@
 """Parquet files → a :class:`Dataset` of one or more series: validated bars, time-ordered
-splits, features fitted on each series' own training rows, and what passed validation but
-deserves a word.
+splits, features fitted on each series' own training rows (and its ``--anchor``), warnings.
 
 Several series (several files, a long file with a symbol column, ``--dataset spx,nasdaq``)
 are split at **global cut times** (:func:`~tftjax.data.windows.global_cuts`: every series'
@@ -8,9 +7,9 @@ test period is the same stretch of calendar time; the embargo is counted in each
 own rows), featurised with **their own statistics** (normalisation, target scale,
 winsorisation, statics: from that series' training rows), and laid one after another in
 one feature matrix: a window's start is a global row, and every series' window starts
-stay inside its own rows, so no window crosses a series. Each series has an index into
-the model's instrument vocabulary (static input 0, embedded by the model); the vocabulary
-has one more, reserved row for an instrument it has not seen (``unknown="embed"``).
+stay inside its own rows, so no window crosses a series. Each series has an index into the
+model's instrument vocabulary (static input 0, embedded), which has one more, reserved row
+for an instrument it has not seen (``unknown="embed"``).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import numpy as np
 
 from tftjax.baselines import ewma_scale
 from tftjax.config import WARMUP, DataConfig
+from tftjax.data.anchors import with_anchor
 from tftjax.data.bars import Bars, read_series
 from tftjax.data.bundled import DATASETS, bundled_path, default_parquet
 from tftjax.data.calendar import format_interval
@@ -100,14 +100,20 @@ class Dataset:
         return FeatureSet(cat("historical"), cat("known"), cat("future"), static, cat("target"),
                           parts[0].stats, None,
                           np.concatenate([ewma_scale(f.target) for f in parts]),
-                          np.concatenate([window_decoder_targets(f) for f in parts]))
+                          np.concatenate([window_decoder_targets(f) for f in parts]),
+                          *((cat("anchor"), cat("anchor_z")) if self.cfg.anchor != "none"
+                            else (None, None)))
 
     def _features(self, s: Series) -> FeatureSet:
+        f, c = s.features, self.cfg
+        if c.anchor != "none":  # its own bars, scale and training rows (tftjax.data.anchors)
+            f = with_anchor(f, s.bars, f.stats.train_rows, c.anchor, c.anchor_quantiles,
+                            c.decoder_steps, c.target == "cumulative")
         if self.vocab is None:
-            return s.features
-        static = s.features.static.copy()
+            return f
+        static = f.static.copy()
         static[0] = s.index
-        return dataclasses.replace(s.features, static=static)
+        return dataclasses.replace(f, static=static)
 
     @functools.cached_property
     def splits(self) -> Splits:

@@ -1,11 +1,10 @@
 """OHLCV bars → the TFT-225 feature set (210 historical, 10 known, 5 static).
 
-Everything is vectorised numpy over the whole series (rolling sums by
-cumulative sums, rolling extremes by log-doubling), float64 inside, float32
-out, written column by column into one preallocated matrix so that peak
-memory stays near the size of the result. Every feature at row ``t`` is a
-function of bars ``<= t`` only (tested: changing bars after ``t`` leaves rows
-``<= t`` bit-identical).
+Everything is vectorised numpy over the whole series (rolling sums by cumulative sums,
+rolling extremes by log-doubling), float64 inside, float32 out, written column by column
+into one preallocated matrix so that peak memory stays near the size of the result. Every
+feature at row ``t`` is a function of bars ``<= t`` only (tested: changing bars after ``t``
+leaves rows ``<= t`` bit-identical).
 
 Notation: ``c, o, h, l, v`` close/open/high/low/volume; ``r_t = log(c_t /
 c_{t-1})``; ``mean_L``/``sum_L``/``max_L``/``min_L`` over the ``L`` rows
@@ -50,10 +49,9 @@ those of the next ``D`` calendar slots after its last encoder bar
 (:attr:`FeatureSet.future`), never of the bars that later arrived (see
 :mod:`tftjax.data.calendar`). Bounded by construction, not re-scaled.
 
-Static features (5, per series, from the training rows): instrument code
-(CRC32 of the file name, in [-0.5, 0.5)), log10 mean close, log10 (1 + mean
-volume), log10 std of 1-bar log returns, log10 median bar interval in
-minutes.
+Static features (5, per series, from the training rows): the instrument (its row in
+the model's vocabulary, set by the dataset), log10 mean close, log10 (1 + mean volume),
+log10 std of 1-bar log returns, log10 median bar interval in minutes.
 
 Target: the 1-bar log return ``r_t`` divided by ``target_scale``, the std of
 the training rows' returns winsorised at the ``winsorize`` tail quantiles and
@@ -252,6 +250,8 @@ class FeatureSet:
     decoder_target: np.ndarray | None = None
     """``[n, D]``: row ``t``'s decoder targets on the calendar grid, NaN where the slot has
     no bar (None: the next ``D`` rows' ``target``, a grid without gaps)."""
+    anchor: np.ndarray | None = None  # [n, D], [n, Q]: tftjax.data.anchors (--anchor)
+    anchor_z: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.historical.shape[0])

@@ -205,6 +205,8 @@ class DeviceData(NamedTuple):
     static: jax.Array  # [n, 5] float32, each row's series' statics
     future: jax.Array  # [n, D, 10] float32, at the D calendar slots after each bar
     scale: jax.Array  # [n] float32, EWMA volatility forecast made at each row (target units)
+    anchor: jax.Array  # [n, D] float32, the --anchor's σ per step made at each row ([n, 0]: none)
+    anchor_z: jax.Array  # [n, Q] float32, its series' standardised quantiles ([n, 0]: none)
 
 
 class Batch(NamedTuple):
@@ -215,6 +217,8 @@ class Batch(NamedTuple):
     known: jax.Array  # [B, E+D, 10]
     target: jax.Array  # [B, D], NaN where the step's calendar slot has no bar (masked)
     scale: jax.Array  # [B], the EWMA volatility at the forecast time (``--vol-target``)
+    anchor: jax.Array  # [B, D], the anchor's σ per step at the forecast time (``--anchor``)
+    anchor_z: jax.Array  # [B, Q], its standardised quantiles
 
 
 def device_arrays(features: FeatureSet) -> list[np.ndarray]:
@@ -223,9 +227,12 @@ def device_arrays(features: FeatureSet) -> list[np.ndarray]:
     n = len(features)
     static = np.broadcast_to(np.asarray(features.static, np.float32), (n, features.static.shape[-1]))
     scale = features.scale if features.scale is not None else ewma_scale(features.target)
+    none = np.zeros((n, 0), np.float32)
+    anchor = none if features.anchor is None else features.anchor
+    anchor_z = none if features.anchor_z is None else features.anchor_z
     return [np.ascontiguousarray(a) for a in (
         features.historical, features.known, window_decoder_targets(features), static,
-        features.future, scale)]
+        features.future, scale, anchor, anchor_z)]
 
 
 def window_decoder_targets(features: FeatureSet) -> np.ndarray:
@@ -262,4 +269,6 @@ def gather(data: DeviceData, starts: jax.Array, encoder_steps: int, decoder_step
             jnp.take(data.future, last, axis=0, mode="clip")[:, :decoder_steps]], axis=1),
         target=jnp.take(data.target, last, axis=0, mode="clip")[:, :decoder_steps],
         scale=jnp.take(data.scale, last, axis=0, mode="clip"),
+        anchor=jnp.take(data.anchor, last, axis=0, mode="clip")[:, :decoder_steps],
+        anchor_z=jnp.take(data.anchor_z, last, axis=0, mode="clip"),
     )

@@ -95,7 +95,11 @@ def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig 
                       jax.ShapeDtypeStruct((rows, cfg.decoder_steps), f32),
                       jax.ShapeDtypeStruct((rows, cfg.num_static), f32),
                       jax.ShapeDtypeStruct((rows, cfg.decoder_steps, cfg.num_known), f32),
-                      jax.ShapeDtypeStruct((rows,), f32))
+                      jax.ShapeDtypeStruct((rows,), f32),
+                      *((jax.ShapeDtypeStruct((rows, cfg.decoder_steps), f32),
+                         jax.ShapeDtypeStruct((rows, len(cfg.quantiles)), f32))
+                        if cfg.anchor != "none" else
+                        (jax.ShapeDtypeStruct((rows, 0), f32),) * 2))
     idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0, impl="rbg"))
     return _placed((state, data, idx, key))

@@ -60,10 +60,13 @@ class Dense(nn.Module):
     features: int
     use_bias: bool = True
     quant: QuantSpec | None = None
+    zero_init: bool = False
+    """A zero kernel (the anchored head: its untrained outputs are 0)."""
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features))
+        init = nn.initializers.zeros if self.zero_init else nn.initializers.lecun_normal()
+        kernel = self.param("kernel", init, (x.shape[-1], self.features))
         y = dense(self, "kernel", x, kernel, self.quant)
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros, (self.features,))

@@ -147,7 +147,11 @@ class TFT(nn.Module):
         psi = enc_grn(d, d, p, name="positionwise")(delta, None, det)
         psi_t = GateAddNorm(d, 0.0, quant, name="output_gate")(phi_t[:, te:], psi, det)
         # float32 head (bf16: its parameters are not cast, see apply_fn) and outputs
-        pred = Dense(len(cfg.quantiles), quant=quant, name="quantiles")(psi_t)  # [B, T_d, Q]
+        # [B, T_d, Q]; anchored (--anchor): Δ [.., Q] and s [.., 1] from a zero-initialised
+        # head, turned into quantiles around the anchor by tftjax.training.steps.anchored
+        anchored = cfg.anchor != "none"
+        pred = Dense(len(cfg.quantiles) + anchored, quant=quant, zero_init=anchored,
+                     name="quantiles")(psi_t)
         pred = pred.astype(jnp.float32)
         if cfg.monotone_quantiles:
             pred = monotone(pred, int(np.argmin(np.abs(np.asarray(cfg.quantiles) - 0.5))))

@@ -9,6 +9,7 @@ from typing import Callable
 from tftjax import runloop
 from tftjax.config import TFTConfig, TrainConfig
 from tftjax.data import Dataset, find_data_files, load_dataset, saved_featurisation
+from tftjax.training.anchoring import resolve_anchor
 from tftjax.training.restore import initial_weights
 from tftjax.training.task import TFTTask
 
@@ -58,6 +59,10 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
             ds = load_dataset(path, cfg.data, **kw)
         # the model's instrument vocabulary is the data's (its unknown row included)
         model = cfg if ds.vocab is None else dataclasses.replace(cfg, instruments=len(ds.vocab))
+        model, ds, scores = resolve_anchor(model, ds)  # --anchor auto: chosen on validation
+        if scores:
+            log(f"--anchor auto: {model.anchor} (validation P90 q-risk "
+                + ", ".join(f"{n} {v:.4f}" for n, v in scores.items()) + ")")
         init = None
         if saved is None and tc.init_from:  # on resume the run's own checkpoint has them
             init = initial_weights(tc.init_from, model, ds)

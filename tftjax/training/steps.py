@@ -26,15 +26,19 @@ Array = jax.Array
 
 
 def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key, denom=None,
-             vol_target=False):
+             cfg: TFTConfig | None = None):
     # quant_batch is mutable: the forward records each observed tensor's range in this
     # (micro-)batch (once: a rematerialised block's recomputation only rebuilds residuals);
     # the step merges them and moves every observer once (tftjax.quant.update_observers).
     (pred, _), recorded = apply_fn({"params": params, "quant_stats": quant_stats},
                                    batch.static, batch.historical, batch.known, False,
                                    rngs={"dropout": dropout_key}, mutable=["quant_batch"])
-    pred = forecast(pred, batch, vol_target)
-    return (losses.quantile_loss(batch.target, pred, quantiles, mask, denom),
+    pred = forecast(pred, batch, cfg)
+    target = batch.target
+    if cfg is not None and cfg.anchor != "none" and cfg.anchor_loss == "vol":
+        # pinball(y/σ, q/σ) = pinball(y, q)/σ: each window and step in units of the anchor
+        target, pred = target / batch.anchor, pred / batch.anchor[..., None]
+    return (losses.quantile_loss(target, pred, quantiles, mask, denom),
             recorded.get("quant_batch", {}))
 
 
@@ -53,10 +57,25 @@ def at_matmul_precision(cfg: TFTConfig, fn: Callable) -> Callable:
     return traced
 
 
-def forecast(raw: Array, batch, vol_target: bool) -> Array:
+def forecast(raw: Array, batch, cfg: TFTConfig | None) -> Array:
     """The quantile forecasts ``[B, D, Q]`` in target units from the network's outputs: as
-    they are, or (``vol_target``) times each window's EWMA volatility at its forecast time."""
-    return raw * batch.scale[:, None, None] if vol_target else raw
+    they are; (``vol_target``) times each window's EWMA volatility at its forecast time; or
+    (``anchor``) :func:`anchored`."""
+    if cfg is not None and cfg.anchor != "none":
+        return anchored(raw, batch.anchor, batch.anchor_z, cfg)
+    return raw * batch.scale[:, None, None] if cfg is not None and cfg.vol_target else raw
+
+
+def anchored(raw: Array, sigma: Array, z: Array, cfg: TFTConfig) -> Array:
+    """The anchored head: ``σ[B, D] · exp(s) · (z[B, Q] + Δ)`` with ``Δ = raw[..., :Q]`` and
+    ``s = raw[..., Q]`` (``--anchor-median zero``: the median's level fixed at 0). Zero
+    outputs (the zero-initialised head) give the anchor's own quantiles ``σ · z``."""
+    q = len(cfg.quantiles)
+    level = z[:, None, :] + raw[..., :q]
+    if cfg.anchor_median == "zero":
+        m = int(np.argmin(np.abs(np.asarray(cfg.quantiles) - 0.5)))
+        level = level.at[..., m].set(0.0)
+    return sigma[..., None] * jnp.exp(raw[..., q:]) * level
 
 
 def no_ranges(quant_stats):
@@ -104,8 +123,7 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
         # as the batch's first window, so that QAT's observers see only real windows
         batch = take(data, jnp.where(idx >= 0, idx, fill))
         return jax.value_and_grad(_loss_fn, has_aux=True)(
-            params, stats, apply_fn, batch, idx >= 0, quantiles, dropout_key, denom,
-            cfg.vol_target)
+            params, stats, apply_fn, batch, idx >= 0, quantiles, dropout_key, denom, cfg)
 
     def step(state: TrainState, data: DeviceData, batch_idx: Array, key: Array):
         mask = batch_idx >= 0
@@ -167,7 +185,7 @@ def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callabl
         mask = batch_idx >= 0
         batch = take(data, jnp.maximum(batch_idx, 0))
         pred, interp = apply(variables, batch.static, batch.historical, batch.known, True)
-        pred = forecast(pred, batch, cfg.vol_target)
+        pred = forecast(pred, batch, cfg)
         return losses.metric_sums(batch.target, pred, quantiles, mask), pred, interp
 
     if par is None:

@@ -51,6 +51,7 @@ class TFTTask:
                                   "named like " + ", ".join(layer_names(shapes["params"])[:4])
                                   + ", … (tftjax.quant_tree.layer_names)")
         self.epochs, self.patience = tc.epochs, tc.patience
+        self.score_at_start = cfg.anchor != "none"  # epoch 0 is the anchor: early stopping may keep it
         self.total_steps = steps_per_epoch(tc, ds.splits.train.size) * tc.epochs
         if tc.lr_schedule == "cosine":  # the schedule spans the run's epochs: they are fixed
             self.may_change = tuple(f for f in self.may_change if f != "train.epochs")
