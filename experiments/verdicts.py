@@ -8,7 +8,8 @@ Each argument is a ``backtest.json`` of ``python -m tftjax.backtest`` (optionall
 A row's p-value is its Diebold–Mariano p on the per-window P90 pinball loss against the
 stitched choice (bandwidth at least the Politis–White block; :mod:`tftjax.verdict`); Holm's
 step-down adjustment runs over all the rows given, so a row counts as "beats" or "behind"
-only at a family-wise 5% over the whole table. Prints one Markdown row per run and one plain
+only at a family-wise 5% over the whole table (and where its paired bootstrap interval of
+the P90 difference excludes 0 on the same side). Prints one Markdown row per run and one plain
 sentence each. A file that is not a verdict of this version (no ``chosen_per_fold``) is
 refused with one line.
 """
@@ -50,7 +51,7 @@ def table(runs: list[tuple[str, dict]]) -> tuple[list[dict], str]:
     for r, adj in zip(rows, scoring.holm([r["p"] for r in rows])):
         r["p_holm_table"] = float(adj)
         r["verdict"] = verdict.verdict({"stat": r["dm_p90"], "p": r["p"],
-                                        "p_holm": float(adj)})
+                                        "p_holm": float(adj)}, r["p90_diff_ci95"], "p_holm")
     lines = [f"Holm over {len(rows)} rows (DM on the per-window P90 loss, TFT - the baseline "
              "chosen per fold; negative: the TFT is better)",
              "| run | TFT P90 | chosen P90 | diff [95% CI] | DM P90 (lags) | p | p (Holm, table) "

@@ -12,7 +12,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # xdist workers inherit the c
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 # How the suite compiles (docs/testing.md lists which tests run where, and why):
 # - the quick tier (-m "not slow", the README's test command): little XLA optimisation work
-#   (no expensive passes, LLVM at -O1, XLA:CPU's older element-wise code generator; the CLI
+#   (JAX_DISABLE_MOST_OPTIMIZATIONS: no expensive passes, LLVM at -O0; where a test turns
+#   optimisation back on, LLVM -O1 and XLA:CPU's older element-wise code generator; the CLI
 #   subprocesses inherit it). It runs each program for a few steps and compiles are most of
 #   its time (the tiny TFT's train step compiles in 3.5 s instead of 11-12 s). Every
 #   comparison is between programs compiled alike. The exception is QAT (xla_optimised):

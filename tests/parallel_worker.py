@@ -45,17 +45,20 @@ def train(cfg, devices, layout="replicated", accumulate=1, evaluate=False):
 
 
 def compare_observers(run, ref) -> dict:
-    """QAT: the observers after the same steps (min/max and how many updates)."""
-    a = jax.tree.leaves(jax.device_get(run["state"].quant_stats))
-    b = jax.tree.leaves(jax.device_get(ref["state"].quant_stats))
-    ranges = [(np.asarray(x, np.float64), np.asarray(y, np.float64))
-              for x, y in zip(a, b) if y.dtype.kind == "f"]
-    return {"n": len(b),
-            "max_abs": float(max(np.abs(x - y).max() for x, y in ranges)),
-            # against the largest magnitude the same observer holds (a tensor's min/max)
-            "max_rel": float(max(np.abs(x - y).max() / max(np.abs(y).max(), 1e-12)
-                                 for x, y in ranges)),
-            "counts": sorted({int(np.max(x)) for x in a if x.dtype.kind == "i"})}
+    """QAT: the observers after the same steps (how many updates; min/max, also against
+    each observer's range ``max - min``)."""
+    from tftjax.quant import MinMax
+
+    leaf = lambda x: isinstance(x, MinMax)  # noqa: E731
+    a = jax.tree.leaves(jax.device_get(run["state"].quant_stats), is_leaf=leaf)
+    b = jax.tree.leaves(jax.device_get(ref["state"].quant_stats), is_leaf=leaf)
+    f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    diffs = [np.maximum(np.abs(f64(x.min) - f64(y.min)), np.abs(f64(x.max) - f64(y.max)))
+             for x, y in zip(a, b)]
+    spans = [np.maximum(f64(y.max) - f64(y.min), 1e-12) for y in b]
+    return {"n": len(b), "max_abs": float(max(d.max() for d in diffs)),
+            "max_rel": float(max((d / r).max() for d, r in zip(diffs, spans))),
+            "counts": sorted({int(np.max(x.count)) for x in a})}
 
 
 def padded_rows(cfg, par) -> dict:

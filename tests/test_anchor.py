@@ -79,8 +79,9 @@ def test_auto_chooses_the_lowest_validation_p90_and_reads_no_test_window(spx):
     assert chosen.anchor == min(by_hand, key=by_hand.get)
     np.testing.assert_allclose([scores[n] for n in by_hand], list(by_hand.values()), rtol=1e-9)
     assert ds.features.anchor.shape == (len(ds.features), CFG.decoder_steps)
-    # the test stretch's targets do not enter the choice: scramble them (and every decoder
-    # target that reaches into it), same choice and same validation scores
+    # the test stretch does not enter the choice: scramble its targets (and every decoder
+    # target that reaches into it) and its bars (the range anchors read OHLC), same choice
+    # and the same validation scores
     s, rng = spx.series[0], np.random.default_rng(0)
     t0, d = s.splits.test_rows[0], CFG.decoder_steps
     target = s.features.target.copy()
@@ -89,8 +90,12 @@ def test_auto_chooses_the_lowest_validation_p90_and_reads_no_test_window(spx):
     if dec is not None:
         dec = dec.copy()
         dec[t0 - d:] = rng.normal(size=dec[t0 - d:].shape) * 5
+    order = np.concatenate([np.arange(t0), t0 + rng.permutation(len(s.bars.close) - t0)])
+    bars = dataclasses.replace(s.bars, **{c: getattr(s.bars, c)[order] * (1 + (order >= t0))
+                                          for c in ("open", "high", "low", "close")})
     scrambled = dataclasses.replace(spx, series=(dataclasses.replace(
-        s, features=dataclasses.replace(s.features, target=target, decoder_target=dec)),))
+        s, bars=bars,
+        features=dataclasses.replace(s.features, target=target, decoder_target=dec)),))
     again = resolve_anchor(cfg, scrambled)
     assert again[0].anchor == chosen.anchor and again[2] == scores
     assert resolve_anchor(cfg, scrambled)[0].anchor == chosen.anchor
@@ -126,7 +131,7 @@ def test_epoch_0_is_scored_and_kept_when_nothing_better_is_learnt(tmp_path):
                                           "--learning-rate", "0", "--workdir", wd)) == 0
     rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [0, 1]
-    assert rows[0]["val_loss"] == rows[1]["val_loss"]
+    assert rows[0]["val_q_risk_90"] == rows[1]["val_q_risk_90"]  # the anchored score
     summary = json.loads((wd / "summary.json").read_text())
     assert summary["weights_epoch"] == 0
     assert summary["identity"]["model"]["anchor"] == "range_ewma"
@@ -141,3 +146,25 @@ def test_epoch_0_is_scored_and_kept_when_nothing_better_is_learnt(tmp_path):
     np.testing.assert_allclose(pred, anchor_forecasts(ds, "range_ewma", saved.cfg.quantiles,
                                                       starts), rtol=1e-6)
     assert baselines.NAMES["range_ewma"]  # the anchor is a baseline of the table
+
+
+def test_the_anchor_fit_is_saved_and_reused_on_other_data(tmp_path):
+    """An anchored model forecasts another file of its series (here its last 300 bars, fewer
+    rows than it trained on) with the anchor fitted on its own training rows: the saved z,
+    not a refit on the new file."""
+    from tftjax.data import read_bars, write_bars
+    from tftjax.saved import open_model
+
+    wd = tmp_path / "run"
+    assert call(train_cli.main, *tiny_tft("--anchor", "ewma_empirical", "--epochs", "1",
+                                          "--workdir", wd)) == 0
+    saved = open_model(wd)
+    fit = saved.feature_stats.anchor_fit
+    assert fit["name"] == "ewma_empirical" and len(fit["z"]) == len(saved.cfg.quantiles)
+    bars = read_bars(short_es())
+    tail = tmp_path / "tail.parquet"
+    write_bars(bars.slice(len(bars) - 300, len(bars)), tail)
+    ds = load_dataset(tail, saved.cfg.data, **saved.featurisation, need_splits=False,
+                      instrument=saved.featurisation["vocab"][0])
+    np.testing.assert_array_equal(ds.features.anchor_z[0], np.float32(fit["z"]))
+    assert np.all(np.isfinite(ds.features.anchor)) and np.all(ds.features.anchor > 0)

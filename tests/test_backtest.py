@@ -71,13 +71,14 @@ def test_the_baseline_is_chosen_per_fold_on_its_own_validation_never_on_test():
     np.testing.assert_allclose(
         out["pooled"]["chosen"]["test"]["q_risk_90"],
         scoring.from_sums(np.concatenate([folds[0].test["a"], folds[1].test["b"]]))["q_risk_90"])
-    assert out["comparisons"] == 3  # a, b and the stitched choice
+    assert out["comparisons"] == 2  # Holm over the baselines a and b (side comparisons)
     assert set(out["pooled"]) == {"tft", "a", "b", "chosen"}
     for n in ("a", "b", "chosen"):  # every model calibrated alike; the TFT compared with each
         assert {"crps", "interval_score_80", "hits", "pit"} <= set(out["pooled"][n]["calibration"])
         v = out["pooled"][n]["vs"]
-        assert v["dm_p90"]["p_holm"] >= v["dm_p90"]["p"]
+        assert v["dm_p90"].get("p_holm", v["dm_p90"]["p"]) >= v["dm_p90"]["p"]
         assert v["p90_diff_ci95"][0] <= v["p90_diff"] <= v["p90_diff_ci95"][1]
+    assert "p_holm" not in out["pooled"]["chosen"]["vs"]["dm_p90"]  # the verdict's one test
     # a fold's choice reads no target of its own test stretch, nor of any later fold's:
     # rewrite every test row (and the later fold's validation) and the first pick stands
     changed = [verdict.Fold(f.val if k == 0 else {m: _sums(rng, 0.1 if m == "b" else 0.9)
@@ -107,10 +108,14 @@ def test_dm_bandwidth_is_never_shorter_than_the_bootstrap_block():
 
 
 def test_verdict_words():
-    assert verdict.verdict({"stat": -3.0, "p": 0.001, "p_holm": 0.004}) == "beats"
-    assert verdict.verdict({"stat": 3.0, "p": 0.001, "p_holm": 0.004}) == "behind"
-    assert verdict.verdict({"stat": -3.0, "p": 0.01, "p_holm": 0.06}) == "level"
-    assert verdict.verdict({"stat": float("nan"), "p": float("nan")}) == "level"
+    better, worse = (-0.02, -0.01), (0.01, 0.02)  # paired intervals of the P90 difference
+    assert verdict.verdict({"stat": -3.0, "p": 0.001}, better) == "beats"
+    assert verdict.verdict({"stat": 3.0, "p": 0.001}, worse) == "behind"
+    assert verdict.verdict({"stat": -3.0, "p": 0.01, "p_holm": 0.06}, better, "p_holm") == "level"
+    assert verdict.verdict({"stat": float("nan"), "p": float("nan")}, better) == "level"
+    # significant by DM, but the interval straddles 0 (a model that kept the anchor's weights
+    # differs from it by float32 rounding): level
+    assert verdict.verdict({"stat": -3.0, "p": 0.001}, (-1e-7, 1e-7)) == "level"
 
 
 @pytest.mark.slow
@@ -162,6 +167,8 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
     (["--test-fraction", "1.5"], "--test-fraction must be in (0, 1)"),
     (["--tune-trials", "-1"], "--tune-trials must be >= 0"),
     (["--bootstrap", "-1"], "--bootstrap must be >= 1 resample, got -1"),
+    (["--anchor", "nonsense"], "--anchor must be one of none, auto"),
+    (["--anchor", "har"], "--anchor har needs daily or coarser bars"),
     (["--target", "nonsense"], "--target must be one of"),
 ])
 def test_bad_backtest_input_exits_2_with_one_line(tmp_path, capsys, args, expect):

@@ -148,7 +148,7 @@ def list_checkpoints(directory: str | Path) -> list[str]:
 def read_history(path: str | Path, upto: int) -> list[dict]:
     """The ``metrics.jsonl`` lines of epochs ``<= upto`` (what a resumed run keeps)."""
     path = Path(path)
-    if not path.exists() or upto == 0:
+    if not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in rows if r.get("epoch", 0) <= upto]

@@ -2,7 +2,7 @@
 
 An origin is a bar; its forecast is the window whose last encoder bar it is, run through the
 same compiled eval step that :func:`tftjax.training.evaluate_model` scores (so a forecast and
-the scored prediction of the same window are bit-identical), with the decoder's known inputs
+the scored prediction of the same window agree to float32 round-off), with the decoder's known inputs
 from the calendar slots after the origin (:class:`tftjax.data.calendar.Timeline`), never from
 bars after it. The data is featurised with the *training* statistics saved with the model.
 """

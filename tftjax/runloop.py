@@ -120,7 +120,7 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
     loop["patience"] = task.patience
     start = loop["epoch"]
     metrics_path = workdir / "metrics.jsonl"
-    history = read_history(metrics_path, upto=start)
+    history = read_history(metrics_path, upto=start) if saved is not None else []
     primary = _is_primary()  # the one process of a multi-host run that writes files
     if primary:
         metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))

@@ -15,8 +15,9 @@ compared with each of the others by Diebold–Mariano on the per-window P90 pinb
 metric the choice is made on) and on the mean quantile loss, each with a Newey–West
 bandwidth never shorter than the Politis–White block of its own loss differential, and by
 a paired circular-bootstrap interval of the P90 q-risk difference (the same resampled
-windows for both). Holm adjusts the P90 DM p-values over this run's comparisons; across
-runs (sets × variants), ``experiments/verdicts.py`` adjusts over every row reported.
+windows for both). The verdict rests on one test per run, the model against the stitched
+choice; across runs (sets × variants), ``experiments/verdicts.py`` adjusts those by Holm
+over every row reported. Holm over this run's baselines adjusts the side comparisons.
 """
 
 from __future__ import annotations
@@ -153,22 +154,28 @@ def summarize(folds: list[Fold], qs, horizon: int, reps: int, model: str | None 
             table[n]["vs"] = compare(test[model], s, horizon, reps)
     out = {"pooled": table, "chosen_per_fold": picks, "block": block,
            "fold_windows": [int(f.y.shape[0]) for f in folds]}
-    if model:
-        others = [n for n in names if n != model]
-        for n, adj in zip(others, scoring.holm([table[n]["vs"]["dm_p90"]["p"] for n in others])):
+    if model:  # the side comparisons, one per baseline: Holm over this run's baselines
+        for n, adj in zip(baselines, scoring.holm([table[n]["vs"]["dm_p90"]["p"]
+                                                   for n in baselines])):
             table[n]["vs"]["dm_p90"]["p_holm"] = float(adj)
-        out["comparisons"] = len(others)
-        out["verdict"] = verdict(table[CHOSEN]["vs"]["dm_p90"])
+        out["comparisons"] = len(baselines)
+        main = table[CHOSEN]["vs"]  # the one test the verdict rests on (Holm across runs:
+        out["verdict"] = verdict(main["dm_p90"], main["p90_diff_ci95"])  # verdicts.py)
     return out
 
 
-def verdict(dm_p90: dict, p_key: str = "p_holm") -> str:
-    """``beats``, ``level`` or ``behind``: the model against the stitched choice on P90, by
-    the sign of the DM statistic and its (Holm-adjusted) p-value against :data:`LEVEL`."""
+def verdict(dm_p90: dict, ci95, p_key: str = "p") -> str:
+    """``beats``, ``level`` or ``behind``: the model against the stitched choice on P90. A
+    difference counts where the DM p-value (``p_key``: raw for one run, Holm-adjusted across
+    a table) is below :data:`LEVEL` **and** the paired bootstrap interval of the P90
+    difference excludes 0 on the same side (a model that kept the anchor's weights differs
+    from it by float32 rounding only, which a DM statistic alone can call significant)."""
     p, stat = dm_p90.get(p_key, dm_p90["p"]), dm_p90["stat"]
     if not np.isfinite(p) or p >= LEVEL:
         return "level"
-    return "beats" if stat < 0 else "behind"
+    if stat < 0 and ci95[1] < 0:
+        return "beats"
+    return "behind" if stat > 0 and ci95[0] > 0 else "level"
 
 
 SENTENCE = {"beats": "the TFT beats the baseline chosen per fold on validation",
@@ -188,7 +195,8 @@ def format_table(out: dict, names: dict | None = None) -> str:
              + ", ".join(names.get(p, p) for p in picks)
              + f"; 95% circular block bootstrap (block {out['block']} windows); DM: TFT - row "
              "(negative: the TFT is better), Newey-West lags >= the Politis-White block; "
-             f"Holm over {out.get('comparisons', 0)} comparisons",
+             f"Holm over the {out.get('comparisons', 0)} baselines (the stitched choice's p is "
+             "the verdict's own test)",
              "| model | P50 q-risk | P90 q-risk [95% CI] | cover 10-90 | CRPS | P90 diff [95% CI] "
              "| DM P90 (p, Holm) | DM loss (p) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -199,7 +207,8 @@ def format_table(out: dict, names: dict | None = None) -> str:
         if v:
             d, dl, di = v["dm_p90"], v["dm_loss"], v["p90_diff_ci95"]
             cells = (f"{v['p90_diff']:+.4f} [{di[0]:+.4f}, {di[1]:+.4f}] | {d['stat']:+.2f} "
-                     f"({d['p']:.3g}, {d.get('p_holm', float('nan')):.3g}) | "
+                     f"({d['p']:.3g}, " + (f"{d['p_holm']:.3g}" if "p_holm" in d else "–")
+                     + f") | "
                      f"{dl['stat']:+.2f} ({dl['p']:.3g}) |")
         lines.append(f"| {label(n)} | {t['q_risk_50']:.4f} | {t['q_risk_90']:.4f} [{ci[0]:.4f}, "
                      f"{ci[1]:.4f}] | {t['coverage_80']:.3f} | {r['calibration']['crps']:.4f} | "

@@ -90,6 +90,10 @@ class Anchor:
     name: str
     sigma: np.ndarray
     z: np.ndarray
+    fit: dict
+    """What was fitted on the training rows (``name``, ``z``, and ``init``: the EWMA's
+    starting variance, or ``beta`` and ``floor``: HAR's); :func:`anchor` takes it back to
+    forecast other rows of the series, or another file of it, alike."""
 
     def quantiles(self, origins: np.ndarray) -> np.ndarray:
         """``[N, D, Q]``: the anchor's own quantile forecasts at ``origins``."""
@@ -98,17 +102,22 @@ class Anchor:
 
 def anchor(name: str, target: np.ndarray, horizon: int, quantiles, train_rows: tuple[int, int],
            *, ranges: np.ndarray | None = None, daily: bool = False, cumulative: bool = False,
-           lam: float = LAMBDA, origins: np.ndarray | None = None) -> Anchor:
+           lam: float = LAMBDA, origins: np.ndarray | None = None,
+           fit: dict | None = None) -> Anchor:
     """The anchor ``name`` (:data:`ANCHORS`) of one series at ``origins`` (default: every
     row): ``target`` the one-bar returns in target units, ``train_rows`` ``[a, b)`` the rows
     its fit and standardised quantiles come from, ``ranges`` :func:`range_variance` in target
     units², ``daily`` bars (HAR), ``cumulative`` the k-bar cumulative target (one-bar scales
     times ``√k``; HAR: the root of its summed variance forecasts).
 
+    ``fit``: an earlier :attr:`Anchor.fit` of this anchor (``train_rows`` are then not read).
+
     Raises:
       ValueError: an unknown name, ``range_ewma``/``har`` without ranges, ``har`` on bars
-        finer than daily.
+        finer than daily, a ``fit`` of another anchor.
     """
+    if fit is not None and fit.get("name") != name:
+        raise ValueError(f"a fit of the {fit.get('name')} anchor given for {name}")
     qs = np.asarray(quantiles, np.float64)
     y = np.asarray(target, np.float64)
     a, b = train_rows
@@ -116,27 +125,31 @@ def anchor(name: str, target: np.ndarray, horizon: int, quantiles, train_rows: t
     origins = np.arange(n) if origins is None else np.asarray(origins)
     steps = np.arange(1, horizon + 1)
     if name == "ewma_empirical":
-        sig1 = np.sqrt(ewma_variance(y, lam, init=float(np.mean(y[a:b] ** 2))))
+        init = fit["init"] if fit else float(np.mean(y[a:b] ** 2))
+        sig1 = np.sqrt(ewma_variance(y, lam, init=init))
     elif name in ("range_ewma", "har"):
         if ranges is None:
             raise ValueError(f"the {name} anchor needs the bars' ranges")
         rv = np.asarray(ranges, np.float64)
         if name == "range_ewma":
-            sig1 = np.sqrt(ewma_variance(rv ** 0.5, lam, init=float(np.mean(rv[a:b]))))
+            init = fit["init"] if fit else float(np.mean(rv[a:b]))
+            sig1 = np.sqrt(ewma_variance(rv ** 0.5, lam, init=init))
         else:
             if not daily:
                 raise ValueError("the har anchor is defined for daily or coarser bars only")
-            beta = har_fit(rv, a, b)
-            floor = 1e-4 * float(np.mean(rv[a:b]))
+            beta = np.asarray(fit["beta"]) if fit else har_fit(rv, a, b)
+            floor = fit["floor"] if fit else 1e-4 * float(np.mean(rv[a:b]))
             sig1 = np.sqrt(np.maximum(har_features(rv) @ beta, floor))  # of RV[t+1], at t
-            z = np.quantile(y[a + 1 : b] / sig1[a : b - 1], qs)
+            z = np.asarray(fit["z"]) if fit else np.quantile(y[a + 1 : b] / sig1[a : b - 1], qs)
             var = har_forecasts(rv, beta, origins, horizon, floor)
-            return Anchor(name, np.sqrt(np.cumsum(var, axis=1) if cumulative else var), z)
+            return Anchor(name, np.sqrt(np.cumsum(var, axis=1) if cumulative else var), z,
+                          {"name": name, "z": z.tolist(), "beta": beta.tolist(), "floor": floor})
     else:
         raise ValueError(f"unknown anchor {name!r}: one of {', '.join(ANCHORS)}")
     # RiskMetrics-style: a flat one-bar variance forecast at every step
-    z = np.quantile(y[a + 1 : b] / np.maximum(sig1[a : b - 1], 1e-12), qs)
+    z = (np.asarray(fit["z"]) if fit else
+         np.quantile(y[a + 1 : b] / np.maximum(sig1[a : b - 1], 1e-12), qs))
     sigma = np.repeat(sig1[origins, None], horizon, axis=1)
     if cumulative:
         sigma = sigma * np.sqrt(steps)[None, :]
-    return Anchor(name, sigma, z)
+    return Anchor(name, sigma, z, {"name": name, "z": z.tolist(), "init": init})

@@ -151,11 +151,11 @@ class Dataset:
         return combined_identity([(s.name, s.bars) for s in self.series], run_dir)
 
     def stats_meta(self) -> dict:
-        """What a checkpoint keeps to featurise data as this run did: every series'
-        statistics, the instrument vocabulary and the cut times."""
-        return {"feature_stats": self.series[0].features.stats.to_json(),
-                "series": [{"name": s.name, "feature_stats": s.features.stats.to_json()}
-                           for s in self.series],
+        """What a checkpoint keeps to featurise data as this run did (statistics, vocab, cuts)."""
+        stats = [self._features(s).stats for s in self.series]  # with the --anchor's fit
+        return {"feature_stats": stats[0].to_json(),
+                "series": [{"name": s.name, "feature_stats": st.to_json()}
+                           for s, st in zip(self.series, stats)],
                 "vocab": None if self.vocab is None else list(self.vocab),
                 "cuts": None if self.cuts is None else list(self.cuts)}
 

@@ -50,6 +50,9 @@ class FeatureStats:
     train_rows: tuple[int, int]  # [start, stop) rows the statistics came from
     clock: Clock = Clock(NS_MIN, None, None, None)
     """Bar interval, zones and calendar (:mod:`tftjax.data.calendar`)."""
+    anchor_fit: dict | None = None
+    """The ``--anchor``'s fit on the training rows (tftjax.volatility.Anchor.fit), reused
+    wherever these statistics featurise other data."""
 
     def to_json(self) -> dict:
         return {
@@ -62,6 +65,7 @@ class FeatureStats:
             "historical_names": list(HISTORICAL_NAMES),
             "known_names": list(KNOWN_NAMES),
             "static_names": list(STATIC_NAMES),
+            **({"anchor_fit": self.anchor_fit} if self.anchor_fit else {}),
         }
 
     @classmethod
@@ -78,6 +82,7 @@ class FeatureStats:
             static=np.asarray(d["static"], dtype=np.float64),
             train_rows=(int(d["train_rows"][0]), int(d["train_rows"][1])),
             clock=Clock.from_json(d["clock"]),
+            anchor_fit=d.get("anchor_fit"),
         )
 
     def save(self, path: str | Path) -> None:

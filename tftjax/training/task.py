@@ -51,7 +51,12 @@ class TFTTask:
                                   "named like " + ", ".join(layer_names(shapes["params"])[:4])
                                   + ", … (tftjax.quant_tree.layer_names)")
         self.epochs, self.patience = tc.epochs, tc.patience
-        self.score_at_start = cfg.anchor != "none"  # epoch 0 is the anchor: early stopping may keep it
+        # epoch 0 is the anchor: early stopping may keep it (not under QAT: its observers
+        # need a training step before fake-quant can run), ranking epochs on the validation
+        # P90 the anchor was chosen on, so the weights kept are never worse there than it
+        self.score_at_start = cfg.anchor != "none" and not cfg.qat
+        if cfg.anchor != "none":
+            self.score = "val_q_risk_90"
         self.total_steps = steps_per_epoch(tc, ds.splits.train.size) * tc.epochs
         if tc.lr_schedule == "cosine":  # the schedule spans the run's epochs: they are fixed
             self.may_change = tuple(f for f in self.may_change if f != "train.epochs")
