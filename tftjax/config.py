@@ -136,8 +136,8 @@ class TFTConfig:
     remat: tyro.conf.Suppress[str] = "off"
     """Rematerialisation tier (tftjax.remat.TIERS)."""
     lstm_forget_bias: float = 1.0
-    """Initial bias of the LSTMs' forget gates (1.0, Jozefowicz et al.: remember by default;
-    it lowered the P90 q-risk on S&P daily and BTC hourly in experiments/forecast_skill.py)."""
+    """Initial bias of the LSTMs' forget gates (1.0, Jozefowicz et al.; chosen on validation:
+    S&P's walk-forward fold 1, before every test target, P90 0.4715 against 0's 0.4809)."""
     monotone_quantiles: bool = False
     """Non-crossing quantiles: the head predicts the median and softplus gaps to its
     neighbours, so that the forecast quantiles are increasing by construction."""
