@@ -20,6 +20,8 @@ this map names every module::
   data.features         bars → 210 historical, 10 known and 5 static features, the target
   data.windows          time-ordered splits, start-index batches, the on-device window gather
   data.anchors          the --anchor's volatility forecasts on every row of a series
+  data.quality          warnings on data that passes validation (gaps, zero volume, outliers)
+  data.panel            panels of several series: shared dates, late starters in folds
   data.dataset          one file → a Dataset (bars, features, splits, warnings)
   data                  the pipeline's names in one place
   losses                pinball loss, q-risk, coverage

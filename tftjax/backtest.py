@@ -45,7 +45,8 @@ class Args:
     parquet_file: tuple[Path, ...] = ()
     """OHLCV bars (one file, several, or a long file); default: the bundled ES bars."""
     dataset: str | None = None
-    """Bundled sets instead of --parquet-file, comma-separated (spx, nasdaq, btc, es)."""
+    """Bundled sets instead of --parquet-file, comma-separated (spx, nasdaq, btc, es; the
+    us-daily panel from a clone's data/ folder)."""
     preset: Literal["tft225", "small", "tiny"] = "small"
     """Model sizes (the flags below override single fields)."""
     config: Path | None = None
@@ -119,7 +120,7 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
     ts = [b.ts for p in files for b in read_series(p)]
     times = walk_forward_times(ts, cfg.data, folds, test_fraction)
     qs = cfg.quantiles
-    scored, fold_out, steps = [], [], {}
+    scored, fold_out, steps, by_series = [], [], {}, {}
     for k, fold in enumerate(times, 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
         run = workdir / f"fold_{k}"
@@ -141,6 +142,9 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
                  "test_from": str(np.datetime64(fold[1], "ns")),
                  "windows": {s: int(getattr(ds.splits, s).size) for s in ("train", "val", "test")}}
         f = verdict.Fold({}, {}, None, {})
+        sid = {split: ds.series_of(getattr(ds.splits, split)) for split in ("val", "test")}
+        entry["series"] = [ds.names[i] for i in np.unique(sid["test"])]  # scored on its test
+        entry["sat_out"] = list(ds.absent)  # too little history before this fold
         for split in ("val", "test"):
             starts = getattr(ds.splits, split)
             y = window_targets(ds, starts)
@@ -153,18 +157,28 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
             if split == "test":
                 f.y, f.pred = y, preds
         scored.append(f)
+        if len(files) > 1 or len(ds.series) > 1 or ds.absent:  # a panel: per series too
+            for name, part in verdict.by_series(f, sid["val"], sid["test"]):
+                by_series.setdefault(ds.names[name], []).append(part)
         entry["test"] = {name: {m: float(v) for m, v in scoring.from_sums(r).items()}
                          for name, r in f.test.items()}
         entry["val_q_risk_90"] = {name: float(scoring.from_sums(r)["q_risk_90"])
                                   for name, r in f.val.items()}
         entry["chosen"] = verdict.choose(f, [n for n in f.val if n != "tft"])
         fold_out.append(entry)
+        who = (f" of {len(entry['series'])} series" + (f" ({len(ds.absent)} sat out)"
+                                                          if ds.absent else "")
+               if len(ds.series) > 1 or ds.absent else "")
         log(f"fold {k}/{folds}: test from {entry['test_from'][:16]}, {entry['windows']['test']} "
-            f"windows, epoch {entry['weights_epoch']}: TFT P90 "
+            f"windows{who}, epoch {entry['weights_epoch']}: TFT P90 "
             f"{entry['test']['tft']['q_risk_90']:.4f}, {entry['chosen']} (chosen on its "
             f"validation) {entry['test'][entry['chosen']]['q_risk_90']:.4f}")
     out = verdict.summarize(scored, qs, cfg.decoder_steps, reps)
     out["folds"] = fold_out
+    if by_series:  # each series over the folds it was scored in, its own per-fold choice
+        out["by_series"] = verdict.holm_rows(
+            {n: verdict.brief(verdict.summarize(fs, qs, cfg.decoder_steps, reps))
+             for n, fs in sorted(by_series.items())})
     for name, parts in steps.items():  # P90 q-risk per forecast step, pooled over folds
         tot = np.concatenate(parts).sum(axis=0)  # [D, 2]
         out["pooled"][name]["q_risk_90_by_step"] = (2 * tot[:, 0] / tot[:, 1]).tolist()
@@ -175,7 +189,8 @@ def format_table(out: dict) -> str:
     from tftjax import verdict
     from tftjax.baselines import NAMES
 
-    return verdict.format_table(out, NAMES)
+    table = verdict.format_table(out, NAMES)
+    return table + ("\n\n" + verdict.format_series(out["by_series"]) if "by_series" in out else "")
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -34,7 +34,8 @@ class Args:
     the model was trained on)."""
     dataset: str | None = None
     """Bundled sets instead of --parquet-file, comma-separated (spx,nasdaq): es (ES futures,
-    1 min), spx, nasdaq (daily), btc (hourly); sources in tftjax/data/bundled/SOURCES.md."""
+    1 min), spx, nasdaq (daily), btc (hourly); sources in tftjax/data/bundled/SOURCES.md;
+    us-daily (12 US stocks and ETFs, daily, from a clone's data/ folder: data/SOURCES.md)."""
     instrument: str | None = None
     """The instrument of a one-series file without a symbol column (default: its file name's
     stem, a bundled set's name)."""

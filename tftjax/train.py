@@ -37,7 +37,8 @@ class Args:
     their series); default: the bundled ES bars, or with --resume the run's own files."""
     dataset: str | None = None
     """Bundled sets instead of --parquet-file, comma-separated (spx,nasdaq): es (ES futures,
-    1 min), spx, nasdaq (daily), btc (hourly); sources in tftjax/data/bundled/SOURCES.md."""
+    1 min), spx, nasdaq (daily), btc (hourly); sources in tftjax/data/bundled/SOURCES.md;
+    us-daily (12 US stocks and ETFs, daily, from a clone's data/ folder: data/SOURCES.md)."""
     preset: Literal["tft225", "small", "tiny"] = "tft225"
     """Model sizes: tft225 (the default), small (d=32: a few thousand training windows) or tiny;
     the flags below override single fields."""

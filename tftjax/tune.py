@@ -41,7 +41,8 @@ class Args:
     parquet_file: tuple[Path, ...] = ()
     """OHLCV bars (one file, several, or a long file); default: the bundled ES bars."""
     dataset: str | None = None
-    """Bundled sets instead of --parquet-file, comma-separated (es, spx, nasdaq, btc)."""
+    """Bundled sets instead of --parquet-file, comma-separated (es, spx, nasdaq, btc; the
+    us-daily panel from a clone's data/ folder)."""
     preset: Literal["tft225", "small", "tiny"] = "small"
     """The model the search starts from (the searched fields are drawn, the rest kept)."""
     config: Path | None = None

@@ -65,6 +65,55 @@ def with_choice(folds: list[Fold], candidates: list[str]) -> tuple[list[Fold], l
     return out, picks
 
 
+def by_series(fold: Fold, val_series: np.ndarray, test_series: np.ndarray):
+    """A panel's fold split by series: ``(series index, Fold)`` for each series with test
+    windows in it, its own validation windows for its choice (the fold's pooled ones where
+    it has none: a series that joined at the validation stretch's end)."""
+    for i in np.unique(test_series):
+        v, t = val_series == i, test_series == i
+        val = {n: r[v] for n, r in fold.val.items()} if v.any() else fold.val
+        yield int(i), Fold(val, {n: r[t] for n, r in fold.test.items()}, fold.y[t],
+                           {n: p[t] for n, p in fold.pred.items()})
+
+
+def brief(out: dict, model: str = MODEL) -> dict:
+    """A verdict cut to its row: the model's and the stitched choice's test metrics, their
+    comparison, the picks and the verdict (a panel's per-series rows)."""
+    rows = out["pooled"]
+    return {"windows": int(sum(out["fold_windows"])), "folds": len(out["fold_windows"]),
+            "chosen_per_fold": out["chosen_per_fold"], "verdict": out["verdict"],
+            model: {**rows[model]["test"], "ci95": rows[model]["ci95"]},
+            CHOSEN: {**rows[CHOSEN]["test"], "ci95": rows[CHOSEN]["ci95"]},
+            "vs": rows[CHOSEN]["vs"]}
+
+
+def holm_rows(rows: dict) -> dict:
+    """:func:`brief` rows with the DM P90 p-values Holm-adjusted over all of them
+    (``p_holm``) and each verdict taken at the adjusted p."""
+    names = list(rows)
+    for n, adj in zip(names, scoring.holm([rows[n]["vs"]["dm_p90"]["p"] for n in names])):
+        v = rows[n]["vs"]
+        v["dm_p90"]["p_holm"] = float(adj)
+        rows[n]["verdict"] = verdict(v["dm_p90"], v["p90_diff_ci95"], "p_holm")
+    return rows
+
+
+def format_series(rows: dict) -> str:
+    """A panel's per-series table (:func:`brief` rows by series name)."""
+    lines = ["per series (each over the folds it was scored in, its baseline chosen per fold "
+             "on its own validation; Holm over the series):",
+             "| series | folds | windows | TFT P90 | chosen P90 | P90 diff [95% CI] | DM P90 (p, Holm) "
+             "| verdict |", "|---|---|---|---|---|---|---|---|"]
+    for n, r in rows.items():
+        v, ci = r["vs"], r["vs"]["p90_diff_ci95"]
+        lines.append(f"| {n} | {r['folds']} | {r['windows']:,} | {r[MODEL]['q_risk_90']:.4f} | "
+                     f"{r[CHOSEN]['q_risk_90']:.4f} | {v['p90_diff']:+.4f} [{ci[0]:+.4f}, "
+                     f"{ci[1]:+.4f}] | {v['dm_p90']['stat']:+.2f} ({v['dm_p90']['p']:.3g}, "
+                     f"{v['dm_p90'].get('p_holm', float('nan')):.3g}) | "
+                     f"{r['verdict']} |")
+    return "\n".join(lines)
+
+
 def dm(a: np.ndarray, b: np.ndarray, horizon: int) -> dict:
     """Diebold–Mariano of ``a - b`` (per-window losses; negative: ``a`` is better) with a
     bandwidth of at least the Politis–White block of the differential (overlapping

@@ -29,6 +29,8 @@ from tftjax.data.bundled import DATASETS, bundled_path, default_parquet
 from tftjax.data.calendar import format_interval
 from tftjax.data.features import FeatureSet, FeatureStats, build_features
 from tftjax.data.identity import combined_identity, data_identity
+from tftjax.data.panel import check_shared_dates, fold_members
+from tftjax.data.quality import series_warnings
 from tftjax.data.windows import (Splits, fold_splits, global_cuts, make_splits, splits_at,
                                  window_decoder_targets)
 from tftjax.errors import DataError
@@ -64,6 +66,9 @@ class Dataset:
     """Global split times (ns) of several series (None: one series split by fractions)."""
     warnings: tuple[str, ...] = ()
     """What passed validation but deserves a word (irregular steps, zero volume, outliers)."""
+    absent: tuple[str, ...] = ()
+    """Series of the files that sit this walk-forward fold out (too little history before it:
+    :mod:`tftjax.data.panel`)."""
 
     @classmethod
     def single(cls, bars: Bars, features: FeatureSet, splits: Splits, cfg: DataConfig,
@@ -225,6 +230,12 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
         dup = next(n for n in names if names.count(n) > 1)
         raise DataError(f"two series are named {dup!r} ({', '.join(b.path for b in bars)}): "
                         "rename one file")
+    check_shared_dates(bars, names)
+    absent = ()
+    if fold is not None and len(bars) > 1:  # a panel: each series joins where it has data
+        members = fold_members(bars, fold, cfg)
+        absent = tuple(n for n, m in zip(names, members) if m is None)
+        bars, names = ([x for x, m in zip(xs, members) if m is not None] for xs in (bars, names))
     if vocab == "own":
         vocab = tuple(names)
     if len(bars) > 1 and not cfg.bar_interval:  # before any split or feature: one line
@@ -251,7 +262,8 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
     splits = []
     for b, own in zip(bars, given):
         try:
-            splits.append(fold_splits(b.ts, fold, cfg, source=b.path) if fold is not None
+            splits.append(fold_splits(b.ts, fold, cfg, source=b.path, partial=bool(absent)
+                                      or len(bars) > 1) if fold is not None
                           else splits_at(b.ts, cuts, cfg, source=b.path) if cuts is not None
                           else make_splits(len(b), cfg, source=str(b.path)))
         except DataError:
@@ -270,7 +282,7 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
             f"{s.name} {format_interval(s.features.stats.clock.interval)}" for s in series)
             + "; train one model per bar interval")
     return Dataset(tuple(series), cfg, vocab, cuts if len(bars) > 1 and fold is None else None,
-                   tuple(warn))
+                   tuple(warn), absent)
 
 
 def no_splits() -> Splits:
@@ -280,41 +292,3 @@ def no_splits() -> Splits:
 
 def paths_of(bars: list[Bars]) -> list[str]:
     return list(dict.fromkeys(str(b.path) for b in bars))
-
-
-def series_warnings(bars: Bars, features: FeatureSet) -> list[str]:
-    tl, clock = features.timeline, features.stats.clock
-    warn = quality_warnings(bars, clock.interval, features.stats.target_scale)
-    off = tl.off_calendar() if tl is not None else 0
-    if off:
-        warn.append(f"{bars.path}: {off:,} of {len(bars):,} bars fall outside the sessions of "
-                    f"calendar {clock.calendar} (their session inputs are the last session's)")
-    return warn
-
-
-def quality_warnings(bars: Bars, interval: int, target_scale: float | None = None) -> list[str]:
-    """What passes validation but a user should hear about, with counts: steps that are not
-    a whole number of bar intervals, zero-volume bars, and (given the target scale) returns
-    beyond 50 scales."""
-    out = list(getattr(bars, "notes", ()))
-    step = np.diff(bars.ts)
-    if step.size:
-        off = np.count_nonzero(step % max(interval, 1) != 0)
-        if off:
-            out.append(f"{bars.path}: {off:,} of {step.size:,} steps are not a whole number of "
-                       f"the {format_interval(interval)} bar interval (irregular or mixed "
-                       "intervals; first at row "
-                       f"{int(np.flatnonzero(step % max(interval, 1) != 0)[0]) + 1})")
-    zero = np.count_nonzero(bars.volume == 0)
-    if zero:
-        out.append(f"{bars.path}: {zero:,} of {len(bars):,} bars have zero volume"
-                   + (" (all of them: the volume features carry nothing)" if zero == len(bars)
-                      else ""))
-    if target_scale:
-        r = np.abs(np.diff(np.log(bars.close))) / target_scale
-        big = np.flatnonzero(r > 50)
-        if big.size:
-            out.append(f"{bars.path}: {big.size:,} returns beyond 50 target scales (largest "
-                       f"{r.max():.0f} at row {int(np.argmax(r)) + 1}): check for bad prints; "
-                       "targets are clipped at --target-clip")
-    return out

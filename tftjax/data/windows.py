@@ -154,19 +154,21 @@ def walk_forward_times(timestamps: list[np.ndarray], cfg: DataConfig, folds: int
 
 
 def fold_splits(ts: np.ndarray, times: tuple[int, int, int], cfg: DataConfig, *,
-                warmup: int = WARMUP, source: str = "data") -> Splits:
+                warmup: int = WARMUP, source: str = "data", partial: bool = False) -> Splits:
     """A series' splits in one walk-forward fold (:func:`walk_forward_times`): train windows
     end one embargo before the validation stretch, validation windows end one embargo
     before the test stretch, and the test windows are those whose forecast targets all lie in
     the test stretch (their encoders may reach back before it: the past is known), so that
-    consecutive folds' test targets tile the test region without overlap."""
+    consecutive folds' test targets tile the test region without overlap. ``partial``: return
+    empty splits instead of refusing (a panel's series that joins the fold only in part,
+    :mod:`tftjax.data.panel`)."""
     W, E, enc = cfg.window, cfg.embargo_rows, cfg.encoder_steps
     r = lambda t: int(np.searchsorted(ts, t))  # noqa: E731
     v0, t0, t1 = r(times[0]), r(times[1]), r(times[2])
     train, val = (warmup, max(v0 - E, warmup)), (v0, max(t0 - E, v0))
     test = np.arange(max(t0 - enc, warmup), t1 - W + 1, dtype=np.int32)  # targets in [t0, t1)
     splits = Splits(train, val, (t0, t1), _starts(train, W), _starts(val, W), test)
-    for name in ("train", "val", "test"):
+    for name in () if partial else ("train", "val", "test"):
         if getattr(splits, name).size == 0:
             raise DataError(f"{source}: its {name} stretch of a walk-forward fold holds no "
                             f"complete {W}-bar window: fewer folds or more data")
