@@ -10,6 +10,7 @@ this map names every module::
   data.sessions         exchange sessions and their slot grid
   data.calendar         bar interval, time zones, the Timeline, known-future inputs
   train_config          TrainConfig: how the TFT is optimised (also in config)
+  data_config           DataConfig: how bars become windows, the TFT-225 layout (also in config)
   config                frozen configs of the data and the TFT; presets; TrainConfig's name
   data.bundled          the bundled bar sets (ES 1-minute, S&P 500 daily, BTC hourly)
   data.bars             read and validate a parquet OHLCV file → Bars
@@ -17,6 +18,7 @@ this map names every module::
   volatility            EWMA, range and HAR volatility models; the anchors of --anchor
   baselines             EWMA, rolling and naive quantile forecasts on the same windows
   data.stats            feature statistics fitted on the training rows (z-scores, target scale)
+  data.rolling          rolling sums, means and extremes (the features' look-backs)
   data.features         bars → 210 historical, 10 known and 5 static features, the target
   data.windows          time-ordered splits, start-index batches, the on-device window gather
   data.anchors          the --anchor's volatility forecasts on every row of a series

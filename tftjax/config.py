@@ -17,89 +17,11 @@ from tftjax.errors import ConfigError, check
 from tftjax.errors import finite as _finite
 from tftjax.train_config import TrainConfig  # noqa: F401 - importable from here too
 
-# TFT-225 layout (see ../shared/design/tft_spec.md).
-NUM_STATIC = 5
-NUM_HISTORICAL = 210
-NUM_KNOWN = 10
-ENCODER_STEPS = 50
-DECODER_STEPS = 10
-LOOKBACKS = (2, 3, 5, 8, 10, 13, 15, 20, 25, 30, 40, 60, 90, 120)
-"""Look-back windows (bars) of the historical feature families (tftjax.data.features)."""
-WARMUP = max(LOOKBACKS)
-"""Rows before this index have incomplete look-backs: never an encoder row."""
+from tftjax.data_config import (  # noqa: F401 - the layout's names, importable from here
+    DECODER_STEPS, ENCODER_STEPS, FEATURE_SETS, LOOKBACKS, NORMALISATIONS, NUM_HISTORICAL,
+    NUM_KNOWN, NUM_STATIC, TARGETS, WARMUP, DataConfig)
 
 
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    """How bars become windows."""
-
-    encoder_steps: int = ENCODER_STEPS
-    """Past steps seen by the encoder (historical + known inputs)."""
-    decoder_steps: int = DECODER_STEPS
-    """Forecast horizon: future steps with known inputs and a target each."""
-    train_fraction: float = 0.70
-    """Share of the usable rows (after feature warm-up) given to training."""
-    val_fraction: float = 0.15
-    """Share given to validation; the rest (less embargoes) is test."""
-    embargo: int | None = None
-    """Rows left out between splits; ``None`` means one full window."""
-    bar_interval: str | None = None
-    """Nominal bar interval (1min, 5min, 1h, 1d ...); default: the median step of the training
-    rows. Decoder step k's known inputs are those of the forecast time plus k intervals."""
-    calendar: str | None = None
-    """Exchange calendar for session inputs and the future slots: XCME (CME Globex), XNYS, XLON,
-    24/7 ... (exchange_calendars names; the calendars extra). Default: none (clock only)."""
-    timezone: str | None = None
-    """Wall clock of the calendar features, e.g. America/Chicago; default: the data's own zone
-    (tz-aware timestamps), else the calendar's, else the timestamps as stored."""
-    winsorize: float = 0.001
-    """The target scale is the std of training returns winsorised at this tail quantile (0: the
-    plain std), so that one bad print cannot set it."""
-    target_clip: float = 20.0
-    """Targets (returns in target scales) are clipped to +-this for training and evaluation
-    (0: no clip)."""
-    target: str = "bar"
-    """Decoder step k's target: ``bar``, the k-th bar's own 1-bar return, or ``cumulative``,
-    the k-bar cumulative return from the origin (what risk and sizing read)."""
-    # From the model's config (TFTConfig.data): the --anchor whose arrays ride on every row.
-    anchor: tyro.conf.Suppress[str] = "none"
-    anchor_quantiles: tyro.conf.Suppress[tuple[float, ...]] = ()
-
-    @property
-    def window(self) -> int:
-        return self.encoder_steps + self.decoder_steps
-
-    @property
-    def embargo_rows(self) -> int:
-        return self.window if self.embargo is None else self.embargo
-
-    def __post_init__(self) -> None:
-        check({
-            f"encoder_steps and decoder_steps must be >= 1, got {self.encoder_steps}, "
-            f"{self.decoder_steps}": self.encoder_steps >= 1 and self.decoder_steps >= 1,
-            f"train_fraction must be in (0, 1), got {self.train_fraction}":
-                0 < self.train_fraction < 1,
-            f"val_fraction must be in [0, 1), got {self.val_fraction}": 0 <= self.val_fraction < 1,
-            "train_fraction + val_fraction must be < 1 (test needs rows)":
-                self.train_fraction + self.val_fraction < 1,
-            f"embargo must be >= 0, got {self.embargo}": self.embargo is None or self.embargo >= 0,
-            f"winsorize must be in [0, 0.5), got {self.winsorize}": 0 <= self.winsorize < 0.5,
-            f"target_clip must be >= 0 (0: off), got {self.target_clip}":
-                _finite(self.target_clip) and self.target_clip >= 0,
-            f"--target must be one of {', '.join(TARGETS)}, got {self.target!r}":
-                self.target in TARGETS,
-        }, "DataConfig")  # fmt: skip
-        if self.bar_interval is not None:
-            from tftjax.data.calendar import parse_interval
-
-            parse_interval(self.bar_interval)
-        if self.timezone is not None:
-            from tftjax.data.calendar import check_zone
-
-            check_zone(self.timezone)
-
-
-TARGETS = ("bar", "cumulative")
 PRECISIONS = ("f32", "bf16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 DEFAULT_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
@@ -169,6 +91,14 @@ class TFTConfig:
     target: str = "bar"
     """Decoder step k's target: bar (the k-th bar's 1-bar log return) or cumulative (the k-bar
     log return from the origin: quantiles of the price k bars ahead)."""
+    features: str = "v1"
+    """Historical inputs: v1 (15 families), or v2 (volatility families in logs; the log
+    Parkinson+gap variance, its means and the anchors' log volatility replace the mean range)."""
+    normalise: str = "train"
+    """Z-scores of the historical inputs: train (the training rows' mean and std), expanding or
+    rolling (of the rows up to each one; causal)."""
+    normalise_window: int = 500
+    """Rows of --normalise rolling."""
     precision: str = "f32"
     """Compute precision: f32, or bf16 (parameters and the optimizer stay float32; matmuls and
     stored activations run in bfloat16; LayerNorm statistics, softmax, the LSTM cell state,
@@ -207,6 +137,10 @@ class TFTConfig:
     """With --anchor: the median's level learnt (z_0.5 + Δ_0.5), or zero (fixed at 0)."""
     anchor_loss: str = "return"
     """With --anchor: the pinball loss in return units, or vol (divided by the anchor's σ)."""
+    ensemble: int = 1
+    """Members trained side by side in one vmapped program, each from its own seed (init and
+    dropout; the same batches), each on its own loss and optimizer state: the forecast is
+    their quantiles averaged (pinball loss is convex: never worse than the members' mean)."""
 
     # Execution settings: they change memory and speed, not the parameters or (beyond
     # float round-off) the results, so a resumed run may change them.
@@ -270,6 +204,9 @@ class TFTConfig:
                 self.anchor_median in ("learnt", "zero"),
             f"--anchor-loss must be return or vol, got {self.anchor_loss!r}":
                 self.anchor_loss in ("return", "vol"),
+            f"--ensemble must be >= 1 member, got {self.ensemble}": self.ensemble >= 1,
+            "--ensemble and --qat do not go together (one int8 model is exported, not N)":
+                self.ensemble == 1 or not self.qat,
             "--anchor does not go with --vol-target or --monotone-quantiles (it sets the "
             "scale and the quantiles' order itself)": self.anchor == "none"
                 or not (self.vol_target or self.monotone_quantiles),
@@ -282,7 +219,8 @@ class TFTConfig:
                           bar_interval=self.bar_interval, calendar=self.calendar,
                           timezone=self.timezone, winsorize=self.winsorize,
                           target_clip=self.target_clip, target=self.target,
-                          anchor=self.anchor if self.anchor != "auto" else "none",
+                          features=self.features, normalise=self.normalise,
+                          normalise_window=self.normalise_window, anchor=self.anchor if self.anchor != "auto" else "none",
                           anchor_quantiles=tuple(self.quantiles) if self.anchor not in
                           ("none", "auto") else ())
 

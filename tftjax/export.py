@@ -142,6 +142,10 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
     if calibrate_batches and cfg.qat:
         raise ConfigError(f"{ck.path} was trained with --qat: its activation ranges are already "
                           "calibrated; drop --calibrate")
+    if calibrate_batches and cfg.ensemble > 1:
+        raise ConfigError(f"{ck.path} is an ensemble of {cfg.ensemble} members: int8 export is "
+                          "of one model (drop --calibrate for the float32 members, or train "
+                          "without --ensemble)")
     state = restore_checkpoint(ck)
     params, stats = state.params, state.quant_stats
     run_dir, ds = ck.path.resolve().parent.parent, None

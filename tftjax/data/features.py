@@ -36,9 +36,17 @@ Historical features (210 = 15 families × 14 look-backs
 ``gap``    summed opening gaps ``sum_L log(o_t / c_{t-1})``
 =========  ==================================================================
 
-They are z-scored with mean/std fitted on the training rows only and
-clipped to ±10 (:class:`FeatureStats`, JSON-serialisable, saved with
-checkpoints). The first :data:`WARMUP` rows have incomplete look-backs and
+``--features v2`` keeps the shape (15 families × 14) and swaps two families: ``lrvol``
+is ``log rvol``, and ``lpv`` replaces ``range`` with the inputs of the volatility models
+that won the walk-forward (:func:`log_vol_columns`): the log of the bar's Parkinson+gap
+variance, of its means over 2–120 bars (5 and 22 among them: HAR's components, so HAR's
+forecast is a linear function of three of them), and the log variance of the EWMA and
+range-EWMA anchors.
+
+They are z-scored with mean/std fitted on the training rows only (``--normalise train``)
+or causally, against the rows up to each one (``expanding``, or the last
+``--normalise-window`` rows: ``rolling``), and clipped to ±10 (:class:`FeatureStats`,
+JSON-serialisable, saved with checkpoints). The first :data:`WARMUP` rows have incomplete look-backs and
 are never used as encoder rows.
 
 Known-future features (10, :data:`tftjax.data.calendar.KNOWN_NAMES`): functions
@@ -71,11 +79,13 @@ import numpy as np
 from tftjax.config import NUM_HISTORICAL, WARMUP, DataConfig
 from tftjax.data.calendar import (KNOWN_NAMES, NS_MIN, Clock, Timeline, calendar_features,
                                   make_clock)
-from tftjax.data.stats import (FAMILIES, HISTORICAL_NAMES, STATIC_NAMES, WINDOWS, FeatureStats,
-                               column_stats, decoder_targets, finish_stats, log_returns,
-                               train_block)
+from tftjax.data.rolling import Extreme, Rolling, shift
+from tftjax.data.stats import (FAMILIES, HISTORICAL_NAMES, LPV_COLUMNS, STATIC_NAMES, V2_FAMILIES,
+                               WINDOWS, FeatureStats, causal_z, column_stats, decoder_targets,
+                               finish_stats, historical_names, log_returns, train_block)
+from tftjax.volatility import LAMBDA, ewma_variance, range_variance
 
-__all__ = ["CLIP", "FAMILIES", "HISTORICAL_NAMES", "KNOWN_NAMES", "STATIC_NAMES", "WINDOWS",
+__all__ = ["CLIP", "FAMILIES", "HISTORICAL_NAMES", "historical_names", "KNOWN_NAMES", "STATIC_NAMES", "WINDOWS",
            "WARMUP", "FeatureSet", "FeatureStats", "build_features", "historical_columns",
            "historical_raw", "known_features", "known_inputs"]  # the names, from their homes too
 
@@ -83,66 +93,14 @@ CLIP = 10.0
 """Normalised features are clipped to ±CLIP."""
 
 
-# ----------------------------------------------------------------- rolling ops
-class _Rolling:
-    """Rolling sums over one series from one cumulative sum (rows < L-1 → NaN)."""
-
-    def __init__(self, x: np.ndarray):
-        self.n = x.shape[0]
-        finite = np.where(np.isfinite(x), x, 0.0)
-        self.cs = np.concatenate([[0.0], np.cumsum(finite)])
-        # Rows before the first finite value must stay NaN in every window.
-        self.first_valid = int(np.argmax(np.isfinite(x))) if np.isfinite(x).any() else self.n
-
-    def sum(self, L: int) -> np.ndarray:
-        out = np.empty(self.n)
-        start = min(L - 1 + self.first_valid, self.n)
-        out[:start] = np.nan
-        np.subtract(self.cs[start + 1 :], self.cs[start + 1 - L : self.n + 1 - L], out=out[start:])
-        return out
-
-    def mean(self, L: int) -> np.ndarray:
-        return self.sum(L) / L
-
-
-class _Extreme:
-    """Rolling max (or min) for any window by log-doubling: O(n log L)."""
-
-    def __init__(self, x: np.ndarray, op, max_window: int):
-        self.op = op
-        self.levels = {1: x}
-        w = 1
-        while 2 * w <= max_window:
-            m = self.levels[w]
-            self.levels[2 * w] = op(m, _shift(m, w))
-            w *= 2
-
-    def __call__(self, L: int) -> np.ndarray:
-        w = 1 << (L.bit_length() - 1)  # largest power of two <= L
-        m = self.levels[w]
-        out = self.op(m, _shift(m, L - w))
-        out[: L - 1] = np.nan
-        return out
-
-
-def _shift(x: np.ndarray, k: int) -> np.ndarray:
-    """``y[t] = x[t-k]``; the first k rows repeat ``x[0]`` (masked by callers)."""
-    if k == 0:
-        return x
-    y = np.empty_like(x)
-    y[:k] = x[0]
-    y[k:] = x[:-k]
-    return y
-
-
 # ------------------------------------------------------------------ features
-def historical_raw(bars, slot: np.ndarray | None = None) -> np.ndarray:
+def historical_raw(bars, slot: np.ndarray | None = None, features: str = "v1") -> np.ndarray:
     """The 210 historical features before normalisation, ``[n, 210]`` float32.
 
     Rows ``< WARMUP`` hold NaN where a look-back is incomplete.
     """
     out = np.empty((len(bars), NUM_HISTORICAL), dtype=np.float32)
-    for j, col in historical_columns(bars, slot):
+    for j, col in historical_columns(bars, slot, features):
         out[:, j] = col
     return out
 
@@ -152,8 +110,9 @@ def grid_slots(ts: np.ndarray, interval: int = NS_MIN) -> np.ndarray:
     return np.rint((ts - ts[0]) / max(int(interval), 1)).astype(np.int64)
 
 
-def historical_columns(bars, slot: np.ndarray | None = None):
-    """Yield ``(column index, float64 values [n])`` for the 210 historical features.
+def historical_columns(bars, slot: np.ndarray | None = None, features: str = "v1"):
+    """Yield ``(column index, float64 values [n])`` for the 210 historical features of the
+    set ``features`` (``v2``: :func:`log_vol_columns`).
 
     ``slot``: each bar's index on the calendar grid (:meth:`Timeline.slot_index`; default
     a plain 1-minute grid), for the ``miss`` family."""
@@ -172,20 +131,22 @@ def historical_columns(bars, slot: np.ndarray | None = None):
     gap[1:] = np.log(o[1:] / c[:-1])
 
     R = {
-        "r2": _Rolling(r * r), "absr": _Rolling(np.abs(r)), "rpos": _Rolling(np.maximum(r, 0.0)),
-        "range": _Rolling(lh - ll), "lv": _Rolling(lv), "lv2": _Rolling(lv * lv),
-        "lc": _Rolling(lc), "tpv": _Rolling(tp * v), "v": _Rolling(v), "tp": _Rolling(tp),
-        "body": _Rolling(np.where(h > lo, (c - o) / np.where(h > lo, h - lo, 1.0), 0.0)),
-        "gap": _Rolling(gap),
+        "r2": Rolling(r * r), "absr": Rolling(np.abs(r)), "rpos": Rolling(np.maximum(r, 0.0)),
+        "range": Rolling(lh - ll), "lv": Rolling(lv), "lv2": Rolling(lv * lv),
+        "lc": Rolling(lc), "tpv": Rolling(tp * v), "v": Rolling(v), "tp": Rolling(tp),
+        "body": Rolling(np.where(h > lo, (c - o) / np.where(h > lo, h - lo, 1.0), 0.0)),
+        "gap": Rolling(gap),
     }  # fmt: skip
-    hi = _Extreme(lh, np.maximum, max(WINDOWS))
-    lw = _Extreme(ll, np.minimum, max(WINDOWS))
+    v2 = features == "v2"
+    lpv = log_vol_columns(o, h, lo, c) if v2 else None
+    hi = Extreme(lh, np.maximum, max(WINDOWS))
+    lw = Extreme(ll, np.minimum, max(WINDOWS))
     nw = len(WINDOWS)
     eps = 1e-12
     for j, L in enumerate(WINDOWS):
-        ret = lc - _shift(lc, L)
+        ret = lc - shift(lc, L)
         ret[:L] = np.nan
-        miss = np.log1p(np.maximum(slot - _shift(slot, L) - L, 0)).astype(np.float64)
+        miss = np.log1p(np.maximum(slot - shift(slot, L) - L, 0)).astype(np.float64)
         miss[:L] = np.nan
         rvol = np.sqrt(R["r2"].mean(L))
         mx, mn = hi(L), lw(L)
@@ -209,8 +170,31 @@ def historical_columns(bars, slot: np.ndarray | None = None):
             "body": R["body"].mean(L),
             "gap": R["gap"].sum(L),
         }
-        for f, name in enumerate(FAMILIES):
+        if v2:
+            cols["lrvol"], cols["lpv"] = np.log(np.maximum(rvol, 1e-12)), lpv[j]
+        for f, name in enumerate(V2_FAMILIES if v2 else FAMILIES):
             yield f * nw + j, cols[name]
+
+
+def log_vol_columns(o, h, lo, c, lam: float = LAMBDA) -> list[np.ndarray]:
+    """``--features v2``'s ``lpv`` family (:data:`~tftjax.data.stats.LPV_COLUMNS`), float64
+    ``[n]`` each: with ``pv_t = log(o_t / c_{t-1})² + log(h_t / l_t)² / (4 log 2)`` (the
+    Parkinson variance plus the squared opening gap; row 0 has no gap), ``log pv_t``, ``log
+    mean_L pv`` for each L, and the log variance forecasts of the EWMA (``λ`` on ``r²``,
+    from ``r_1²``) and range-EWMA (on ``pv``, from ``pv_0``) anchors. Every log floors its
+    argument at 1e-3 of ``pv``'s mean over the rows up to that one (a flat bar has ``pv``
+    0), so each column reads no later row."""
+    n = c.shape[0]
+    pv = range_variance(o, h, lo, c)
+    floor = 1e-3 * np.cumsum(pv) / np.arange(1, n + 1) + 1e-300
+    log = lambda x: np.log(np.maximum(x, floor))  # noqa: E731
+    r = np.zeros(n)
+    r[1:] = np.diff(np.log(c))
+    ewma_r = ewma_variance(r[1:], lam, init=float(r[1] ** 2)) if n > 1 else np.zeros(0)
+    roll = Rolling(pv)
+    out = [log(pv)] + [log(roll.mean(int(L))) for L in LPV_COLUMNS[1:-2]]
+    return out + [log(np.concatenate([[np.nan], ewma_r])),
+                  log(ewma_variance(np.sqrt(pv), lam, init=float(pv[0])))]
 
 
 def known_features(ts: np.ndarray, clock: Clock | None = None) -> np.ndarray:
@@ -296,12 +280,15 @@ def build_features(bars, cfg: DataConfig = DataConfig(), *,
         tz = getattr(bars, "tz", None)
         clock = dataclasses.replace(stats.clock, data_zone=tz, zone=stats.clock.zone or tz)
     known, future, timeline = known_inputs(bars.ts, clock, cfg.decoder_steps, str(bars.path))
-    for j, col in historical_columns(bars, timeline.slot_index()):
+    which, how, window = ((cfg.features, cfg.normalise, cfg.normalise_window) if fit else
+                          (stats.features, stats.normalise, stats.normalise_window))
+    for j, col in historical_columns(bars, timeline.slot_index(), which):
         if fit:
             mean[j], std[j] = column_stats(col, start, stop)
-        hist[:, j] = _normalise(col, mean[j], std[j])
+        hist[:, j] = (_normalise(col, mean[j], std[j]) if how == "train" else
+                      _normalise(causal_z(col, window if how == "rolling" else None), 0.0, 1.0))
     if fit:
-        stats = finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg.winsorize)
+        stats = finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg)
     target = log_returns(bars.close) / stats.target_scale
     if cfg.target_clip > 0:
         target = np.clip(target, -cfg.target_clip, cfg.target_clip)

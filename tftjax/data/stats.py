@@ -26,6 +26,21 @@ FAMILIES = (
 WINDOWS = LOOKBACKS
 STATIC_NAMES = ("instrument", "log_price", "log_volume", "log_volatility", "log_interval")
 HISTORICAL_NAMES = tuple(f"{f}_{w}" for f in FAMILIES for w in WINDOWS)
+V2_FAMILIES = tuple({"rvol": "lrvol", "range": "lpv"}.get(f, f) for f in FAMILIES)
+"""``--features v2``: ``rvol`` in logs, and ``lpv`` (the winners' volatility inputs) in the
+place of the mean log range."""
+LPV_COLUMNS = ("1", "2", "3", "5", "8", "10", "15", "22", "40", "60", "90", "120", "ewma",
+               "rewma")
+"""The ``lpv`` family's 14 columns: the log Parkinson+gap variance of the bar (``1``) and its
+means over the last L bars, then the log variance of the EWMA and range-EWMA anchors."""
+
+
+def historical_names(features: str = "v1") -> tuple[str, ...]:
+    """The 210 historical inputs' names of a feature set (``--features``)."""
+    if features == "v1":
+        return HISTORICAL_NAMES
+    return tuple(f"{f}_{c}" for f in V2_FAMILIES
+                 for c in (LPV_COLUMNS if f == "lpv" else WINDOWS))
 
 assert len(HISTORICAL_NAMES) == NUM_HISTORICAL
 assert len(KNOWN_NAMES) == NUM_KNOWN and len(STATIC_NAMES) == NUM_STATIC
@@ -53,6 +68,11 @@ class FeatureStats:
     anchor_fit: dict | None = None
     """The ``--anchor``'s fit on the training rows (tftjax.volatility.Anchor.fit), reused
     wherever these statistics featurise other data."""
+    features: str = "v1"
+    """The historical inputs' set (``--features``) and how they are z-scored: by the training
+    rows' ``hist_mean``/``hist_std``, or causally (``--normalise expanding|rolling``)."""
+    normalise: str = "train"
+    normalise_window: int = 500
 
     def to_json(self) -> dict:
         return {
@@ -62,7 +82,9 @@ class FeatureStats:
             "static": self.static.tolist(),
             "train_rows": list(self.train_rows),
             "clock": self.clock.to_json(),
-            "historical_names": list(HISTORICAL_NAMES),
+            "historical_names": list(historical_names(self.features)),
+            "features": self.features, "normalise": self.normalise,
+            "normalise_window": self.normalise_window,
             "known_names": list(KNOWN_NAMES),
             "static_names": list(STATIC_NAMES),
             **({"anchor_fit": self.anchor_fit} if self.anchor_fit else {}),
@@ -70,7 +92,9 @@ class FeatureStats:
 
     @classmethod
     def from_json(cls, d: dict) -> "FeatureStats":
-        if (list(d.get("historical_names", ())) != list(HISTORICAL_NAMES)
+        features = d.get("features", "v1")
+        if (features not in ("v1", "v2")
+                or list(d.get("historical_names", ())) != list(historical_names(features))
                 or list(d.get("known_names", ())) != list(KNOWN_NAMES) or "clock" not in d):
             raise DataError("feature statistics were saved for a different feature set (an "
                             "older tftjax: calendar-true known inputs, the miss_L features); "
@@ -82,7 +106,9 @@ class FeatureStats:
             static=np.asarray(d["static"], dtype=np.float64),
             train_rows=(int(d["train_rows"][0]), int(d["train_rows"][1])),
             clock=Clock.from_json(d["clock"]),
-            anchor_fit=d.get("anchor_fit"),
+            anchor_fit=d.get("anchor_fit"), features=features,
+            normalise=d.get("normalise", "train"),
+            normalise_window=int(d.get("normalise_window", 500)),
         )
 
     def save(self, path: str | Path) -> None:
@@ -136,11 +162,32 @@ def robust_scale(r: np.ndarray, winsorize: float) -> float:
     return scale if scale > 0 else 1.0
 
 
-def finish_stats(bars, mean, std, train_rows, start, stop, clock, winsorize) -> FeatureStats:
+def finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg) -> FeatureStats:
     r = log_returns(bars.close)[max(start, 1) : stop]
-    scale = robust_scale(r, winsorize)
+    scale = robust_scale(r, cfg.winsorize)
     static = _static_features(bars, train_rows[0], stop, scale)
-    return FeatureStats(mean, std, scale, static, (int(train_rows[0]), int(stop)), clock)
+    return FeatureStats(mean, std, scale, static, (int(train_rows[0]), int(stop)), clock,
+                        features=cfg.features, normalise=cfg.normalise,
+                        normalise_window=cfg.normalise_window)
+
+
+def causal_z(col: np.ndarray, window: int | None, min_rows: int = 20) -> np.ndarray:
+    """Each row's z-score against the mean and std of the finite values of the rows up to it
+    (``window``: the last ``window`` rows; None: all); NaN with fewer than ``min_rows`` of
+    them. Float64 sums, centred on the first finite value so that they stay small."""
+    x = np.asarray(col, np.float64)
+    ok = np.isfinite(x)
+    if not ok.any():
+        return np.full(x.shape, np.nan)
+    x = np.where(ok, x - x[np.argmax(ok)], 0.0)
+    sums = [np.concatenate([[0.0], np.cumsum(a)]) for a in (ok.astype(np.float64), x, x * x)]
+    t = np.arange(1, x.size + 1)
+    lo = np.zeros_like(t) if window is None else np.maximum(t - window, 0)
+    n, s1, s2 = (c[t] - c[lo] for c in sums)
+    mean = s1 / np.maximum(n, 1)
+    std = np.sqrt(np.maximum(s2 / np.maximum(n, 1) - mean * mean, 0.0))
+    z = (x - mean) / np.where(std > 1e-12, std, 1.0)
+    return np.where(ok & (n >= min_rows), z, np.nan)
 
 
 def decoder_targets(target: np.ndarray, slot: np.ndarray | None, steps: int,

@@ -7,10 +7,12 @@ schedule and weight decay on every parameter or on weight matrices only.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import struct
 from flax.training import train_state
@@ -71,9 +73,26 @@ def _optimizer(lr: float, weight_decay: float, clip: float, schedule: str = "con
                        optax.adamw(rate, weight_decay=weight_decay, mask=mask))
 
 
+def member_keys(key: Array, n: int) -> Array:
+    """``[n]`` keys of an ensemble's members: member 0 has ``key`` itself (so that it is the
+    single model of the same seed), member ``i`` ``fold_in(key, i)``."""
+    return jax.vmap(lambda i: jax.lax.cond(i == 0, lambda: key,
+                                           lambda: jax.random.fold_in(key, i)))(jnp.arange(n))
+
+
 def create_train_state(cfg: TFTConfig, tc: TrainConfig, key: Array,
                        total_steps: int | None = None) -> TrainState:
-    """A fresh state; ``total_steps``: the run's optimizer steps (for a cosine schedule)."""
+    """A fresh state; ``total_steps``: the run's optimizer steps (for a cosine schedule).
+    ``--ensemble N``: every leaf (the step count too) stacked over a leading member axis,
+    member ``i`` initialised from :func:`member_keys`' ``i``-th key."""
+    if cfg.ensemble > 1:
+        one = dataclasses.replace(cfg, ensemble=1)
+        keys = member_keys(key, cfg.ensemble)
+        members = [create_train_state(one, tc, keys[i], total_steps)
+                   for i in range(cfg.ensemble)]
+        stack = lambda *xs: jnp.stack([jnp.asarray(x) for x in xs])  # noqa: E731
+        return members[0].replace(**{f: jax.tree.map(stack, *[getattr(m, f) for m in members])
+                                     for f in ("step", "params", "opt_state", "quant_stats")})
     variables = init_variables(cfg, key)
     tx = make_optimizer(tc, total_steps)
     return TrainState(step=0, apply_fn=apply_fn(cfg), params=variables["params"], tx=tx,

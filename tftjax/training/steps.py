@@ -7,6 +7,7 @@ the last batch) and the windows are gathered on the device inside the step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable
 
@@ -20,7 +21,7 @@ from tftjax import quant as qt
 from tftjax.config import TFTConfig
 from tftjax.data import DeviceData, gather
 from tftjax.models.tft import apply_fn, quant_spec
-from tftjax.training.state import TrainState
+from tftjax.training.state import TrainState, member_keys
 
 Array = jax.Array
 
@@ -113,9 +114,39 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
     once per step, by the whole batch's range (the micro-batches' ranges merged in the scan),
     so accumulation changes memory, not what QAT trains.
     """
+    step = _train_step_fn(dataclasses.replace(cfg, ensemble=1), par, int(accumulate))
+    if cfg.ensemble > 1:
+        step = ensemble_step(step, cfg.ensemble)
+    step = at_matmul_precision(cfg, step)
+    if max_traces is not None:
+        import chex
+
+        step = chex.assert_max_traces(step, n=max_traces)
+    if par is None:
+        return jax.jit(step, donate_argnums=(0,))
+    return jax.jit(step, donate_argnums=(0,),
+                   in_shardings=(par.replicated, par.data_shardings(), par.batch_sharding,
+                                 par.replicated),
+                   out_shardings=(par.replicated, par.replicated))
+
+
+def ensemble_step(step: Callable, n: int) -> Callable:
+    """``--ensemble N``: one member's ``step`` vmapped over the members' stacked states and
+    dropout keys (:func:`~tftjax.training.state.member_keys`), on the same batch: each member
+    takes its own gradient and optimizer step, exactly as its own run would. Metrics: the
+    members' mean loss and gradient norm."""
+    def run(state, data, batch_idx, key):
+        new, m = jax.vmap(step, in_axes=(0, None, None, 0))(state, data, batch_idx,
+                                                           member_keys(key, n))
+        return new, {"loss": m["loss"].mean(), "grad_norm": m["grad_norm"].mean(),
+                     "count": m["count"][0]}
+
+    return run
+
+
+def _train_step_fn(cfg: TFTConfig, par, k_acc: int) -> Callable:
     quantiles = np.asarray(cfg.quantiles, np.float32)
     take = _gather_fn(cfg, par)
-    k_acc = int(accumulate)
     spec = quant_spec(cfg)
 
     def grads_of(params, stats, apply_fn, data, idx, fill, dropout_key, denom):
@@ -158,17 +189,7 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
         return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
                            "count": mask.sum()}
 
-    step = at_matmul_precision(cfg, step)
-    if max_traces is not None:
-        import chex
-
-        step = chex.assert_max_traces(step, n=max_traces)
-    if par is None:
-        return jax.jit(step, donate_argnums=(0,))
-    return jax.jit(step, donate_argnums=(0,),
-                   in_shardings=(par.replicated, par.data_shardings(), par.batch_sharding,
-                                 par.replicated),
-                   out_shardings=(par.replicated, par.replicated))
+    return step
 
 
 @functools.lru_cache(maxsize=None)
@@ -177,15 +198,21 @@ def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callabl
     ``mode``: float, fake (-quant) or int8 arithmetic (default: the config's own); ``par``:
     the batch sharded over its devices like the train step's, outputs replicated."""
     quantiles = np.asarray(cfg.quantiles, np.float32)
-    apply = apply_fn(cfg, mode)
+    apply = apply_fn(dataclasses.replace(cfg, ensemble=1), mode)
     take = _gather_fn(cfg, par)
 
     @functools.partial(at_matmul_precision, cfg)
     def step(variables, data: DeviceData, batch_idx: Array):
         mask = batch_idx >= 0
         batch = take(data, jnp.maximum(batch_idx, 0))
-        pred, interp = apply(variables, batch.static, batch.historical, batch.known, True)
-        pred = forecast(pred, batch, cfg)
+        run = lambda v: apply(v, batch.static, batch.historical, batch.known, True)  # noqa: E731
+        if cfg.ensemble == 1:
+            pred, interp = run(variables)
+            pred = forecast(pred, batch, cfg)
+        else:  # every member's quantiles, averaged (and its interpretation)
+            pred, interp = jax.vmap(run)(variables)
+            pred = forecast(pred, batch, cfg).mean(axis=0)
+            interp = jax.tree.map(lambda x: x.mean(axis=0), interp)
         return losses.metric_sums(batch.target, pred, quantiles, mask), pred, interp
 
     if par is None:
