@@ -1,5 +1,7 @@
 """Holm over every row a README table reports: several walk-forwards (sets × model variants),
-each the TFT against the baseline chosen per fold on its own validation stretch.
+each the TFT against the baseline chosen per fold on its own validation stretch, and the
+per-fold combination (w · TFT + (1 - w) · that baseline, w chosen on validation) as a row of
+its own; with ``--per-series``, a panel's series too.
 
     python experiments/verdicts.py runs/backtest/spx/backtest.json:"S&P daily, small" \\
         runs/backtest/btc/backtest.json:"BTC hourly, small" --json verdicts.json
@@ -36,18 +38,28 @@ def load(arg: str) -> tuple[str, dict]:
     return label or str(Path(path).parent.name), out
 
 
-def table(runs: list[tuple[str, dict]]) -> tuple[list[dict], str]:
+def table(runs: list[tuple[str, dict]], per_series: bool = False) -> tuple[list[dict], str]:
     from tftjax import scoring, verdict
 
     rows = []
     for label, out in runs:
-        v = out["pooled"][verdict.CHOSEN]["vs"]
-        rows.append({"run": label, "tft_p90": out["pooled"]["tft"]["test"]["q_risk_90"],
-                     "chosen_p90": out["pooled"][verdict.CHOSEN]["test"]["q_risk_90"],
-                     "picks": out["chosen_per_fold"], "p90_diff": v["p90_diff"],
-                     "p90_diff_ci95": v["p90_diff_ci95"], "dm_p90": v["dm_p90"]["stat"],
-                     "p": v["dm_p90"]["p"], "lags": v["dm_p90"]["lags"],
-                     "dm_loss": v["dm_loss"]["stat"], "p_loss": v["dm_loss"]["p"]})
+        parts = [(label, out["pooled"]["tft"]["test"]["q_risk_90"],
+                  out["pooled"][verdict.CHOSEN]["test"]["q_risk_90"],
+                  out["pooled"][verdict.CHOSEN]["vs"], out["chosen_per_fold"])]
+        if "combination" in out:  # its own row: the combination against the same choice
+            c = out["combination"]
+            parts.append((f"{label}, combination", c[verdict.COMBO]["q_risk_90"],
+                          c[verdict.CHOSEN]["q_risk_90"], c["vs"], c["chosen_per_fold"]))
+        if per_series:  # a panel's series, each its own row
+            for name, r in out.get("by_series", {}).items():
+                parts.append((f"{label}: {name}", r["tft"]["q_risk_90"],
+                              r[verdict.CHOSEN]["q_risk_90"], r["vs"], r["chosen_per_fold"]))
+        for run, tft, chosen, v, picks in parts:
+            rows.append({"run": run, "tft_p90": tft, "chosen_p90": chosen, "picks": picks,
+                         "p90_diff": v["p90_diff"], "p90_diff_ci95": v["p90_diff_ci95"],
+                         "dm_p90": v["dm_p90"]["stat"], "p": v["dm_p90"]["p"],
+                         "lags": v["dm_p90"]["lags"], "dm_loss": v["dm_loss"]["stat"],
+                         "p_loss": v["dm_loss"]["p"]})
     for r, adj in zip(rows, scoring.holm([r["p"] for r in rows])):
         r["p_holm_table"] = float(adj)
         r["verdict"] = verdict.verdict({"stat": r["dm_p90"], "p": r["p"],
@@ -72,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="backtest.json[:label]")
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument("--per-series", action="store_true",
+                   help="a panel's per-series rows too (each in the Holm family)")
     args = p.parse_args(argv)
-    rows, text = table([load(a) for a in args.runs])
+    rows, text = table([load(a) for a in args.runs], args.per_series)
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -158,6 +158,15 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
     assert out["verdict"] in ("beats", "level", "behind")
     assert set(out["pooled"]["tft"]["calibration"]["hits"]) == {"0.1", "0.9"}
     assert len(out["pooled"]["tft"]["q_risk_90_by_step"]) == 5  # one per forecast step
+    # the combination: its weight chosen per fold on validation (the lowest validation P90
+    # of the grid), against the same stitched choice
+    c = out["combination"]
+    assert len(c["weights"]) == 2 and all(w in verdict.WEIGHTS for w in c["weights"])
+    assert c["chosen_per_fold"] == out["chosen_per_fold"]
+    for f in out["folds"]:  # never worse on validation than both ends it chose between
+        v = f["val_q_risk_90"]
+        assert v["combination"] <= min(v["tft"], v[f["chosen"]]) + 1e-12
+    assert c["verdict"] in ("beats", "level", "behind") and "combination" not in out["pooled"]
     assert "| TFT |" in capsys.readouterr().out
 
 
@@ -208,3 +217,21 @@ def test_holm_runs_over_every_row_of_the_table(tmp_path, capsys):
     assert cli_main(mod.main, [str(bad)]) == 2
     err = capsys.readouterr().err
     assert "from before the per-fold choice" in err and err.count("\n") == 1
+
+
+def test_the_combination_weight_is_the_validation_argmin_by_hand():
+    rng = np.random.default_rng(3)
+    qs = (0.1, 0.5, 0.9)
+    y = rng.standard_normal((400, 2)) * np.linspace(0.5, 2, 400)[:, None]  # changing scale
+    z = np.array([-1.2816, 0.0, 1.2816])
+    truth = np.linspace(0.5, 2, 400)[:, None, None] * z  # the right scale
+    flat = np.ones((400, 1, 1)) * 1.25 * z  # a constant one
+    model, base = np.broadcast_to(truth, (400, 2, 3)), np.broadcast_to(flat, (400, 2, 3))
+
+    def p90(p):  # q-risk at 0.9 by hand: 2 Σ pinball / Σ |y|
+        e = y - p[..., 2]
+        return 2 * np.sum(np.maximum(0.9 * e, -0.1 * e)) / np.sum(np.abs(y))
+
+    want = min(verdict.WEIGHTS, key=lambda w: (round(p90(w * model + (1 - w) * base), 12), w))
+    assert verdict.combine(y, model, base, qs) == want
+    assert verdict.combine(y, base, base, qs) == 0.0  # a tie: the baseline

@@ -145,11 +145,18 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
         sid = {split: ds.series_of(getattr(ds.splits, split)) for split in ("val", "test")}
         entry["series"] = [ds.names[i] for i in np.unique(sid["test"])]  # scored on its test
         entry["sat_out"] = list(ds.absent)  # too little history before this fold
+        chosen = None
         for split in ("val", "test"):
             starts = getattr(ds.splits, split)
             y = window_targets(ds, starts)
             preds = {"tft": trainer.predict(variables, starts)[0],
                      **baselines_forecasts(ds, qs, starts)}
+            if split == "val":  # the combination's weight, with the fold's own choice
+                chosen = verdict.choose(verdict.Fold({n: scoring.window_sums(y, p, qs) for n, p
+                                                      in preds.items()}, {}, None, {}),
+                                        [n for n in preds if n != "tft"])
+                w = verdict.combine(y, preds["tft"], preds[chosen], qs)
+            preds[verdict.COMBO] = w * preds["tft"] + (1 - w) * preds[chosen]
             for name, p in preds.items():
                 getattr(f, split)[name] = scoring.window_sums(y, p, qs)
                 if split == "test":
@@ -164,7 +171,8 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
                          for name, r in f.test.items()}
         entry["val_q_risk_90"] = {name: float(scoring.from_sums(r)["q_risk_90"])
                                   for name, r in f.val.items()}
-        entry["chosen"] = verdict.choose(f, [n for n in f.val if n != "tft"])
+        entry["chosen"] = verdict.choose(f, [n for n in f.val if n not in verdict.MODELS])
+        entry["combination_weight"] = w  # of the TFT, with the chosen baseline
         fold_out.append(entry)
         who = (f" of {len(entry['series'])} series" + (f" ({len(ds.absent)} sat out)"
                                                           if ds.absent else "")
@@ -175,13 +183,18 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
             f"validation) {entry['test'][entry['chosen']]['q_risk_90']:.4f}")
     out = verdict.summarize(scored, qs, cfg.decoder_steps, reps)
     out["folds"] = fold_out
+    out["combination"] = {**verdict.brief(verdict.summarize(scored, qs, cfg.decoder_steps, reps,
+                                                            model=verdict.COMBO),
+                                          verdict.COMBO),
+                          "weights": [f["combination_weight"] for f in fold_out]}
     if by_series:  # each series over the folds it was scored in, its own per-fold choice
         out["by_series"] = verdict.holm_rows(
             {n: verdict.brief(verdict.summarize(fs, qs, cfg.decoder_steps, reps))
              for n, fs in sorted(by_series.items())})
     for name, parts in steps.items():  # P90 q-risk per forecast step, pooled over folds
         tot = np.concatenate(parts).sum(axis=0)  # [D, 2]
-        out["pooled"][name]["q_risk_90_by_step"] = (2 * tot[:, 0] / tot[:, 1]).tolist()
+        row = out["pooled"].get(name) or out["combination"]
+        row["q_risk_90_by_step"] = (2 * tot[:, 0] / tot[:, 1]).tolist()
     return out
 
 
@@ -190,6 +203,15 @@ def format_table(out: dict) -> str:
     from tftjax.baselines import NAMES
 
     table = verdict.format_table(out, NAMES)
+    c = out.get("combination")
+    if c:
+        ci = c["vs"]["p90_diff_ci95"]
+        table += (f"\n\ncombination w·TFT + (1-w)·the chosen baseline, w per fold on its "
+                  f"validation ({', '.join(f'{w:g}' for w in c['weights'])}): P90 "
+                  f"{c[verdict.COMBO]['q_risk_90']:.4f} against {c[verdict.CHOSEN]['q_risk_90']:.4f}"
+                  f", diff {c['vs']['p90_diff']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}], DM P90 "
+                  f"{c['vs']['dm_p90']['stat']:+.2f} (p {c['vs']['dm_p90']['p']:.3g}): "
+                  f"{c['verdict']}")
     return table + ("\n\n" + verdict.format_series(out["by_series"]) if "by_series" in out else "")
 
 

@@ -31,6 +31,12 @@ from tftjax import scoring
 CHOSEN = "chosen"
 """The stitched per-fold choice's name in a verdict's tables."""
 MODEL = "tft"
+COMBO = "combination"
+"""The per-fold combination ``w · TFT + (1 - w) · the fold's chosen baseline`` (:func:`combine`)."""
+MODELS = (MODEL, COMBO)
+"""What is compared, never a baseline to choose."""
+WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))
+"""The combination weights tried on each fold's validation stretch."""
 LEVEL = 0.05
 """The Holm-adjusted p-value under which a difference counts."""
 
@@ -63,6 +69,15 @@ def with_choice(folds: list[Fold], candidates: list[str]) -> tuple[list[Fold], l
                                pred={**f.pred, CHOSEN: f.pred[p]})
            for f, p in zip(folds, picks)]
     return out, picks
+
+
+def combine(y_val: np.ndarray, model_val: np.ndarray, base_val: np.ndarray, qs) -> float:
+    """The weight ``w`` (:data:`WEIGHTS`) of the model in ``w · model + (1 - w) · baseline``
+    of lowest P90 q-risk on the fold's validation windows (the smallest of a tie: the
+    baseline, unless the model adds something there)."""
+    scores = [scoring.from_sums(scoring.window_sums(y_val, w * model_val + (1 - w) * base_val,
+                                                    qs))["q_risk_90"] for w in WEIGHTS]
+    return WEIGHTS[int(np.nanargmin(scores))]
 
 
 def by_series(fold: Fold, val_series: np.ndarray, test_series: np.ndarray):
@@ -182,7 +197,7 @@ def summarize(folds: list[Fold], qs, horizon: int, reps: int, model: str | None 
     ``model=None``: the baselines alone (no comparison). ``block``: the intervals' bootstrap
     block (default: Politis–White on the model's P90 loss differential with the stitched
     choice, or on the choice's own P90 loss without a model)."""
-    baselines = [n for n in folds[0].val if n != model]
+    baselines = [n for n in folds[0].val if n != model and n not in MODELS]
     folds, picks = with_choice(folds, baselines)
     names = ([model] if model else []) + baselines + [CHOSEN]
     cat = lambda part, n: np.concatenate([getattr(f, part)[n] for f in folds])  # noqa: E731
