@@ -45,6 +45,7 @@ def _member(params, i):
     return jax.tree.map(lambda x: x[i], params)
 
 
+@pytest.mark.slow
 def test_member_0_is_the_single_model_of_the_same_seed(trained):
     single, ens = trained["single"][1], trained["ens"][1]
     assert {x.shape[0] for x in jax.tree.leaves(ens)} == {N}
@@ -65,6 +66,7 @@ def test_member_0_is_the_single_model_of_the_same_seed(trained):
     assert np.mean(np.abs(c - a) > 1e-3) > 0.5
 
 
+@pytest.mark.slow
 def test_the_forecast_is_the_members_average_and_never_worse_than_their_mean(trained):
     ds, data = trained["ds"], trained["data"]
     tr, ens = trained["ens"]

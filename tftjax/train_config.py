@@ -44,6 +44,17 @@ class TrainConfig:
     """Gradient accumulation: run each batch as this many micro-batches of batch/K windows
     inside the jitted step (gradients summed in float32, one optimizer update): the update of
     the whole batch at the peak memory of one micro-batch."""
+    evals_per_epoch: int = 1
+    """Validate this many times an epoch (4: every quarter epoch). Each check is a step of
+    the run loop: checkpoints (tft_epoch_N counts checks), --patience and the best weights
+    are per check."""
+    ema: float = 0.0
+    """Validate, keep and ship an exponential moving average of the weights, with this decay
+    per optimizer step, started at the initial weights (0: off; e.g. 0.98). Training steps
+    move the raw weights."""
+    smooth: int = 1
+    """Early-stop on the mean validation score of the last this-many checks (1: each check's
+    own): a noisy validation stretch picks noise less often."""
     init_from: str | None = None
     """Start from the weights of this checkpoint or run folder (its final checkpoint): the
     same model and data, e.g. a float run to fine-tune with --qat."""
@@ -65,6 +76,11 @@ class TrainConfig:
             f"eval_batch_size must be >= 1, got {self.eval_batch_size}": self.eval_batch_size >= 1,
             f"warmup_steps must be >= 0, got {self.warmup_steps}": self.warmup_steps >= 0,
             f"accumulate must be >= 1, got {self.accumulate}": self.accumulate >= 1,
+            f"--evals-per-epoch must be >= 1, got {self.evals_per_epoch}":
+                self.evals_per_epoch >= 1,
+            f"--ema must be in [0, 1) (0: off), got {self.ema}":
+                _finite(self.ema) and 0 <= self.ema < 1,
+            f"--smooth must be >= 1 check, got {self.smooth}": self.smooth >= 1,
             f"batch_size {self.batch_size} is not divisible by --accumulate {self.accumulate}":
                 self.accumulate < 1 or self.batch_size % self.accumulate == 0,
         }, "training config")  # fmt: skip

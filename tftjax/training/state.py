@@ -29,10 +29,12 @@ class TrainState(train_state.TrainState):
     model), updated by every training step and checkpointed with the rest."""
 
     quant_stats: Any = struct.field(default_factory=dict)
+    ema_params: Any = struct.field(default_factory=dict)
+    """``--ema``: the moving average of ``params`` (empty: off), what is evaluated and kept."""
 
     def variables(self) -> dict:
-        """The Flax variables to evaluate with."""
-        return {"params": self.params, "quant_stats": self.quant_stats}
+        """The Flax variables to evaluate with (the weights' moving average under ``--ema``)."""
+        return {"params": self.ema_params or self.params, "quant_stats": self.quant_stats}
 
 
 def make_optimizer(tc: TrainConfig, total_steps: int | None = None) -> optax.GradientTransformation:
@@ -92,12 +94,15 @@ def create_train_state(cfg: TFTConfig, tc: TrainConfig, key: Array,
                    for i in range(cfg.ensemble)]
         stack = lambda *xs: jnp.stack([jnp.asarray(x) for x in xs])  # noqa: E731
         return members[0].replace(**{f: jax.tree.map(stack, *[getattr(m, f) for m in members])
-                                     for f in ("step", "params", "opt_state", "quant_stats")})
+                                     for f in ("step", "params", "opt_state", "quant_stats",
+                                               "ema_params")})
     variables = init_variables(cfg, key)
     tx = make_optimizer(tc, total_steps)
     return TrainState(step=0, apply_fn=apply_fn(cfg), params=variables["params"], tx=tx,
                       opt_state=_init_fn(tx)(variables["params"]),
-                      quant_stats=variables.get("quant_stats", {}))
+                      quant_stats=variables.get("quant_stats", {}),
+                      ema_params=(jax.tree.map(jnp.copy, variables["params"]) if tc.ema > 0
+                                  else {}))
 
 
 @functools.lru_cache(maxsize=None)

@@ -101,7 +101,7 @@ def _gather_fn(cfg: TFTConfig, par):
 
 @functools.lru_cache(maxsize=None)
 def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
-                    accumulate: int = 1) -> Callable:
+                    accumulate: int = 1, ema: float = 0.0) -> Callable:
     """The jitted ``step(state, data, batch_idx, key) -> (state, metrics)``, state donated.
 
     ``par`` (a :class:`tftjax.parallel.Parallel`): compiled for its mesh, the batch sharded
@@ -114,7 +114,7 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
     once per step, by the whole batch's range (the micro-batches' ranges merged in the scan),
     so accumulation changes memory, not what QAT trains.
     """
-    step = _train_step_fn(dataclasses.replace(cfg, ensemble=1), par, int(accumulate))
+    step = _train_step_fn(dataclasses.replace(cfg, ensemble=1), par, int(accumulate), ema)
     if cfg.ensemble > 1:
         step = ensemble_step(step, cfg.ensemble)
     step = at_matmul_precision(cfg, step)
@@ -144,7 +144,7 @@ def ensemble_step(step: Callable, n: int) -> Callable:
     return run
 
 
-def _train_step_fn(cfg: TFTConfig, par, k_acc: int) -> Callable:
+def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callable:
     quantiles = np.asarray(cfg.quantiles, np.float32)
     take = _gather_fn(cfg, par)
     spec = quant_spec(cfg)
@@ -186,6 +186,9 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int) -> Callable:
         stats = (qt.update_observers(state.quant_stats, ranges, spec) if spec is not None
                  else state.quant_stats)
         new_state = state.apply_gradients(grads=grads, quant_stats=stats)
+        if ema > 0:  # --ema: the average moves after the optimizer step
+            new_state = new_state.replace(ema_params=jax.tree.map(
+                lambda e, p: ema * e + (1.0 - ema) * p, state.ema_params, new_state.params))
         return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
                            "count": mask.sum()}
 

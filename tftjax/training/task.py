@@ -50,7 +50,12 @@ class TFTTask:
                 raise ConfigError(f"--qat-layers {' '.join(bad)} matches no layer; layers are "
                                   "named like " + ", ".join(layer_names(shapes["params"])[:4])
                                   + ", … (tftjax.quant_tree.layer_names)")
-        self.epochs, self.patience = tc.epochs, tc.patience
+        # --evals-per-epoch k: the loop's "epochs" are the k checks of every data epoch
+        self.checks = tc.evals_per_epoch
+        self.epochs, self.patience = tc.epochs * self.checks, tc.patience
+        if self.checks > steps_per_epoch(tc, ds.splits.train.size):
+            raise ConfigError(f"--evals-per-epoch {self.checks} exceeds the "
+                              f"{steps_per_epoch(tc, ds.splits.train.size)} steps of an epoch")
         # epoch 0 is the anchor: early stopping may keep it (not under QAT: its observers
         # need a training step before fake-quant can run), ranking epochs on the validation
         # P90 the anchor was chosen on, so the weights kept are never worse there than it
@@ -151,7 +156,9 @@ class TFTTask:
         the samples/s shown are of *completed* steps. The first step of the
         process includes the compile, timed apart.
         """
-        idx = epoch_indices(self.tc, self.ds.splits.train, epoch)
+        data_epoch, part = divmod(epoch - 1, self.checks)
+        idx = np.array_split(epoch_indices(self.tc, self.ds.splits.train, data_epoch + 1),
+                             self.checks)[part]  # this check's share of the data epoch
         valid = (idx >= 0).sum(axis=1)
         bar = self._bar(len(idx), epoch)
         profiling = False
@@ -196,7 +203,7 @@ class TFTTask:
             if bar is not None:
                 bar.close()
         elapsed = time.perf_counter() - t0
-        out = {"train_loss": total / max(int(valid.sum()), 1),
+        out = {"train_loss": total / max(int(valid.sum()), 1), "data_epoch": epoch / self.checks,
                "samples_per_s": int(valid.sum()) / elapsed, "epoch_time_s": elapsed,
                "steps": int(len(idx))}
         if compile_s is not None:
@@ -210,6 +217,12 @@ class TFTTask:
 
         return tqdm(total=total, desc=f"epoch {epoch}", unit="step", leave=False,
                     file=sys.stderr, dynamic_ncols=True)
+
+    def rank(self, history: list[dict]) -> float:
+        """The score early stopping ranks a check by: the mean of the last ``--smooth``
+        checks' scores (epoch 0's too)."""
+        scores = [h[self.score] for h in history if h.get(self.score) is not None]
+        return float(np.mean(scores[-self.tc.smooth:]))
 
     def validate(self, state: TrainState) -> dict:
         if self.ds.splits.val.size == 0:

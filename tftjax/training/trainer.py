@@ -40,7 +40,7 @@ class Trainer:
                             "--batch-size" if tc.accumulate == 1 else
                             f"--batch-size / --accumulate {tc.accumulate} =")
         self._train = make_train_step(cfg, max_traces=max_traces, par=par,
-                                      accumulate=tc.accumulate)
+                                      accumulate=tc.accumulate, ema=tc.ema)
         # an eval batch is padded anyway: round it up to a multiple of the devices
         n = par.size if par is not None else 1
         self.eval_batch_size = -(-tc.eval_batch_size // n) * n
