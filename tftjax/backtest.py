@@ -32,7 +32,7 @@ import numpy as np
 
 from tftjax.cli import data_files, parse, peek, run_folder, with_config
 from tftjax.cli import main as cli_main
-from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset
+from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset, preset_training
 
 
 @dataclasses.dataclass
@@ -47,8 +47,9 @@ class Args:
     dataset: str | None = None
     """Bundled sets instead of --parquet-file, comma-separated (spx, nasdaq, btc, es; the
     us-daily panel from a clone's data/ folder)."""
-    preset: Literal["tft225", "small", "tiny"] = "small"
-    """Model sizes (the flags below override single fields)."""
+    preset: Literal["tft225", "small", "tiny", "compact"] = "small"
+    """Model sizes: small (d=32), compact (d=16, anchored, with --ema 0.9, 4 checks an epoch,
+    --smooth 3, batch 32), tft225, tiny (the flags below override single fields)."""
     config: Path | None = None
     """A settings file (python -m tftjax.tune's best.json) applied over the preset; flags
     still win. The table then says the settings were tuned (once, not inside each fold)."""
@@ -78,7 +79,7 @@ def defaults(argv: list[str] | None) -> Args:
     from tftjax.config import PRESETS
 
     name = pre.preset if pre.preset in PRESETS else "small"
-    model, train = with_config(argv, preset(name), TrainConfig(epochs=30, patience=3))
+    model, train = with_config(argv, preset(name), preset_training(name, epochs=30, patience=3))
     return Args(model=model, train=train, preset=name,
                 workdir=run_folder(pre.workdir, "runs/backtest", False))
 

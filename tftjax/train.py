@@ -22,7 +22,7 @@ from typing import Literal
 
 from tftjax.cli import main as cli_main
 from tftjax.cli import data_files, parse, peek, run_folder, with_config
-from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset
+from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset, preset_training
 
 
 @dataclasses.dataclass
@@ -39,9 +39,10 @@ class Args:
     """Bundled sets instead of --parquet-file, comma-separated (spx,nasdaq): es (ES futures,
     1 min), spx, nasdaq (daily), btc (hourly); sources in tftjax/data/bundled/SOURCES.md;
     us-daily (12 US stocks and ETFs, daily, from a clone's data/ folder: data/SOURCES.md)."""
-    preset: Literal["tft225", "small", "tiny"] = "tft225"
-    """Model sizes: tft225 (the default), small (d=32: a few thousand training windows) or tiny;
-    the flags below override single fields."""
+    preset: Literal["tft225", "small", "tiny", "compact"] = "tft225"
+    """Model sizes: tft225 (the default), small (d=32: a few thousand training windows), compact
+    (d=16, anchored, with --ema 0.9, 4 checks an epoch, --smooth 3, batch 32) or tiny; the flags
+    below override single fields."""
     workdir: Path = Path("runs/tft/run_001")
     """Checkpoints, metrics.jsonl, summary.json and plots go here (default: a new
     runs/tft/run_NNN; with --resume, the newest of them)."""
@@ -93,7 +94,7 @@ def defaults(argv: list[str] | None) -> Args:
     from tftjax.config import PRESETS
 
     name = pre.preset if pre.preset in PRESETS else "tft225"
-    model, train = with_config(argv, preset(name), TrainConfig())
+    model, train = with_config(argv, preset(name), preset_training(name))
     if pre.resume:
         saved = latest_meta(workdir / "checkpoints", "tft")
         train = TrainConfig.from_json(saved["identity"]["train"])

@@ -27,7 +27,7 @@ from typing import Literal
 
 from tftjax.cli import data_files, parse, peek, run_folder, with_config
 from tftjax.cli import main as cli_main
-from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset
+from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset, preset_training
 from tftjax.training.search import SPACE, format_trials, suggest, tune
 
 __all__ = ["SPACE", "format_trials", "main", "run", "suggest", "tune"]
@@ -43,7 +43,7 @@ class Args:
     dataset: str | None = None
     """Bundled sets instead of --parquet-file, comma-separated (es, spx, nasdaq, btc; the
     us-daily panel from a clone's data/ folder)."""
-    preset: Literal["tft225", "small", "tiny"] = "small"
+    preset: Literal["tft225", "small", "tiny", "compact"] = "small"
     """The model the search starts from (the searched fields are drawn, the rest kept)."""
     config: Path | None = None
     """A settings file (e.g. an earlier best.json) applied before the flags."""
@@ -67,7 +67,7 @@ def defaults(argv: list[str] | None) -> Args:
     from tftjax.config import PRESETS
 
     name = pre.preset if pre.preset in PRESETS else "small"
-    model, train = with_config(argv, preset(name), TrainConfig(epochs=8, patience=2))
+    model, train = with_config(argv, preset(name), preset_training(name, epochs=8, patience=2))
     return Args(model=model, train=train, preset=name,
                 workdir=run_folder(pre.workdir, "runs/tune", False))
 

@@ -236,7 +236,9 @@ class TFTTask:
         val = ("no validation windows" if m["val_loss"] is None else
                f"val loss {m['val_loss']:.4f}  q-risk P50 {m['val_q_risk_50']:.4f} "
                f"P90 {m['val_q_risk_90']:.4f}")
-        return (f"train loss {m['train_loss']:.4f}  {val}  {m['samples_per_s']:.1f} samples/s "
+        part = m.get("data_epoch", m["epoch"])
+        part = f"[{part:.2f} data epochs] " if part != m["epoch"] else ""
+        return (part + f"train loss {m['train_loss']:.4f}  {val}  {m['samples_per_s']:.1f} samples/s "
                 f"({m['epoch_time_s']:.1f} s"
                 + (f"; train step compiled in {m['compile_s']:.1f} s)" if "compile_s" in m else ")"))
 
