@@ -57,8 +57,12 @@ def peer_fold(ds, cfg, tc, seed: int) -> tuple[dict, dict]:
     from pytorch_forecasting.data.encoders import TorchNormalizer
     from pytorch_forecasting.metrics import QuantileLoss
 
+    from tftjax.errors import DataError
+
     if len(ds.series) != 1:
-        raise SystemExit("the peer row takes one series (a panel: one run per series)")
+        raise DataError("the peer row takes one series (a panel: one run per series)")
+    if cfg.target != "bar":
+        raise DataError("the peer trains on each row's own return: --target bar only")
     torch.manual_seed(seed)
     E, D, f = cfg.encoder_steps, cfg.decoder_steps, ds.features
     hist = [f"h{i}" for i in range(f.historical.shape[1])]
@@ -79,7 +83,9 @@ def peer_fold(ds, cfg, tc, seed: int) -> tuple[dict, dict]:
             "test": TimeSeriesDataSet.from_dataset(train, frame(ds, (t0 - E, t1)),
                                                    stop_randomization=True)}
     for name, starts in (("val", sp.val), ("test", sp.test)):  # the same windows
-        assert len(sets[name]) == starts.size, (name, len(sets[name]), starts.size)
+        if len(sets[name]) != starts.size:
+            raise DataError(f"the peer's {name} set holds {len(sets[name])} windows, the "
+                            f"fold's {starts.size}")
     model = TemporalFusionTransformer.from_dataset(
         train, hidden_size=cfg.hidden, attention_head_size=cfg.heads, dropout=cfg.dropout,
         hidden_continuous_size=cfg.d_v, lstm_layers=1, output_size=len(cfg.quantiles),

@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
             raise DataError(f"{label}: its folds are not {base_label}'s (test stretches from "
                             f"{', '.join(s[:10] for s in starts)})")
     head = " | ".join(f"fold {k + 1}" for k in range(len(starts)))
-    print(f"validation P90 q-risk of the kept weights per fold (relative to {base_label})")
+    print(f"validation P90 q-risk of the kept weights per fold (relative to {base_label}); each "
+          "is the figure the run's own early stopping, anchor and combination weight were "
+          "chosen on, so it flatters a variant with more checks or choices")
     print(f"| run | {head} | mean |\n|---|" + "---|" * (len(starts) + 1))
     ref = [f["val_q_risk_90"]["tft"] for f in base["folds"]]
     for label, out in runs:

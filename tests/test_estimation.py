@@ -90,3 +90,26 @@ def test_checks_inside_an_epoch_split_its_batches(tmp_path):
     smoothed = [np.mean(scores[max(i - 1, 0): i + 1]) for i in range(6)]
     assert summary["best_epoch"] == 1 + int(np.argmin(smoothed))
     assert dataclasses.asdict(TrainConfig(ema=0.5))["ema"] == summary["identity"]["train"]["ema"]
+
+
+def test_a_checkpoint_from_before_ema_restores(tmp_path):
+    """A state written before ``ema_params`` existed (its top-level fields: step, params,
+    opt_state, quant_stats) restores into today's state, the missing field empty."""
+    import orbax.checkpoint as ocp
+
+    from tftjax.checkpoints import restore_state
+    from tftjax.training.state import abstract_train_state
+
+    tc = TrainConfig()
+    state = jax.device_get(create_train_state(CFG, tc, jax.random.key(2)))
+    old = {"step": state.step, "params": state.params, "opt_state": state.opt_state,
+           "quant_stats": state.quant_stats}
+    path = tmp_path / "tft_epoch_1"
+    ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(
+        path, args=ocp.args.Composite(state=ocp.args.StandardSave(old)))
+    back = restore_state(path, abstract_train_state(CFG, tc))
+    assert back.ema_params == {}
+    for a, b in zip(jax.tree.leaves(back.params), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(Exception):  # a run with --ema needs its average on disk
+        restore_state(path, abstract_train_state(CFG, TrainConfig(ema=0.9)))

@@ -89,7 +89,7 @@ def test_causal_normalisation_matches_a_per_row_z_score(bars, raw, how, window):
             assert fs.historical[t, j] == pytest.approx(_hand_z(x, t, window), abs=1e-4), name
 
 
-@pytest.mark.parametrize("how", ["train", "expanding"])
+@pytest.mark.parametrize("how", ["train", "expanding", "rolling"])
 def test_causal_changing_later_bars_leaves_rows_up_to_t_unchanged(bars, how):
     cfg = dataclasses.replace(DataConfig(), features="v2", normalise=how)
     stats = build_features(bars, cfg, train_rows=(0, 400)).stats

@@ -104,8 +104,10 @@ class EpochCheckpointer:
     def restore(self, epoch: int, state_like: Any) -> Any:
         """The state of epoch checkpoint ``epoch`` (pending saves finish first)."""
         self.manager.wait_until_finished()
-        return self.manager.restore(epoch, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract(state_like)))).state
+        target, fill = on_disk_fields(self.directory / checkpoint_name(self.prefix, epoch, False),
+                                      state_like)
+        return fill(self.manager.restore(epoch, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract(target)))).state)
 
     def close(self) -> None:
         self.manager.wait_until_finished()
@@ -131,8 +133,33 @@ def read_meta(path: str | Path) -> dict:
 def restore_state(path: str | Path, state_like: Any) -> Any:
     """Restore the state pytree of a checkpoint directory into ``state_like``'s structure."""
     ckpt = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
-    return ckpt.restore(Path(path).absolute(), args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract(state_like)))).state
+    target, fill = on_disk_fields(path, state_like)
+    return fill(ckpt.restore(Path(path).absolute(), args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract(target)))).state)
+
+
+def on_disk_fields(path: str | Path, state_like: Any):
+    """``(target, fill)``: for a dataclass state (a flax ``struct``) whose checkpoint was
+    written before one of its fields existed (``ema_params``), the fields on disk as a dict
+    to restore into, and ``fill`` putting the restored ones back into ``state_like`` with its
+    own value of each missing field, which must be an empty pytree (a field a run actually
+    uses is never missing from its own checkpoints: resume and restore compare the
+    configs first). Anything else: ``state_like`` itself, unchanged."""
+    import dataclasses
+
+    try:
+        saved = set(ocp.PyTreeCheckpointHandler().metadata(
+            Path(path).absolute() / "state").tree)
+    except Exception:  # no readable metadata: restore as asked, orbax reports the rest
+        return state_like, lambda r: r
+    if not dataclasses.is_dataclass(state_like):
+        return state_like, lambda r: r
+    names = [f.name for f in dataclasses.fields(state_like) if f.metadata.get("pytree_node", True)]
+    missing = [n for n in names if n not in saved]
+    if not missing or any(jax.tree.leaves(getattr(state_like, n)) for n in missing):
+        return state_like, lambda r: r
+    target = {n: getattr(state_like, n) for n in names if n in saved}
+    return target, lambda r: state_like.replace(**r)
 
 
 def list_checkpoints(directory: str | Path) -> list[str]:

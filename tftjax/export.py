@@ -147,7 +147,7 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
                           "of one model (drop --calibrate for the float32 members, or train "
                           "without --ensemble)")
     state = restore_checkpoint(ck)
-    params, stats = state.params, state.quant_stats
+    params, stats = state.variables()["params"], state.quant_stats  # --ema: the average
     run_dir, ds = ck.path.resolve().parent.parent, None
     if calibrate_batches:
         ds = load_dataset(find_data_files(ck.meta["identity"]["data"], run_dir), cfg.data,

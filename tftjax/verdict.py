@@ -75,9 +75,10 @@ def combine(y_val: np.ndarray, model_val: np.ndarray, base_val: np.ndarray, qs) 
     """The weight ``w`` (:data:`WEIGHTS`) of the model in ``w · model + (1 - w) · baseline``
     of lowest P90 q-risk on the fold's validation windows (the smallest of a tie: the
     baseline, unless the model adds something there)."""
-    scores = [scoring.from_sums(scoring.window_sums(y_val, w * model_val + (1 - w) * base_val,
-                                                    qs))["q_risk_90"] for w in WEIGHTS]
-    return WEIGHTS[int(np.nanargmin(scores))]
+    scores = np.array([scoring.from_sums(scoring.window_sums(
+        y_val, w * model_val + (1 - w) * base_val, qs))["q_risk_90"] for w in WEIGHTS])
+    best = np.nanmin(scores)  # within 1e-9 relative: a tie (w·b + (1-w)·b is b to an ulp)
+    return WEIGHTS[int(np.flatnonzero(scores <= best + 1e-9 * abs(best))[0])]
 
 
 def by_series(fold: Fold, val_series: np.ndarray, test_series: np.ndarray):

@@ -219,7 +219,8 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
     """
     paths = [default_parquet()] if path is None else (
         list(path) if isinstance(path, (list, tuple)) else [path])
-    bars = [b for p in paths for b in read_series(p, min_rows=WARMUP + cfg.window)]
+    short = None if fold is not None else WARMUP + cfg.window  # a fold: a short one sits out
+    bars = [b for p in paths for b in read_series(p, min_rows=short)]
     names = [series_name(b) for b in bars]
     if instrument is not None:
         if len(bars) != 1 or bars[0].symbol is not None:

@@ -52,6 +52,9 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
     """
     cfg, tc, variables = saved.cfg, saved.tc, saved.variables
     what = saved.what
+    if (int8 or calibrate_batches) and cfg.ensemble > 1:
+        raise ConfigError(f"{saved.path} is an ensemble of {cfg.ensemble} members: int8 "
+                          "inference is of one model (train without --ensemble)")
     if calibrate_batches and not int8:
         raise ConfigError("--calibrate needs --int8 (it calibrates the int8 activation ranges)")
     if quant_options and not calibrate_batches:

@@ -197,4 +197,4 @@ def initial_weights(init_from: str | Path, cfg: TFTConfig, ds: Dataset) -> Initi
     if same_quant:  # keep the ranges; count this run's steps (for --qat-freeze-after)
         stats = jax.tree.map(lambda m: m._replace(count=jnp.minimum(m.count, 1)),
                              as_minmax(state.quant_stats), is_leaf=lambda t: hasattr(t, "_fields"))
-    return Initial(state.params, stats, source, note)
+    return Initial(state.variables()["params"], stats, source, note)  # what it shipped

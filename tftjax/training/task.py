@@ -50,6 +50,9 @@ class TFTTask:
                 raise ConfigError(f"--qat-layers {' '.join(bad)} matches no layer; layers are "
                                   "named like " + ", ".join(layer_names(shapes["params"])[:4])
                                   + ", … (tftjax.quant_tree.layer_names)")
+        if tc.ema > 0 and cfg.qat:
+            raise ConfigError("--ema and --qat do not go together (the observers follow the "
+                              "raw weights, not their average)")
         # --evals-per-epoch k: the loop's "epochs" are the k checks of every data epoch
         self.checks = tc.evals_per_epoch
         self.epochs, self.patience = tc.epochs * self.checks, tc.patience
@@ -90,6 +93,8 @@ class TFTTask:
                 params=jax.tree.map(place, self.init.params, state.params),
                 quant_stats=(jax.tree.map(place, self.init.quant_stats, state.quant_stats)
                              if self.init.quant_stats else state.quant_stats))
+            if state.ema_params:  # --ema: the average starts at the loaded weights
+                state = state.replace(ema_params=jax.tree.map(jnp.copy, state.params))
         # replicated over the mesh, as the train step returns it: one compile
         return self.par.replicate(state)
 
@@ -135,7 +140,9 @@ class TFTTask:
         cal = (f"; bar {format_interval(clock.interval)}, calendar {clock.calendar or 'none'}, "
                f"clock {clock.zone or 'as stored'}")
         return (warn + (note + "\n" if note else "")
-                + f"TFT {n:,} parameters; {ds.describe()}; windows "
+                + f"TFT {n:,} parameters" + (f" ({self.cfg.ensemble} members)"
+                                              if self.cfg.ensemble > 1 else "")
+                + f"; {ds.describe()}; windows "
                 f"train {ds.splits.train.size:,} / val {ds.splits.val.size:,} / test "
                 f"{ds.splits.test.size:,}{cal}; remat={self.cfg.remat}, batch "
                 f"{self.tc.batch_size}"
