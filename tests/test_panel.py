@@ -24,7 +24,11 @@ NS_YEAR = 365.25 * 86_400 * 10**9
 CFG = preset("tiny").data
 
 
-def test_the_us_daily_panel_loads_with_its_source_recorded():
+def test_the_us_daily_panel_loads_with_its_source_recorded(monkeypatch):
+    import tftjax
+
+    if REPO not in Path(tftjax.__file__).resolve().parents:  # installed, not from this clone
+        monkeypatch.setenv("TFTJAX_DATA_DIR", str(REPO / "data"))
     path = bundled_path("us-daily")
     assert path == REPO / "data" / PANELS["us-daily"]  # in the repository, not the wheel
     series = read_series(path)
@@ -41,6 +45,13 @@ def test_the_us_daily_panel_loads_with_its_source_recorded():
     aapl = next(b for b in series if b.symbol == "AAPL")
     day = int(np.searchsorted(aapl.ts, np.datetime64("2014-06-09", "ns").astype(np.int64)))
     assert abs(np.log(aapl.close[day] / aapl.close[day - 1]) - 0.016) < 0.002
+
+
+def test_a_missing_panel_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TFTJAX_DATA_DIR", str(tmp_path))
+    rc = call(backtest.main, *TINY_TFT, "--dataset", "us-daily", "--workdir", tmp_path / "bt")
+    err = capsys.readouterr().err
+    assert rc == 2 and "is kept in the repository's data/ folder" in err and err.count("\n") == 1
 
 
 def _long_file(path, parts):
