@@ -31,20 +31,12 @@ import json
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-
-def frame(ds, rows: tuple[int, int]):
-    import pandas as pd
-
-    f = ds.features
-    a, b = rows
-    cols = {"time_idx": np.arange(a, b), "group": "s", "target": f.target[a:b]}
-    cols.update({f"h{i}": f.historical[a:b, i] for i in range(f.historical.shape[1])})
-    cols.update({f"k{i}": f.known[a:b, i] for i in range(f.known.shape[1])})
-    cols.update({f"s{i}": np.full(b - a, f.static[i], np.float32) for i in range(f.static.size)})
-    return pd.DataFrame(cols)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vs_pytorch_forecasting import frame  # noqa: E402 - the same DataFrame of the features
 
 
 def peer_fold(ds, cfg, tc, seed: int) -> tuple[dict, dict]:
