@@ -20,6 +20,22 @@ from tftjax.training.evaluation import window_targets
 from tftjax.training.trainer import epoch_indices
 
 CFG = preset("tiny", remat="off", matmul_precision="highest")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_cache_writes():
+    """This module's programs are not written to the persistent compilation cache: once, in
+    the full tier on a loaded machine, XLA:CPU aborted the process inside
+    ``executable.serialize()`` while writing the vmapped ensemble's train step (jax 0.10.2;
+    not reproduced alone). The tests are about the ensemble, not the cache."""
+    from jax._src import compilation_cache  # whether the cache is used is decided once
+
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    yield
+    jax.config.update("jax_enable_compilation_cache", before)
+    compilation_cache.reset_cache()
 TC = TrainConfig(batch_size=32, learning_rate=1e-3, seed=3)
 N = 3
 
