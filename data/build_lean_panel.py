@@ -84,7 +84,7 @@ def main() -> None:
         s = series(a.lean, a.rev, t)
         parts.append(pa.table({"symbol": [t.upper()] * s["ts"].size, **s}))
         print(f"{t.upper():5s} {s['ts'].size:6,} bars {s['ts'][0]} to {s['ts'][-1]}")
-    pq.write_table(pa.concat_tables(parts), OUT, compression="zstd")
+    pq.write_table(pa.concat_tables(parts), OUT, compression="zstd", compression_level=19)
     print(f"wrote {OUT} ({OUT.stat().st_size:,} bytes)")
 
 
