@@ -124,6 +124,21 @@ def bars_columns(bars: Bars) -> dict:
 
 
 @pytest.fixture(scope="session")
+def predict_run(tmp_path_factory):
+    """The tiny model of one epoch on :func:`short_es` (copied to ``ROOT/bars.parquet``: its
+    series is named ``bars``), in ``ROOT/run``: what the forecast tests ask."""
+    import shutil
+
+    from test_runloop import TINY_TRAIN
+
+    root = tmp_path_factory.mktemp("predict")
+    shutil.copy(short_es(), root / "bars.parquet")
+    assert call(__import__("tftjax.train").train.main, *TINY_TRAIN, "--epochs", "1",
+                "--workdir", root / "run", "--parquet-file", root / "bars.parquet") == 0
+    return root
+
+
+@pytest.fixture(scope="session")
 def small_bars() -> Bars:
     return random_bars(1500, seed=1)
 

@@ -200,13 +200,13 @@ def test_forecasts_of_every_series_are_their_scored_windows(run, files, tmp_path
     j = int(np.flatnonzero(ds.series_of(test) == 1)[3])  # a test window of alt
     origin = ds.ts[test[j] + e - 1]
     f = forecast(saved, as_of=str(np.datetime64(int(origin), "ns")))
-    assert list(f["table"]["instrument"][:: saved.cfg.decoder_steps]) == ["es", "alt"]
+    assert list(f.table["instrument"][:: saved.cfg.decoder_steps]) == ["es", "alt"]
     # same step, another batch row: a few ulps (tests/test_predict.py says why)
-    np.testing.assert_allclose(f["pred"][1], scored[j], rtol=1e-5,
+    np.testing.assert_allclose(f.pred[1], scored[j], rtol=1e-5,
                                atol=1e-6 * np.abs(scored[j]).max())
     scale = ds.series[1].features.stats.target_scale
-    np.testing.assert_array_equal(f["table"]["q50"][saved.cfg.decoder_steps:],
-                                  f["pred"][1][:, 1].astype(np.float64) * scale)
+    np.testing.assert_array_equal(f.table["q50"][saved.cfg.decoder_steps:],
+                                  f.pred[1][:, 1].astype(np.float64) * scale)
     out = tmp_path / "f.csv"
     assert call(predict_cli.main, "--checkpoint", run, "--out", out) == 0
     import pyarrow.csv as pcsv
@@ -214,6 +214,35 @@ def test_forecasts_of_every_series_are_their_scored_windows(run, files, tmp_path
     t = pcsv.read_csv(out).to_pydict()
     assert t["instrument"] == ["es"] * 5 + ["alt"] * 5
     assert len(set(t["data_sha256"])) == 2  # each series' own data
+
+
+@pytest.mark.slow
+@GROUP
+def test_a_universe_file_with_a_new_listing_forecasts_under_embed(run, files, tmp_path):
+    """A symbol that starts after the model's training cut has no training rows to fit
+    statistics on: it takes the trained series' pooled statistics, and the file says so."""
+    es, alt = read_bars(files / "es.parquet"), read_bars(files / "alt.parquet")
+    new = random_bars(len(es), seed=7).replace(ts=es.ts).slice(520, len(es))  # after the cut
+    table = pa.concat_tables([pa.table({**bars_columns(b), "symbol": [name] * len(b)})
+                              for name, b in (("es", es), ("alt", alt), ("new", new))])
+    pq.write_table(table, tmp_path / "universe.parquet")
+    saved = open_model(run)
+    cut = saved.featurisation["cuts"][0]
+    assert new.ts[0] > cut  # no row of the new listing before the training cut
+    f = forecast(saved, tmp_path / "universe.parquet", unknown="embed")
+    d = saved.cfg.decoder_steps
+    assert f.table["instrument"][::d].tolist() == ["alt", "es", "new"]
+    assert f.table["stats_from"][::d].tolist() == ["trained", "trained", "pooled"]
+    assert np.isfinite(f.pred).all()
+    # the pooled statistics: the trained series' training rows taken together, checked
+    # against the two series' own (a row-count-weighted mean of their means)
+    stats = saved.featurisation["stats"]
+    w = np.array([stats[n].train_rows[1] - stats[n].train_rows[0] for n in ("es", "alt")], float)
+    mean = (w[0] * stats["es"].hist_mean + w[1] * stats["alt"].hist_mean) / w.sum()
+    np.testing.assert_allclose(f.dataset.series[2].features.stats.hist_mean, mean, rtol=1e-12)
+    # without embed the same file is refused in one line, naming the symbol
+    with pytest.raises(DataError, match="instrument 'new' is not one the model was trained on"):
+        forecast(saved, tmp_path / "universe.parquet")
 
 
 @pytest.mark.slow
@@ -291,8 +320,8 @@ def test_long_files_split_by_symbol(files, tmp_path):
     ("intervals", "series of different bar intervals in one run: es 1min, hourly 1h"),
     ("missing_dir", "--out"),
     ("as_of_after", "is after the data: the last bar of"),
-    ("as_of_before", "can be an origin at or before --as-of 2013-09-01"),
-    ("dqn", "not a TFT checkpoint (kind 'dqn')"),
+    ("as_of_before", "can be an origin at --as-of 2013-09-01"),
+    ("dqn", "not a TFT checkpoint (a DQN trader's)"),
 ])
 @pytest.mark.slow
 @GROUP

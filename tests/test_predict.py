@@ -2,13 +2,10 @@
 bit, no bar after the origin in them, the times they show against the bars' own, and the
 refusals."""
 
-import shutil
-
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import call, short_es
-from test_runloop import TINY_TRAIN
+from conftest import call
 
 from tftjax import predict as predict_cli
 from tftjax.data import load_dataset, read_bars, to_device, write_bars
@@ -19,13 +16,9 @@ from tftjax.training import Trainer
 GROUP = pytest.mark.xdist_group("runloop_base")  # the tiny runs' compiled steps
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("predict")
-    shutil.copy(short_es(), root / "bars.parquet")
-    assert call(__import__("tftjax.train").train.main, *TINY_TRAIN, "--epochs", "1",
-                "--workdir", root / "run", "--parquet-file", root / "bars.parquet") == 0
-    return root
+@pytest.fixture
+def run(predict_run):
+    return predict_run
 
 
 @GROUP
@@ -39,15 +32,15 @@ def test_a_forecast_is_the_scored_prediction_of_its_window(run):
     for j in (0, len(test) - 1):
         origin = ds.bars.ts[test[j] + e - 1]
         f = forecast(saved, as_of=str(np.datetime64(int(origin), "ns")))
-        assert f["rows"].tolist() == [test[j] + e - 1]
+        assert f.rows.tolist() == [test[j] + e - 1]
         # the same compiled step on the same inputs, but the window sits in another row of
         # the batch: a GEMM may take another kernel path (SIMD remainder, FMA) for that row,
         # a few float32 ulps per layer over ~20 layers; a wrong window is off by O(1)
-        np.testing.assert_allclose(f["pred"][0], scored[j], rtol=1e-5,
+        np.testing.assert_allclose(f.pred[0], scored[j], rtol=1e-5,
                                    atol=1e-6 * np.abs(scored[j]).max())
-        q = f["table"]["q50"]  # the file's column is the forecast's own, times the scale
+        q = f.table["q50"]  # the file's column is the forecast's own, times the scale
         np.testing.assert_array_equal(
-            q, f["pred"][0][:, 1].astype(np.float64) * saved.feature_stats.target_scale)
+            q, f.pred[0][:, 1].astype(np.float64) * saved.feature_stats.target_scale)
 
 
 @GROUP
@@ -65,8 +58,8 @@ def test_bars_after_the_origin_do_not_move_the_forecast(run, tmp_path):
                            volume=np.where(k, bars.volume * 3 + 1, bars.volume))
     write_bars(changed, tmp_path / "changed.parquet")
     b = forecast(saved, tmp_path / "changed.parquet", as_of=as_of, instrument="bars")
-    assert a["rows"].tolist() == b["rows"].tolist() == [o]
-    np.testing.assert_array_equal(a["pred"], b["pred"])
+    assert a.rows.tolist() == b.rows.tolist() == [o]
+    np.testing.assert_array_equal(a.pred, b.pred)
 
 
 @GROUP
@@ -77,9 +70,17 @@ def test_predict_writes_the_documented_file(run, tmp_path, capsys):
     assert "| bar | time | q10 (log ret)" in capsys.readouterr().out
     t = pq.read_table(out).to_pydict()
     qs = ["q10", "q50", "q90"]
-    assert list(t) == ["instrument", "origin_time", "target_time", "horizon", "close_at_origin",
-                       *[c for q in qs for c in (q, f"price_{q}")], "checkpoint", "data_sha256"]
-    assert set(t["checkpoint"]) == {str(run / "run")}
+    # naive bars: naive times and no UTC columns; a per-bar target: no price quantiles
+    assert list(t) == ["instrument", "origin_time", "target_time", "horizon", "bar_expected",
+                       "split", "missing_bars", "close_at_origin", *qs, "realised", "loss_q50",
+                       "loss_q90", "stats_from", "data_sha256"]
+    meta = pq.read_schema(out).metadata
+    assert meta[b"tftjax.checkpoint"] == str(run / "run").encode()
+    assert meta[b"tftjax.checkpoint_epoch"] == b"1"
+    assert meta[b"tftjax.time_zone"].startswith(b"none: naive")
+    from tftjax.provenance import tree_sha256
+
+    assert meta[b"tftjax.weights_sha256"].decode() == tree_sha256(open_model(run / "run").variables)
     from tftjax.data.identity import content_hash
 
     assert set(t["data_sha256"]) == {content_hash(read_bars(run / "bars.parquet"))}
@@ -92,7 +93,10 @@ def test_predict_writes_the_documented_file(run, tmp_path, capsys):
     targets = np.array(t["target_time"], "datetime64[ns]")
     assert origins[-1] == last
     np.testing.assert_array_equal(targets[-5:], last + np.arange(1, 6) * np.timedelta64(1, "m"))
-    assert np.allclose(t["price_q50"], np.array(t["close_at_origin"]) * np.exp(t["q50"]))
+    # the realised target and its loss where the data has it: the last origin has none
+    assert np.isnan(t["realised"][-5:]).all() and np.isfinite(t["realised"][0])
+    err = t["realised"][0] - t["q90"][0]
+    assert t["loss_q90"][0] == pytest.approx(max(0.9 * err, -0.1 * err), rel=1e-12)
     assert (tmp_path / "fan.png").stat().st_size > 1000
 
 
@@ -100,7 +104,7 @@ def test_predict_writes_the_documented_file(run, tmp_path, capsys):
     (["--origins", "x"], "--origins must be last, all or a number >= 1, got 'x'"),
     (["--out", "f.txt"], "give a .parquet or .csv file"),
     (["--as-of", "yesterday"], "--as-of 'yesterday' is not a time"),
-    (["--as-of", "1990-01-01"], "can be an origin at or before --as-of 1990-01-01"),
+    (["--as-of", "1990-01-01"], "can be an origin at --as-of 1990-01-01"),
 ])
 @GROUP
 def test_bad_predict_flags_exit_2(run, tmp_path, capsys, args, expect):

@@ -9,10 +9,12 @@ this map names every module::
   remat                 remat tiers → jax.checkpoint policies
   data.sessions         exchange sessions and their slot grid
   data.calendar         bar interval, time zones, the Timeline, known-future inputs
+  data.instants         times a user gives (--as-of, --start, --end) on a series' clock
   train_config          TrainConfig: how the TFT is optimised (also in config)
   data_config           DataConfig: how bars become windows, the TFT-225 layout (also in config)
   config                frozen configs of the data and the TFT; presets; TrainConfig's name
   data.bundled          the bundled bar sets (ES 1-minute, S&P 500 daily, BTC hourly)
+  data.sources          where bars come from: a parquet file or a table in memory
   data.bars             read and validate a parquet OHLCV file → Bars
   data.identity         a data file's content hash, and finding the file again
   volatility            EWMA, range and HAR volatility models; the anchors of --anchor
@@ -67,7 +69,9 @@ this map names every module::
   export_int8           the int8 export's activation scales and zero points, sample windows
   export                safetensors export (float32 and int8) and its loader
   saved                 any saved TFT (checkpoint, run folder, export) as one record
+  forecast_table        the forecast file: its tidy table, times, zones, losses, metadata
   forecast              quantile forecasts of a saved TFT from chosen origins (no lookahead)
+  api                   the Python API: tftjax.load(path).forecast(bars, as_of=...)
   dqn.config            the DQN's configuration and presets
   dqn.buffer            the replay buffer
   dqn.agent             Q-network and the double-DQN loss
@@ -88,3 +92,11 @@ Entry points (``python -m``; they import the library, never each other): ``tftja
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "load":  # tftjax.load(path): the Python API, imported on first use
+        from tftjax.api import load
+
+        return load
+    raise AttributeError(f"module 'tftjax' has no attribute {name!r}")

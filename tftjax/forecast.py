@@ -2,20 +2,30 @@
 
 An origin is a bar; its forecast is the window whose last encoder bar it is, run through the
 same compiled eval step that :func:`tftjax.training.evaluate_model` scores (so a forecast and
-the scored prediction of the same window agree to float32 round-off), with the decoder's known inputs
-from the calendar slots after the origin (:class:`tftjax.data.calendar.Timeline`), never from
-bars after it. The data is featurised with the *training* statistics saved with the model.
+the scored prediction of the same window agree to float32 round-off), with the decoder's known
+inputs from the calendar slots after the origin (:class:`tftjax.data.calendar.Timeline`),
+never from bars after it. The data is featurised with the *training* statistics saved with
+the model. All origins go through the device in batches of one compiled program; no train
+step is built.
+
+Origins: each series' last bar at or before ``as_of`` (default its last bar); ``origins`` N
+or ``all`` its last N or every eligible bar up to it; ``start``/``end`` (or ``split``) a
+range of origins, every one in it unless ``origins`` is N. Times without a UTC offset are
+read on the data's own clock (:mod:`tftjax.data.instants`). The table is
+:mod:`tftjax.forecast_table`'s.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 from tftjax.config import WARMUP
 from tftjax.data import Dataset, to_device
-from tftjax.data.calendar import Timeline
+from tftjax.data.instants import parse_times
 from tftjax.errors import ConfigError
-from tftjax.training import SavedModel, Trainer
+from tftjax.forecast_table import SPLITS, Forecast, build, split_of
 
 
 def eligible_origins(ds: Dataset, encoder_steps: int) -> np.ndarray:
@@ -25,102 +35,109 @@ def eligible_origins(ds: Dataset, encoder_steps: int) -> np.ndarray:
                            for s, o in zip(ds.series, ds.offsets)])
 
 
+def _count(origins: str) -> int | None:
+    if origins in ("last", "all"):
+        return None
+    try:
+        n = int(origins)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"--origins must be last, all or a number >= 1, got {origins!r}")
+    return n
+
+
 def choose_origins(ds: Dataset, encoder_steps: int, as_of: str | None = None,
-                   origins: str = "last") -> np.ndarray:
-    """Origin rows of every series: its last bar at or before ``as_of`` (default: its last
-    bar), or with ``origins`` ``N`` its last N eligible bars up to it, ``all`` every eligible
-    bar up to it.
+                   origins: str = "last", *, start: str | None = None, end: str | None = None,
+                   split: str | None = None, own_splits: bool = True,
+                   only: tuple[str, ...] | None = None) -> np.ndarray:
+    """Origin rows of every series (see the module docstring).
 
     Raises:
-      ConfigError: a bad ``as_of``/``origins``, an ``as_of`` outside the data, or a series
-        without an eligible bar.
+      ConfigError: a bad time, count or split, ``start`` after ``end``, or a series without an
+        eligible bar in the range.
     """
-    n = None
-    if origins not in ("last", "all"):
-        try:
-            n = int(origins)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ConfigError(f"--origins must be last, all or a number >= 1, got {origins!r}")
+    n = _count(origins)
+    times = parse_times(as_of, start, end)
+    if split is not None:
+        if split not in SPLITS:
+            raise ConfigError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if not own_splits:
+            raise ConfigError(f"--split {split}: these bars are not the model's own data and "
+                              "the model has no split times (one series split by fractions): "
+                              "give --start/--end")
+    ranged = start is not None or end is not None or split is not None
     rows = eligible_origins(ds, encoder_steps)
-    if as_of is not None:
-        try:
-            t = np.datetime64(as_of, "ns").astype(np.int64)
-        except ValueError:
-            raise ConfigError(f"--as-of {as_of!r} is not a time (e.g. 2024-03-01T16:00)") from None
-        for s in ds.series:  # a stale origin is not what "as of" asks for
-            last = int(s.bars.ts[-1])
-            if t > last + s.features.stats.clock.interval:
-                raise ConfigError(f"--as-of {as_of} is after the data: the last bar of "
-                                  f"{s.bars.path} is {np.datetime64(last, 'ns')} (drop --as-of "
-                                  "to forecast from each series' last bar)")
-        rows = rows[ds.ts[rows] <= t]
     which = ds.series_of(rows)
+    keep = np.ones(rows.size, bool) if not only else np.isin(np.array(ds.names)[which], only)
+    for i, s in enumerate(ds.series):  # each series' own clock: instants or its wall clock
+        mine = which == i
+        ts = ds.ts[rows[mine]]
+        clock = s.features.stats.clock
+        for key, ok in (("as_of", np.less_equal), ("end", np.less_equal),
+                        ("start", np.greater_equal)):
+            t = times[key]
+            if t is not None:
+                keep[mine] &= ok(ts, t.on_clock(s.bars.tz, clock.zone, str(s.bars.path)))
+    if split is not None:
+        keep &= split_of(ds, rows, encoder_steps) == split
+    rows, which = rows[keep], which[keep]
     out = []
     for i, s in enumerate(ds.series):
         mine = rows[which == i]
+        if only and s.name not in only:
+            continue
         if mine.size == 0:
+            where = " ".join(f"--{k.replace('_', '-')} {v.text}" for k, v in times.items() if v)
+            where += f" --split {split}" if split else ""
             raise ConfigError(f"no bar of {s.bars.path} can be an origin"
-                              + (f" at or before --as-of {as_of}" if as_of else "")
+                              + (f" at {where}" if where else "")
                               + f": an origin needs {WARMUP + encoder_steps - 1} bars before it")
-        out.append(mine[-1:] if origins == "last" else mine if origins == "all" else mine[-n:])
+        out.append(mine[-n:] if n else mine if ranged or origins == "all" else mine[-1:])
     return np.concatenate(out)
 
 
-def forecast(saved: SavedModel, parquet_file=None, *, as_of: str | None = None,
-             origins: str = "last", mode: str | None = None, unknown: str = "refuse",
-             instrument: str | None = None) -> dict:
-    """Forecast table (column name → array, one row per series, origin and horizon step)
-    and the dataset it came from.
+def forecast(saved, bars: Any = None, *, as_of: str | None = None, origins: str = "last",
+             start: str | None = None, end: str | None = None, split: str | None = None,
+             series: tuple[str, ...] | None = None, mode: str | None = None,
+             unknown: str = "refuse", instrument: str | None = None,
+             stale_after: int = 1) -> Forecast:
+    """Forecast from a :class:`~tftjax.training.SavedModel`.
 
-    Columns: ``instrument``, ``origin_time`` and ``target_time`` (int64 ns, the bars' clock),
-    ``horizon`` (1…D), ``close_at_origin``, ``q{p}`` the quantiles of bar k's 1-bar log
-    return (that series' training scale multiplied back; with ``--target cumulative``, of the
-    k-bar log return from the origin) and ``price_q{p}`` = the origin's close times
-    ``exp(q{p})``: bar 1's close quantiles exactly, and with a cumulative target bar k's too;
-    for a per-bar target and k > 1 the origin's close moved by bar k's own return quantile (a
-    per-bar quantile forecast does not determine the quantiles of the cumulative path).
+    Args:
+      bars: parquet file(s), or a pyarrow/pandas table (default: the model's training data).
+      as_of, origins, start, end, split: which origins (the module docstring).
+      series: only these series (names of the model's vocabulary or the data's).
+      mode: ``int8`` for the int8 path, ``float`` for an int8 export's float weights.
+      unknown, instrument: :func:`tftjax.data.load_dataset`'s.
+      stale_after: warn when more than this many calendar slots lie between an origin and
+        the as-of with no bar (a stale last bar).
     """
     from tftjax.training.evaluation import saved_dataset
+    from tftjax.training.trainer import predict_windows
 
     cfg = saved.cfg
-    ds = saved_dataset(saved, parquet_file, unknown=unknown, instrument=instrument,
-                       need_splits=False)
-    e, d = cfg.encoder_steps, cfg.decoder_steps
-    rows = choose_origins(ds, e, as_of, origins)
+    ds = saved_dataset(saved, bars, unknown=unknown, instrument=instrument, need_splits=False)
+    if series:
+        missing = [n for n in series if n not in ds.names]
+        if missing:
+            known = ", ".join(ds.names)
+            raise ConfigError(f"--series {','.join(missing)}: not a series of this data "
+                              f"({known}; the model knows {', '.join(saved_vocab(saved))})")
+    own = ds.cuts is not None or bars is None or (
+        ds.identity().get("sha256") == (saved.data or {}).get("sha256"))
+    e = cfg.encoder_steps
+    rows = choose_origins(ds, e, as_of, origins, start=start, end=end, split=split,
+                          own_splits=own, only=series)
     starts = (rows - (e - 1)).astype(np.int32)
-    trainer = Trainer(cfg, saved.tc, to_device(ds.features))
     variables = saved.variables
     if mode == "float" and saved.float_variables is not None:
         variables = saved.float_variables
-    pred, _ = trainer.predict(variables, starts, mode)  # [n, D, Q], target units
-    which = ds.series_of(rows)
-    scale = np.array([s.features.stats.target_scale for s in ds.series])[which]
-    q = pred.astype(np.float64) * scale[:, None, None]  # 1-bar log returns
-    target_time = np.empty((rows.size, d), np.int64)
-    for i, s in enumerate(ds.series):  # each series' calendar slots after its origins
-        sel = which == i
-        tl = Timeline(s.bars.ts, s.features.stats.clock, d, str(s.bars.path))
-        fut_utc, _ = tl.future(d)
-        local = rows[sel] - ds.offsets[i]
-        target_time[sel] = s.bars.ts[local][:, None] + (fut_utc[local] - tl.utc[local][:, None])
-    close = ds.close[rows].astype(np.float64)
-    n = rows.size
-    out = {
-        "instrument": np.repeat(np.array(ds.names)[which], d),
-        "origin_time": np.repeat(ds.ts[rows], d),
-        "target_time": target_time.reshape(-1),
-        "horizon": np.tile(np.arange(1, d + 1), n),
-        "close_at_origin": np.repeat(close, d),
-    }
-    for j, p in enumerate(cfg.quantiles):
-        name = f"q{p * 100:g}"
-        out[name] = q[:, :, j].reshape(-1)
-        out[f"price_{name}"] = np.repeat(close, d) * np.exp(out[name])
-    ident = ds.identity()  # what produced the numbers: each series' own data
-    shas = np.array([p["sha256"] for p in ident["series"]] if "series" in ident
-                    else [ident["sha256"]])
-    out["checkpoint"] = np.array([str(saved.given)] * (n * d))
-    out["data_sha256"] = np.repeat(shas[which], d)
-    return {"table": out, "dataset": ds, "rows": rows, "starts": starts, "pred": pred}
+    pred = predict_windows(cfg, saved.tc, to_device(ds.features), variables, starts, mode)
+    return build(saved, ds, rows, starts, pred, as_of=as_of, own_splits=own,
+                 stale_after=stale_after)
+
+
+def saved_vocab(saved) -> tuple[str, ...]:
+    fz = saved.featurisation or {}
+    return tuple(fz.get("vocab") or ()) or ("one unnamed series",)

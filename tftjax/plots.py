@@ -33,8 +33,9 @@ def loss_curves(path: Path, history: list[dict]) -> None:
 
 
 def quantile_fan(path: Path, target_history: np.ndarray, target: np.ndarray, pred: np.ndarray,
-                 quantiles, titles: list[str]) -> None:
-    """``target_history [k, T_e]``, ``target [k, T_d]``, ``pred [k, T_d, Q]``."""
+                 quantiles, titles: list[str], ylabel: str = "return / train std") -> None:
+    """``target_history [k, T_e]``, ``target [k, T_d]``, ``pred [k, T_d, Q]`` (in the units
+    ``ylabel`` names)."""
     plt = _plt()
     k = len(target)
     fig, axes = plt.subplots(1, k, figsize=(4 * k, 3.4), squeeze=False)
@@ -53,7 +54,7 @@ def quantile_fan(path: Path, target_history: np.ndarray, target: np.ndarray, pre
         ax.axvline(-0.5, color="0.7", ls=":")
         ax.set_title(titles[i], fontsize=9)
         ax.set_xlabel("step (0 = first forecast bar)")
-    axes[0][0].set_ylabel("return / train std")
+    axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

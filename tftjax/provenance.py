@@ -77,3 +77,20 @@ def write_result(path: str | Path, results: Any, args: Any = None) -> dict:
     print(describe(p))
     print(f"# wrote {path}")
     return p
+
+
+def tree_sha256(tree: Any) -> str:
+    """SHA-256 of a pytree of arrays: every leaf's path, dtype, shape and bytes, in path
+    order (the identity of a model's weights, recorded in the files made from them)."""
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    h = hashlib.sha256()
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    for path, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()

@@ -20,9 +20,7 @@ their zone (:attr:`Bars.tz`); see :mod:`tftjax.data.calendar`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tftjax.config import WARMUP, DataConfig
+from tftjax.data.sources import read_table
 from tftjax.errors import DataError
 
 TIME_COLUMNS = ("ts", "ts_event", "timestamp", "datetime", "date")
@@ -215,8 +214,8 @@ def validate(bars: Bars, min_rows: int) -> None:
         )
     if len(bars) < min_rows:
         raise DataError(
-            f"{path}: {len(bars)} rows, need at least {min_rows} "
-            "(one encoder+decoder window plus the feature warm-up)"
+            f"{path}: {len(bars)} rows, need at least {min_rows} (the {WARMUP}-bar feature "
+            f"warm-up, then {min_rows - WARMUP} for a window)"
         )
 
 
@@ -227,33 +226,19 @@ def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
     Raises:
       DataError: naming the file, the column and the first offending row.
     """
-    table, sha = _read_table(path)
-    path_s = str(path)
+    table, sha, path_s = read_table(path)
     notes = _check_one_instrument(table, path_s)
     return _from_table(table, path_s, sha, tuple(notes), min_rows)
-
-
-def _read_table(path: str | os.PathLike) -> tuple[pa.Table, str]:
-    p, path_s = Path(path), str(path)
-    if not p.exists():
-        raise DataError(f"{path_s}: file not found")
-    if p.is_dir():
-        raise DataError(f"{path_s}: is a directory, expected a parquet file")
-    try:
-        raw = p.read_bytes()
-        return pq.read_table(pa.BufferReader(raw)), hashlib.sha256(raw).hexdigest()
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise DataError(f"{path_s}: not a readable parquet file ({type(e).__name__}: {e})") from None
 
 
 def read_series(path: str | os.PathLike, *, min_rows: int | None = None) -> list[Bars]:
     """The series of a parquet file: one, or for a long file (a symbol column whose
     instruments interleave or overlap in time) one per symbol, in the order of their names,
     each validated on its own (``path`` reads ``FILE[SYMBOL]`` in messages)."""
-    table, sha = _read_table(path)
-    found = _check_one_instrument(table, str(path), long=True)
+    table, sha, path = read_table(path)
+    found = _check_one_instrument(table, path, long=True)
     if isinstance(found, list):
-        return [_from_table(table, str(path), sha, tuple(found), min_rows)]
+        return [_from_table(table, path, sha, tuple(found), min_rows)]
     name, symbols = found
     col = table.column(name)
     out = []

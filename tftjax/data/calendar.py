@@ -5,7 +5,9 @@ never what the data later shows. A window whose last encoder bar is at ``T``
 gets, at decoder step ``k`` (``k = 1 .. D``), the calendar features of the
 ``k``-th *calendar slot* after ``T``:
 
-- without a calendar, ``T + k·Δ`` (``Δ`` the nominal bar interval);
+- without a calendar, ``T + k·Δ`` (``Δ`` the nominal bar interval); for daily bars whose
+  training rows hold no weekend bar, the ``k``-th weekday after ``T`` (holidays are not
+  known without a calendar: give ``--calendar`` for them);
 - with an exchange calendar (``--calendar CMES``, ``XNYS``, ``24/7`` …), the
   ``k``-th slot of the calendar's sessions after ``T``: intraday bars step
   through each session's open ``+ j·Δ`` (a session with a break restarts
@@ -120,13 +122,18 @@ class Clock:
     data_zone: str | None
     """The zone of the data's own timestamps (None: naive)."""
     calendar: str | None
+    weekdays: bool = False
+    """Daily bars without a calendar whose training rows hold no Saturday or Sunday bar: the
+    slots are Monday to Friday (holidays unknown). False: every calendar day is a slot (24/7
+    daily data, and models saved before this field)."""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> "Clock":
-        return cls(int(d["interval"]), d.get("zone"), d.get("data_zone"), d.get("calendar"))
+        return cls(int(d["interval"]), d.get("zone"), d.get("data_zone"), d.get("calendar"),
+                   bool(d.get("weekdays", False)))
 
     @property
     def daily(self) -> bool:
@@ -157,7 +164,17 @@ def make_clock(ts: np.ndarray, data_zone: str | None, train_rows: tuple[int, int
         raise ConfigError(f"--calendar {calendar}: bars of {format_interval(interval)} are longer "
                           "than a session; a calendar works with intraday or daily bars (leave "
                           "--calendar out for weekly bars)")
-    return Clock(max(interval, 1), zone, data_zone, calendar)
+    weekdays = False
+    if not calendar and DAILY[0] <= interval <= DAILY[1]:  # trading days or every day?
+        a, b = train_rows
+        wall = ts[a:b] if data_zone is None else to_wall(ts[a:b], zone)
+        weekdays = bool(wall.size) and not np.any(day_of_week(wall) >= 5)
+    return Clock(max(interval, 1), zone, data_zone, calendar, weekdays)
+
+
+def day_of_week(wall: np.ndarray) -> np.ndarray:
+    """Monday 0 … Sunday 6 of wall-clock times (ns; 1970-01-01 was a Thursday)."""
+    return (np.floor_divide(np.asarray(wall, np.int64), NS_DAY) + 3) % 7
 
 
 class Timeline:
@@ -187,10 +204,19 @@ class Timeline:
             return wall - wall % NS_DAY
         return utc
 
+    @staticmethod
+    def _days(wall: np.ndarray) -> np.ndarray:
+        """Wall-clock dates, a weekend date rolled back to its Friday (its latest slot)."""
+        d = (np.floor_divide(wall, NS_DAY)).astype("datetime64[D]")
+        return np.busday_offset(d, 0, roll="backward")
+
     def slot_index(self) -> np.ndarray:
         """Position of every bar on the slot grid (for the ``miss_L`` features): the latest
         calendar slot at or before the bar, or ``round((t - t_0) / Δ)`` without a calendar."""
         if self.sess is None:
+            if self.clock.daily and self.clock.weekdays:  # Monday-Friday slots
+                days = self._days(self.wall)
+                return np.busday_count(days[0], days).astype(np.int64)
             base = self.wall if self.clock.daily else self.utc
             return np.rint((base - base[0]) / self.clock.interval).astype(np.int64)
         key = self._key(self.utc, self.wall)
@@ -214,6 +240,11 @@ class Timeline:
         """``(utc, wall)`` ``[n, steps]``: the ``k``-th calendar slot after every bar."""
         k = np.arange(1, steps + 1, dtype=np.int64)
         if self.sess is None:
+            if self.clock.daily and self.clock.weekdays:  # the k-th weekday after the bar
+                days = np.busday_offset(self._days(self.wall)[:, None], k, roll="backward")
+                wall = (days.astype("datetime64[ns]").view(np.int64)
+                        + (self.wall % NS_DAY)[:, None])
+                return to_utc(wall, self.clock.zone), wall
             if self.clock.daily:  # calendar days of the wall clock
                 wall = self.wall[:, None] + k * self.clock.interval
                 return to_utc(wall, self.clock.zone), wall

@@ -31,6 +31,7 @@ from tftjax.data.features import FeatureSet, FeatureStats, build_features
 from tftjax.data.identity import combined_identity, data_identity
 from tftjax.data.panel import check_shared_dates, fold_members
 from tftjax.data.quality import series_warnings
+from tftjax.data.stats import pooled_stats
 from tftjax.data.windows import (Splits, fold_splits, global_cuts, make_splits, splits_at,
                                  window_decoder_targets)
 from tftjax.errors import DataError
@@ -51,6 +52,11 @@ class Series:
     splits: Splits  # rows of this series
     index: int = 0
     """Its row in the model's instrument vocabulary (``len(vocab)``: the unknown row)."""
+    stats_from: str = "trained"
+    """``trained`` (saved with the model, or fitted on its own training rows in training),
+    ``own`` (an unseen series served by ``embed``: fitted on its own training rows) or
+    ``pooled`` (an unseen series without training rows: the trained series' pooled
+    statistics)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +225,8 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
     """
     paths = [default_parquet()] if path is None else (
         list(path) if isinstance(path, (list, tuple)) else [path])
-    short = None if fold is not None else WARMUP + cfg.window  # a fold: a short one sits out
+    short = (None if fold is not None  # a fold: a short series sits out
+             else WARMUP + (cfg.window if need_splits else cfg.encoder_steps))
     bars = [b for p in paths for b in read_series(p, min_rows=short)]
     names = [series_name(b) for b in bars]
     if instrument is not None:
@@ -260,22 +267,26 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
         given.append(own)
     if (len(bars) > 1 or cuts is not None) and fold is None:
         cuts = cuts or global_cuts([b.ts for b in bars], cfg)
-    splits = []
+    splits, source = [], []
     for b, own in zip(bars, given):
+        source.append("trained" if own is not None or not isinstance(stats, dict) else "own")
         try:
             splits.append(fold_splits(b.ts, fold, cfg, source=b.path, partial=bool(absent)
                                       or len(bars) > 1) if fold is not None
                           else splits_at(b.ts, cuts, cfg, source=b.path) if cuts is not None
                           else make_splits(len(b), cfg, source=str(b.path)))
         except DataError:
-            if need_splits or own is None:  # statistics to fit need training rows
+            if need_splits or (own is None and not isinstance(stats, dict)):
                 raise
             splits.append(no_splits())
+        if source[-1] == "own" and splits[-1].train_rows[1] <= splits[-1].train_rows[0]:
+            source[-1] = "pooled"  # a new listing: no training rows before the cut
+            given[len(source) - 1] = pooled_stats(list(stats.values()))
     series, warn = [], []
-    for name, b, sp, own in zip(names, bars, splits, given):
+    for name, b, sp, own, src in zip(names, bars, splits, given, source):
         features = build_features(b, cfg, train_rows=sp.train_rows, stats=own)
         index = vocab.index(name) if vocab is not None and name in vocab else len(vocab or ())
-        series.append(Series(name, b, features, sp, index))
+        series.append(Series(name, b, features, sp, index, src))
         warn += series_warnings(b, features)
     intervals = {s.features.stats.clock.interval for s in series}
     if len(intervals) > 1:

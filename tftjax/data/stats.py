@@ -171,6 +171,23 @@ def finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg) -> Featur
                         normalise_window=cfg.normalise_window)
 
 
+def pooled_stats(stats: list[FeatureStats]) -> FeatureStats:
+    """The statistics of several series' training rows taken together (each weighted by its
+    training row count): what a new listing without training rows of its own is featurised
+    with. Means and variances pool exactly; the target scale pools as a root mean square; the
+    anchor's fit is the first series' (the pooled rows have none of their own)."""
+    w = np.array([max(b - a, 1) for a, b in (s.train_rows for s in stats)], np.float64)
+    w /= w.sum()
+    mean = sum(wi * s.hist_mean for wi, s in zip(w, stats))
+    second = sum(wi * (s.hist_std ** 2 + s.hist_mean ** 2) for wi, s in zip(w, stats))
+    std = np.sqrt(np.maximum(second - mean ** 2, 0.0))
+    first = stats[0]
+    return dataclasses.replace(
+        first, hist_mean=mean, hist_std=np.where(std > 0, std, 1.0),
+        target_scale=float(np.sqrt(sum(wi * s.target_scale ** 2 for wi, s in zip(w, stats)))),
+        static=sum(wi * s.static for wi, s in zip(w, stats)), train_rows=(0, 0))
+
+
 def causal_z(col: np.ndarray, window: int | None, min_rows: int = 20) -> np.ndarray:
     """Each row's z-score against the mean and std of the finite values of the rows up to it
     (``window``: the last ``window`` rows; None: all); NaN with fewer than ``min_rows`` of

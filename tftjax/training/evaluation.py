@@ -26,7 +26,8 @@ def saved_dataset(saved: SavedModel, parquet_file=None, *, unknown: str = "refus
     the files it was trained on (found relative to its run folder or at their recorded
     paths, refused when their content changed), featurised with the *training* statistics
     of each series (``unknown``, ``instrument``: :func:`tftjax.data.load_dataset`)."""
-    path = parquet_file or find_data_files(saved.data, saved.run_dir)
+    path = (parquet_file if parquet_file is not None
+            else find_data_files(saved.data, saved.run_dir))
     kw = saved.featurisation or {"stats": saved.feature_stats, "vocab": None}
     return load_dataset(path, saved.cfg.data, **kw, unknown=unknown, instrument=instrument,
                         need_splits=need_splits)

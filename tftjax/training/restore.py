@@ -10,6 +10,8 @@ exporter).
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -80,13 +82,18 @@ def open_checkpoint(path: str | Path, flag: str = "--checkpoint") -> Checkpoint:
             raise DataError(f"{flag} {path}: the run has no final checkpoint yet (name one of "
                             f"its epoch checkpoints under {path / 'checkpoints'})")
         path = path / "checkpoints" / finals[-1]
+    elif any(re.search(r"_(final_)?epoch_?\d+$", n) for n in list_checkpoints(path)):
+        raise DataError(f"{flag} {path}: is a run's folder of checkpoints; give the run folder "
+                        f"{path.parent} (its final checkpoint) or one checkpoint in it")
     try:
         meta = read_meta(path)
     except Exception as e:  # orbax raises several types for a folder that is not a checkpoint
         raise DataError(f"{flag} {path}: not a readable tftjax checkpoint "
                         f"({type(e).__name__})") from None
     if meta.get("kind") != "tft":
-        raise DataError(f"{flag} {path}: not a TFT checkpoint (kind {meta.get('kind')!r})")
+        what = "a DQN trader's" if meta.get("kind") == "dqn" else f"kind {meta.get('kind')!r}"
+        raise DataError(f"{flag} {path}: not a TFT checkpoint ({what}); forecasts need a TFT "
+                        "from python -m tftjax.train")
     try:
         cfg = TFTConfig.from_json(meta["identity"]["model"])
         tc = TrainConfig.from_json(meta["identity"]["train"])

@@ -65,15 +65,33 @@ class Trainer:
 
     def predict(self, variables, starts: np.ndarray, mode: str | None = None):
         """Predictions ``[n, T_d, Q]`` and interpretation for windows at ``starts``."""
-        step = make_eval_step(self.cfg, mode, self.par)
-        variables = model_variables(self.cfg, variables, mode)
-        preds, interps = [], []
-        for idx in _eval_batches(starts, self.eval_batch_size):
-            _, pred, interp = step(variables, self.data, self._batch(idx))
-            keep = np.asarray(idx) >= 0
-            preds.append(np.asarray(pred)[keep])
+        return predict_windows(self.cfg, self.tc, self.data, variables, starts, mode,
+                               par=self.par, interpretation=True)
+
+
+def predict_windows(cfg: TFTConfig, tc: TrainConfig, data: DeviceData, variables,
+                    starts: np.ndarray, mode: str | None = None, *, par=None,
+                    interpretation: bool = False):
+    """Predictions ``[n, T_d, Q]`` (and with ``interpretation`` the attention and variable
+    weights) of the windows at ``starts``, in batches of ``tc.eval_batch_size`` through one
+    compiled eval step. Builds no train step: what forecasts use."""
+    step = make_eval_step(cfg, mode, par)
+    variables = model_variables(cfg, variables, mode)
+    n = par.size if par is not None else 1
+    size = -(-tc.eval_batch_size // n) * n
+    preds, interps = [], []
+    for idx in _eval_batches(starts, size):
+        batch = par.batch(np.asarray(idx, np.int32)) if par is not None else jnp.asarray(
+            np.asarray(idx, np.int32))
+        _, pred, interp = step(variables, data, batch)
+        keep = np.asarray(idx) >= 0
+        preds.append(np.asarray(pred)[keep])
+        if interpretation:
             interps.append(jax.tree.map(lambda x: np.asarray(x)[keep], interp))
-        return np.concatenate(preds), jax.tree.map(lambda *xs: np.concatenate(xs), *interps)
+    pred = np.concatenate(preds)
+    if not interpretation:
+        return pred
+    return pred, jax.tree.map(lambda *xs: np.concatenate(xs), *interps)
 
 
 def steps_per_epoch(tc: TrainConfig, train_windows: int) -> int:
