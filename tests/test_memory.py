@@ -24,6 +24,21 @@ def test_parse_bytes():
         memory.parse_bytes("lots")
 
 
+def test_jax_flags_are_read_whether_or_not_they_have_a_context_manager():
+    """``--target`` read ``jax_enable_compilation_cache`` with ``jax.config.read``, which jax
+    0.10 refuses for flags with a context manager: a traceback on every ``--target`` run
+    (issue 38), unseen where the CUDA plugin is missing. Both kinds, and a flip seen."""
+    from tftjax.memory.analysis import flag
+
+    was = flag("jax_enable_compilation_cache")
+    assert isinstance(was, bool) and isinstance(flag("jax_disable_most_optimizations"), bool)
+    jax.config.update("jax_enable_compilation_cache", not was)
+    try:
+        assert flag("jax_enable_compilation_cache") is (not was)
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)
+
+
 def test_linear_fit_by_hand():
     pts = [memory.Compiled("off", b, 100, 10, 10, 1000 + 50 * b, 0) for b in (1, 8, 64)]
     a, b = memory.fit_linear(pts)

@@ -58,13 +58,21 @@ def for_target(name: str | None):
     was, _TARGET[0] = _TARGET[0], (name, compile_only_device(name))
     # a compile-only device's executables cannot be written to or read from the persistent
     # compilation cache (JAX warns at each step and compiles anyway): off inside the block
-    cache = jax.config.read("jax_enable_compilation_cache")
+    cache = flag("jax_enable_compilation_cache")
     jax.config.update("jax_enable_compilation_cache", False)
     try:
         yield
     finally:
         _TARGET[0] = was
         jax.config.update("jax_enable_compilation_cache", cache)
+
+
+def flag(name: str):
+    """A JAX flag's current value. ``jax.config.read`` refuses flags that have a context
+    manager (``jax_enable_compilation_cache``: AttributeError in jax 0.10), and attribute
+    access misses those without one (``jax_disable_most_optimizations``); ``values`` holds
+    both."""
+    return jax.config.values[name]
 
 
 def target_name() -> str:
@@ -116,7 +124,7 @@ def analysis_only():
     if _TARGET[0] is not None:  # checked on XLA:CPU only: a GPU target compiles as it would run
         yield
         return
-    was = jax.config.read("jax_disable_most_optimizations")
+    was = flag("jax_disable_most_optimizations")
     jax.config.update("jax_disable_most_optimizations", True)
     try:
         yield
