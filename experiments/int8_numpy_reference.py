@@ -242,12 +242,15 @@ class Int8TFT:
         return self.dense(f"{path}/out", mixed)
 
     # -------------------------------------------------------------- the model
-    def __call__(self, static, historical, known):
+    def __call__(self, static, historical, known, instrument=None):
         te = historical.shape[1]
         td = known.shape[1] - te
         index = None
-        if self.cfg.get("instruments"):  # static input 0: the instrument's index
-            index = np.clip(static[:, 0].astype(np.int32), 0, self.cfg["instruments"])
+        if self.cfg.get("instruments"):  # static input 0: the instrument, a vocabulary row
+            index = (np.asarray(instrument, np.int32) if instrument is not None  # int32 input
+                     else np.clip(static[:, 0].astype(np.int32), 0, self.cfg["instruments"]))
+            if index.min() < 0 or index.max() > self.cfg["instruments"]:
+                raise ValueError(f"instrument indices outside 0..{self.cfg['instruments']}")
         zeta = self.vsn("static_vsn", static, index=index)
         c_s, c_e, c_h, c_c = (self.grn(f"static_{n}", zeta)
                               for n in ("selection", "enrichment", "state_h", "state_c"))
@@ -290,7 +293,7 @@ def compare(export: Path) -> dict:
     if not (export / "samples.safetensors").is_file():
         raise BadExport(f"{export}: no samples.safetensors (export it again)")
     s = load_file(str(export / "samples.safetensors"))
-    got = model(s["static"], s["historical"], s["known"])
+    got = model(s["static"], s["historical"], s["known"], s.get("instrument"))
     diff = np.abs(got - s["int8_output"])
     step = model.output_step()
     return {"windows": int(got.shape[0]), "max_abs_diff": float(diff.max()),

@@ -121,6 +121,14 @@ def test_an_ensemble_trains_evaluates_predicts_and_exports_float32(tmp_path, cap
     assert call(evaluate.main, "--checkpoint", run) == 0
     assert call(predict.main, "--checkpoint", run, "--out", tmp_path / "p.parquet") == 0
     assert call(export.main, "--checkpoint", run, "--out", tmp_path / "exp") == 0
+    # files others can read: every exported file has the mode a new file gets here (the
+    # umask's), not safetensors' 0600
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in (tmp_path / "exp").iterdir():
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f
     capsys.readouterr()
     assert call(export.main, "--checkpoint", run, "--out", tmp_path / "exp8",
                 "--calibrate", "2") == 2

@@ -132,6 +132,21 @@ def test_daily_bars_without_a_calendar_forecast_weekdays(predict_run, tmp_path):
 
 
 @GROUP
+def test_a_stale_last_bar_is_flagged_and_a_range_is_not(predict_run):
+    saved = open_model(predict_run / "run")
+    bars = read_bars(predict_run / "bars.parquet")
+    last = np.datetime64(int(bars.ts[-1]), "ns")
+    # 3 minutes after the last 1-minute bar: the slots :00, :01 and :02 have no bar
+    f = forecast(saved, as_of=str(last + np.timedelta64(3, "m")))
+    assert f.table["missing_bars"].tolist() == [3] * 5
+    assert any("is 3 calendar slots old" in w for w in f.warnings)
+    # a range of origins up to the as-of: the earlier ones had their bars, none is missing
+    g = forecast(saved, as_of=str(last), start=str(last - np.timedelta64(10, "m")))
+    assert g.rows.size == 11 and not g.table["missing_bars"].any() and not any(
+        "calendar slots old" in w for w in g.warnings)
+
+
+@GROUP
 def test_split_test_rows_are_evaluates_windows_and_losses(predict_run):
     saved = open_model(predict_run / "run")
     f = forecast(saved, split="test")

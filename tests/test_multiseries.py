@@ -22,7 +22,7 @@ from tftjax import train as train_cli
 from tftjax.config import TrainConfig, preset
 from tftjax.data import gather, load_dataset, read_bars, to_device, write_bars
 from tftjax.data.bars import read_series
-from tftjax.errors import DataError
+from tftjax.errors import ConfigError, DataError
 from tftjax.forecast import forecast
 from tftjax.models.tft import apply_fn, init_variables
 from tftjax.saved import open_model
@@ -114,22 +114,28 @@ def test_statics_and_the_instrument_embedding_reach_the_model(files):
     ds = load_dataset(pair(files), CFG.data)
     st = ds.features.static
     s0, s1 = st[0], st[ds.offsets[1]]
-    assert (s0[0], s1[0]) == (0.0, 1.0)  # the instrument: an index into the table
+    # the instrument: an int32 row of the table, not a float static (static input 0 is 0)
+    assert ds.features.instrument.dtype == np.int32 and s0[0] == s1[0] == 0.0
+    assert (ds.features.instrument[0], ds.features.instrument[ds.offsets[1]]) == (0, 1)
     assert np.all(s0[1:4] != s1[1:4])  # log price, log volume, log volatility: the series' own
     cfg = dataclasses.replace(CFG, instruments=2, dropout=0.0)
     variables = init_variables(cfg, jax.random.key(0))
     starts = jnp.array([ds.series[0].splits.train[0]] * 2, jnp.int32)
     b = gather(to_device(ds.features), starts, cfg.encoder_steps, cfg.decoder_steps)
+    assert b.instrument.tolist() == [0, 0]
     static = jnp.stack([jnp.asarray(s0), jnp.asarray(s1)])  # same window, other statics
+    inst = jnp.array([0, 1], jnp.int32)  # and another instrument
     f = apply_fn(cfg)
-    out = jax.jit(lambda v: f(v, static, b.historical, b.known, True)[0])(variables)
+    out = jax.jit(lambda v: f(v, static, b.historical, b.known, True, inst)[0])(variables)
     assert float(jnp.abs(out[0] - out[1]).max()) > 1e-4
+    with pytest.raises(ValueError, match="needs `instrument`"):  # never a float static again
+        f(variables, static, b.historical, b.known, True)
 
     def table_grad(params, key, train):  # d(sum of outputs)/d(instrument table)
         def loss(p):
             if not train:
-                return f({"params": p}, static, b.historical, b.known, True)[0].sum()
-            return f({"params": p}, static, b.historical, b.known, False,
+                return f({"params": p}, static, b.historical, b.known, True, inst)[0].sum()
+            return f({"params": p}, static, b.historical, b.known, False, inst,
                      rngs={"dropout": key})[0].sum()
         return jax.grad(loss)(params)["static_vsn"]["instrument_table"]
 
@@ -291,6 +297,22 @@ def test_a_checkpoint_from_before_vocabularies_still_evaluates(files, tmp_path, 
     assert call(evaluate_cli.main, "--checkpoint", tmp_path / "old", "--parquet-file",
                 files / "es.parquet") == 0
     assert "TFT " in capsys.readouterr().out
+
+
+def test_an_instrument_index_outside_the_vocabulary_is_refused(files):
+    """The table lookup under jit would clip an index to a wrong row without a word."""
+    from tftjax.training.trainer import predict_windows
+
+    ds = load_dataset(pair(files), CFG.data)  # rows 0 and 1, and 2 for the unknown one
+    bad = ds.features.instrument.copy()
+    bad[-1] = 3
+    data = to_device(dataclasses.replace(ds.features, instrument=bad))
+    cfg = dataclasses.replace(CFG, instruments=2)
+    for build in (lambda: Trainer(cfg, TrainConfig(), data),
+                  lambda: predict_windows(cfg, TrainConfig(), data, None, np.zeros(1, np.int32))):
+        with pytest.raises(ConfigError, match=r"instrument index 3 is outside this model's "
+                                              r"vocabulary \(rows 0\.\.2"):
+            build()
 
 
 def test_long_files_split_by_symbol(files, tmp_path):

@@ -80,7 +80,9 @@ def predict(cfg, mode, variables, x):
 
 @functools.lru_cache(maxsize=None)
 def _predict(cfg, mode):
-    return jax.jit(lambda v, x: TFT(cfg, mode).apply(v, *x)[0])
+    # a trained run's model has an instrument vocabulary: its windows' rows (0, its series)
+    return jax.jit(lambda v, x: TFT(cfg, mode).apply(
+        v, *x, True, jnp.zeros(x[0].shape[0], jnp.int32))[0])
 
 
 def counts(stats):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -198,9 +199,13 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
               **sizes}
     out.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT}
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    mode = (out / CONFIG_FILE).stat().st_mode & 0o777  # a new file's mode under the umask
     for name, tensors in files.items():
         save_file(tensors, str(out / name), metadata=meta)
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        # safetensors writes through a 0600 temporary file: readable by its owner only, so
+        # another user or a serving process could not read a shared model
+        os.chmod(out / name, mode)
     f32 = sizes["float32_weight_bytes"]
     log(f"exported {ck.path} (weights of epoch {source['weights_epoch']}) to {out}")
     log(f"  {FLOAT_FILE}: {f32:,} bytes of float32 weights "

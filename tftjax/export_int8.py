@@ -36,18 +36,21 @@ def samples(cfg, variables: dict, ds=None, n: int = SAMPLES) -> tuple[dict[str, 
     if len(starts):
         b = gather(to_device(ds.features), jnp.asarray(starts, jnp.int32), cfg.encoder_steps,
                    cfg.decoder_steps)
-        x, source = (b.static, b.historical, b.known), f"the first test windows of {ds.describe()}"
+        x, source = ((b.static, b.historical, b.known, b.instrument),
+                     f"the first test windows of {ds.describe()}")
     else:
         k = jax.random.split(jax.random.key(0), 3)
         te, td = cfg.encoder_steps, cfg.decoder_steps
         x = (jax.random.normal(k[0], (n, cfg.num_static)),
              jax.random.normal(k[1], (n, te, cfg.num_historical)),
-             jax.random.normal(k[2], (n, te + td, cfg.num_known)))
+             jax.random.normal(k[2], (n, te + td, cfg.num_known)),
+             jnp.zeros((n,), jnp.int32))
         source = "standard normal inputs"
     # op by op (not jitted): XLA's fusions reorder float sums, and a value within round-off
     # of a rounding boundary lands one int8 step away in a jitted program and moves what
     # follows; op by op is the arithmetic docs/int8_format.md writes out
-    out = TFT(cfg, "int8").apply(variables, *x)[0]
+    out = TFT(cfg, "int8").apply(variables, *x[:3], True, x[3])[0]
     names = ("static", "historical", "known")
     return ({**{n: np.asarray(a, np.float32) for n, a in zip(names, x)},
+             "instrument": np.asarray(x[3], np.int32),
              "int8_output": np.asarray(out, np.float32)}, source)

@@ -103,6 +103,7 @@ def build(saved, ds, rows: np.ndarray, starts: np.ndarray, pred: np.ndarray, *,
     target_ts, expected = np.empty((n, d), np.int64), np.ones((n, d), bool)
     missing = np.zeros(n, np.int64)
     t_as_of = parse_times(as_of)["as_of"]
+    y = window_targets(ds, starts).astype(np.float64)  # NaN: the slot has no bar (yet)
     warnings = list(ds.warnings) + zone_notes(saved, ds)
     for i, s in enumerate(ds.series):
         sel = which == i
@@ -117,22 +118,22 @@ def build(saved, ds, rows: np.ndarray, starts: np.ndarray, pred: np.ndarray, *,
         if clock.calendar is None and clock.daily and not clock.weekdays:
             seen = np.unique(day_of_week(tl.wall))
             expected[sel] = np.isin(day_of_week(fut_wall[local]), seen)
-        if t_as_of is not None:
+        if t_as_of is not None:  # slots up to the as-of that have no bar: a stale origin
             t = t_as_of.on_clock(s.bars.tz, clock.zone, str(s.bars.path))
-            missing[sel] = (target_ts[sel] <= t).sum(axis=1)
-            late = missing[sel].max()
+            missing[sel] = ((target_ts[sel] <= t) & ~np.isfinite(y[sel])).sum(axis=1)
+            late = missing[sel][-1]  # its last origin's
             if late > stale_after:
                 warnings.append(f"{s.name}: its last bar at or before --as-of {as_of} is "
                                 f"{late} calendar slots old (the data has no bar since "
                                 f"{_text(origin_ts[sel][-1], s.bars.tz)})")
-    if t_as_of is not None and missing.size and all(
-            missing[which == i].max() >= d for i in np.unique(which)):
+    last = [np.flatnonzero(which == i)[-1] for i in np.unique(which)]  # each series' last origin
+    if t_as_of is not None and all(missing[j] >= d for j in last):
         i = int(which[-1])
         raise ConfigError(f"--as-of {as_of} is after the data: the last bar of "
                           f"{ds.series[i].bars.path} is {_text(origin_ts[-1], ds.series[i].bars.tz)}"
                           f", and every step of every series' forecast lies before it (drop "
                           "--as-of to forecast from each series' last bar)")
-    realised = window_targets(ds, starts).astype(np.float64) * scale[:, None]
+    realised = y * scale[:, None]
     zone = _zone(ds)
     rep = lambda a: np.repeat(a, d)  # noqa: E731  per origin → per row
     out = {"instrument": rep(np.array(ds.names)[which]), "origin_time": rep(origin_ts),

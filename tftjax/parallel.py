@@ -286,11 +286,12 @@ def gather_rows_sharded(par: Parallel, data, starts: jax.Array, encoder_steps: i
         parts = (take(d.historical, rows[:, :e]), take(d.known, rows[:, :e]),
                  take(d.future, last)[:, :decoder_steps], take(d.target, last)[:, :decoder_steps],
                  take(d.scale, last), take(d.static, last),
-                 take(d.anchor, last)[:, :decoder_steps], take(d.anchor_z, last))
-        hist, known_e, known_d, target, scale, static, anchor, anchor_z = (
+                 take(d.anchor, last)[:, :decoder_steps], take(d.anchor_z, last),
+                 take(d.instrument, last))
+        hist, known_e, known_d, target, scale, static, anchor, anchor_z, instrument = (
             jax.lax.psum_scatter(p, AXIS, scatter_dimension=0, tiled=True) for p in parts)
         return Batch(static, hist, jnp.concatenate([known_e, known_d], axis=1), target, scale,
-                     anchor, anchor_z)
+                     anchor, anchor_z, instrument)
 
     out = Batch(*[P(AXIS)] * len(Batch._fields))
     return jax.shard_map(local, mesh=par.mesh, in_specs=(spec, P(AXIS)), out_specs=out,

@@ -100,8 +100,9 @@ class Dataset:
 
     @functools.cached_property
     def features(self) -> FeatureSet:
-        """Every series' features one after another (statics per row, with the instrument
-        index as static input 0 under a vocabulary)."""
+        """Every series' features one after another (statics per row; under a vocabulary
+        each row's instrument, its vocabulary row, in ``instrument``). Its ``stats`` are the
+        first series'; each series' own are ``series[i].features.stats``."""
         parts = [self._features(s) for s in self.series]
         if len(parts) == 1:
             return parts[0]
@@ -113,18 +114,20 @@ class Dataset:
                           np.concatenate([ewma_scale(f.target) for f in parts]),
                           np.concatenate([window_decoder_targets(f) for f in parts]),
                           *((cat("anchor"), cat("anchor_z")) if self.cfg.anchor != "none"
-                            else (None, None)))
+                            else (None, None)),
+                          None if self.vocab is None else cat("instrument"))
 
     def _features(self, s: Series) -> FeatureSet:
         f, c = s.features, self.cfg
         if c.anchor != "none":  # its own bars, scale and training rows (tftjax.data.anchors)
             f = with_anchor(f, s.bars, f.stats.train_rows, c.anchor, c.anchor_quantiles,
                             c.decoder_steps, c.target == "cumulative")
-        if self.vocab is None:
+        if self.vocab is None:  # a model from before vocabularies: its static input 0
             return f
         static = f.static.copy()
-        static[0] = s.index
-        return dataclasses.replace(f, static=static)
+        static[0] = 0  # the categorical rides in ``instrument``, never as a float
+        return dataclasses.replace(f, static=static,
+                                   instrument=np.full(len(f), s.index, np.int32))
 
     @functools.cached_property
     def splits(self) -> Splits:

@@ -236,6 +236,8 @@ class FeatureSet:
     no bar (None: the next ``D`` rows' ``target``, a grid without gaps)."""
     anchor: np.ndarray | None = None  # [n, D], [n, Q]: tftjax.data.anchors (--anchor)
     anchor_z: np.ndarray | None = None
+    instrument: np.ndarray | None = None
+    """``[n]`` int32: each row's instrument, its row of the model's vocabulary (None: 0)."""
 
     def __len__(self) -> int:
         return int(self.historical.shape[0])

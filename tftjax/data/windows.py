@@ -209,6 +209,7 @@ class DeviceData(NamedTuple):
     scale: jax.Array  # [n] float32, EWMA volatility forecast made at each row (target units)
     anchor: jax.Array  # [n, D] float32, the --anchor's σ per step made at each row ([n, 0]: none)
     anchor_z: jax.Array  # [n, Q] float32, its series' standardised quantiles ([n, 0]: none)
+    instrument: jax.Array  # [n] int32, each row's series' row of the instrument vocabulary
 
 
 class Batch(NamedTuple):
@@ -221,6 +222,7 @@ class Batch(NamedTuple):
     scale: jax.Array  # [B], the EWMA volatility at the forecast time (``--vol-target``)
     anchor: jax.Array  # [B, D], the anchor's σ per step at the forecast time (``--anchor``)
     anchor_z: jax.Array  # [B, Q], its standardised quantiles
+    instrument: jax.Array  # [B] int32, the window's instrument (its vocabulary row)
 
 
 def device_arrays(features: FeatureSet) -> list[np.ndarray]:
@@ -232,9 +234,11 @@ def device_arrays(features: FeatureSet) -> list[np.ndarray]:
     none = np.zeros((n, 0), np.float32)
     anchor = none if features.anchor is None else features.anchor
     anchor_z = none if features.anchor_z is None else features.anchor_z
+    instrument = (np.zeros(n, np.int32) if features.instrument is None
+                  else np.asarray(features.instrument, np.int32))
     return [np.ascontiguousarray(a) for a in (
         features.historical, features.known, window_decoder_targets(features), static,
-        features.future, scale, anchor, anchor_z)]
+        features.future, scale, anchor, anchor_z, instrument)]
 
 
 def window_decoder_targets(features: FeatureSet) -> np.ndarray:
@@ -273,4 +277,5 @@ def gather(data: DeviceData, starts: jax.Array, encoder_steps: int, decoder_step
         scale=jnp.take(data.scale, last, axis=0, mode="clip"),
         anchor=jnp.take(data.anchor, last, axis=0, mode="clip")[:, :decoder_steps],
         anchor_z=jnp.take(data.anchor_z, last, axis=0, mode="clip"),
+        instrument=jnp.take(data.instrument, last, axis=0, mode="clip"),
     )

@@ -107,7 +107,8 @@ def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig 
                       *((jax.ShapeDtypeStruct((rows, cfg.decoder_steps), f32),
                          jax.ShapeDtypeStruct((rows, len(cfg.quantiles)), f32))
                         if cfg.anchor != "none" else
-                        (jax.ShapeDtypeStruct((rows, 0), f32),) * 2))
+                        (jax.ShapeDtypeStruct((rows, 0), f32),) * 2),
+                      jax.ShapeDtypeStruct((rows,), jnp.int32))
     idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0, impl="rbg"))
     return _placed((state, data, idx, key))
@@ -202,5 +203,7 @@ def min_bytes(cfg: TFTConfig, batch_size: int, rows: int) -> int:
     state, data, idx, _ = abstract_inputs(cfg, batch_size, rows)
     if not cfg.vol_target:  # jit drops the unused window-scale argument
         data = data._replace(scale=None)
+    if not cfg.instruments:  # and the instrument indices of a model without a vocabulary
+        data = data._replace(instrument=None)
     leaves = jax.tree.leaves((state, data, idx))
     return int(sum(x.size * x.dtype.itemsize for x in leaves))

@@ -73,7 +73,8 @@ class TFT(nn.Module):
 
     @nn.compact
     def __call__(self, static: Array, historical: Array, known: Array,
-                 deterministic: bool = True) -> tuple[Array, Interpretation]:
+                 deterministic: bool = True, instrument: Array | None = None
+                 ) -> tuple[Array, Interpretation]:
         cfg = self.cfg
         plan = remat_plan(cfg.remat, cfg.platform)
         quant = quant_spec(cfg, self.mode, self.calibration)
@@ -104,9 +105,13 @@ class TFT(nn.Module):
                                      fused=plan.vsn and plan.fused, name=name)
 
         # 1-2. Static covariates and their four contexts. Under a vocabulary, static input
-        # 0 is the instrument's index into a learned table (its last row: unknown).
+        # 0 is the instrument: ``instrument`` [B] int32 indexes a learned table (its last row:
+        # unknown; an index outside it is refused on the host, tftjax.training.trainer).
         if cfg.instruments:
-            idx = jnp.clip(static[:, 0].astype(jnp.int32), 0, cfg.instruments)
+            if instrument is None:
+                raise ValueError("a TFT over an instrument vocabulary needs `instrument`, the "
+                                 "windows' int32 vocabulary rows (Batch.instrument)")
+            idx = instrument.astype(jnp.int32)
             if not det and cfg.instrument_dropout > 0:
                 drop = jax.random.bernoulli(self.make_rng("dropout"), cfg.instrument_dropout,
                                             idx.shape)
@@ -222,7 +227,8 @@ def _init_fn(cfg: TFTConfig, batch_size: int, top_level: bool = True):
     # per model in a process (the init traces the whole forward pass). Compiled with little
     # optimisation: it runs once, and XLA:CPU's -O2 compiles it 2x as long (tiny preset and
     # TFT-225: ~4 s against ~8.5 s) for values that differ at most in the last bit of a float.
-    return jax.jit(lambda k: TFT(cfg).init({"params": k}, *dummy_inputs(cfg, batch_size), True),
+    return jax.jit(lambda k: TFT(cfg).init({"params": k}, *dummy_inputs(cfg, batch_size), True,
+                                           jnp.zeros((batch_size,), jnp.int32)),
                    compiler_options=RUN_ONCE if top_level else None)
 
 

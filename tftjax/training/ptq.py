@@ -55,7 +55,7 @@ def _record_step(cfg: TFTConfig, method: str):
     def step(variables, data: DeviceData, batch_idx: Array):
         batch = gather(data, batch_idx, cfg.encoder_steps, cfg.decoder_steps)
         _, rec = model.apply(variables, batch.static, batch.historical, batch.known, True,
-                             mutable=["quant_calib"])
+                             batch.instrument, mutable=["quant_calib"])
         return rec["quant_calib"]
 
     return step

@@ -33,7 +33,8 @@ def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key,
     # the step merges them and moves every observer once (tftjax.quant.update_observers).
     (pred, _), recorded = apply_fn({"params": params, "quant_stats": quant_stats},
                                    batch.static, batch.historical, batch.known, False,
-                                   rngs={"dropout": dropout_key}, mutable=["quant_batch"])
+                                   batch.instrument, rngs={"dropout": dropout_key},
+                                   mutable=["quant_batch"])
     pred = forecast(pred, batch, cfg)
     target = batch.target
     if cfg is not None and cfg.anchor != "none" and cfg.anchor_loss == "vol":
@@ -208,7 +209,8 @@ def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callabl
     def step(variables, data: DeviceData, batch_idx: Array):
         mask = batch_idx >= 0
         batch = take(data, jnp.maximum(batch_idx, 0))
-        run = lambda v: apply(v, batch.static, batch.historical, batch.known, True)  # noqa: E731
+        run = lambda v: apply(v, batch.static, batch.historical, batch.known, True,  # noqa: E731
+                              batch.instrument)
         if cfg.ensemble == 1:
             pred, interp = run(variables)
             pred = forecast(pred, batch, cfg)

@@ -136,9 +136,14 @@ class TFTTask:
         ds, note = self.ds, remat_plan(self.cfg.remat).note
         n = sum(x.size for x in jax.tree.leaves(state.params))
         warn = "".join(f"warning: {w}\n" for w in ds.warnings)
-        clock = ds.features.stats.clock
-        cal = (f"; bar {format_interval(clock.interval)}, calendar {clock.calendar or 'none'}, "
-               f"clock {clock.zone or 'as stored'}")
+        clocks = {}  # each series' own clock (one line when they agree)
+        for x in ds.series:
+            c = x.features.stats.clock
+            text = (f"bar {format_interval(c.interval)}, calendar {c.calendar or 'none'}"
+                    + (" (weekdays)" if c.weekdays else "") + f", clock {c.zone or 'as stored'}")
+            clocks.setdefault(text, []).append(x.name)
+        cal = "; " + ("; ".join(f"{', '.join(n)}: {t}" for t, n in clocks.items())
+                      if len(clocks) > 1 else next(iter(clocks)))
         return (warn + (note + "\n" if note else "")
                 + f"TFT {n:,} parameters" + (f" ({self.cfg.ensemble} members)"
                                               if self.cfg.ensemble > 1 else "")

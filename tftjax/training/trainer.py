@@ -33,6 +33,7 @@ class Trainer:
     def __init__(self, cfg: TFTConfig, tc: TrainConfig, data: DeviceData,
                  max_traces: int | None = None, par=None):
         self.cfg, self.tc, self.data, self.par = cfg, tc, data, par
+        check_instruments(cfg, data)
         if par is not None:
             from tftjax.parallel import check_divisible
 
@@ -75,6 +76,7 @@ def predict_windows(cfg: TFTConfig, tc: TrainConfig, data: DeviceData, variables
     """Predictions ``[n, T_d, Q]`` (and with ``interpretation`` the attention and variable
     weights) of the windows at ``starts``, in batches of ``tc.eval_batch_size`` through one
     compiled eval step. Builds no train step: what forecasts use."""
+    check_instruments(cfg, data)
     step = make_eval_step(cfg, mode, par)
     variables = model_variables(cfg, variables, mode)
     n = par.size if par is not None else 1
@@ -92,6 +94,25 @@ def predict_windows(cfg: TFTConfig, tc: TrainConfig, data: DeviceData, variables
     if not interpretation:
         return pred
     return pred, jax.tree.map(lambda *xs: np.concatenate(xs), *interps)
+
+
+_min_max = jax.jit(lambda a: (a.min(), a.max()))
+
+
+def check_instruments(cfg: TFTConfig, data: DeviceData) -> None:
+    """Refuse instrument indices outside the model's table (rows ``0..instruments``, the last
+    the unknown instrument): under ``jit`` a lookup would clip them to a wrong row silently.
+
+    Raises:
+      ConfigError: naming the index and the vocabulary's size.
+    """
+    if not cfg.instruments or data.instrument.size == 0:
+        return
+    lo, hi = (int(x) for x in _min_max(data.instrument))
+    if lo < 0 or hi > cfg.instruments:
+        raise ConfigError(f"instrument index {lo if lo < 0 else hi} is outside this model's "
+                          f"vocabulary (rows 0..{cfg.instruments}: {cfg.instruments} "
+                          "instruments and the unknown one)")
 
 
 def steps_per_epoch(tc: TrainConfig, train_windows: int) -> int:
