@@ -119,12 +119,12 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     wd = tmp_path / "run"
     p = run("-m", "tftjax.train", "--preset", "tiny", "--epochs", "1", "--batch-size", "32",
             "--max-steps-per-epoch", "3", "--workdir", str(wd), "--no-progress",
-            "--profile", str(tmp_path / "prof"), "--parquet-file", short_es(), "--no-plots")
+            "--profile", "--parquet-file", short_es(), "--no-plots")
     assert p.returncode == 0, p.stderr
     assert not list(wd.glob("*.png"))  # --no-plots (the plots: test_checkpoint_names_full_run)
     assert "naive: train quantiles" in p.stdout and "q-risk P50" in p.stdout
     assert (wd / "checkpoints" / "tft_final_epoch1").is_dir()
-    assert list((tmp_path / "prof").rglob("*.xplane.pb"))
+    assert list((wd / "tensorboard").rglob("*.xplane.pb"))  # beside the scalars
     # evaluate in-process (its python -m entry: test_evaluate_cli_missing_checkpoint)
     from tftjax import evaluate as evaluate_cli
 

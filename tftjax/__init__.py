@@ -44,6 +44,7 @@ this map names every module::
   parallel              device mesh, batch sharding, multi-host start-up
   checkpoints           Orbax epoch and final checkpoints, their names
   provenance            how a result was made (command, versions, device, revision)
+  tensorboard           TensorBoard logs of a run: scalars per epoch, config, plots
   resume                what a resume may change; the latest checkpoint's metadata
   runloop               the one host loop of every trainer: resume, early stop, NaN stop
   cli                   what every entry point shares: errors → exit codes, flags

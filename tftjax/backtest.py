@@ -72,6 +72,9 @@ class Args:
     plot: bool = False
     """Also draw the stitched forecasts' PIT histogram (WORKDIR/pit.png)."""
     no_progress: bool = False
+    no_tensorboard: bool = False
+    """Write no TensorBoard log (RUN/tensorboard: each epoch's numbers, the config, the
+    plots; tensorboard --logdir runs/ shows every run)."""
 
 
 def defaults(argv: list[str] | None) -> Args:
@@ -86,7 +89,8 @@ def defaults(argv: list[str] | None) -> Args:
 
 def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int = 5,
              test_fraction: float = 0.4, reps: int = 2000, progress: bool = False,
-             log=print, tune_trials: int = 0, tune_epochs: int = 8, tune_fn=None) -> dict:
+             log=print, tune_trials: int = 0, tune_epochs: int = 8, tune_fn=None,
+             tensorboard: bool = True) -> dict:
     """Train and score every fold; the stitched comparison (see the module docstring).
     ``tune_trials``: before each fold's training, search its settings with that many
     :func:`tftjax.training.search.tune` trials on the fold's training and validation
@@ -128,11 +132,12 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
         fold_cfg, fold_tc, chosen = cfg, tc, None
         if tune_trials:  # on this fold's training and validation stretches only
             t = tune_fn(cfg, tune_tc, None, workdir / f"tune_{k}", tune_trials, seed=k - 1,
-                        progress=False, log=lambda *a: None, dataset=ds)
+                        progress=False, log=lambda *a: None, dataset=ds,
+                        tensorboard=tensorboard)
             chosen = t["settings"]
             fold_cfg, fold_tc = apply_settings(cfg, tc, chosen, "tuning")
         train_and_evaluate(fold_cfg, fold_tc, run, dataset=ds, progress=progress,
-                           log=lambda *a: None, plots=False)
+                           log=lambda *a: None, plots=False, tensorboard=tensorboard)
         ck = open_checkpoint(run)
         _, ds, _ = resolve_anchor(ck.cfg, ds)  # the fold's anchor (auto: its own validation)
         trainer = Trainer(ck.cfg, tc, to_device(ds.features))
@@ -238,7 +243,7 @@ def run(argv: list[str] | None = None) -> int:
     out = backtest(cfg, args.train, data_files(args.parquet_file, args.dataset), args.workdir,
                    args.folds, args.test_fraction, args.bootstrap,
                    progress=not args.no_progress, tune_trials=args.tune_trials,
-                   tune_epochs=args.tune_epochs)
+                   tune_epochs=args.tune_epochs, tensorboard=not args.no_tensorboard)
     tuned = ("in each fold" if args.tune_trials else "once (--config)" if args.config else "no")
     out["settings"] = {"preset": args.preset, "config": str(args.config) if args.config else None,
                        "tuned": tuned, "tune_trials": args.tune_trials}

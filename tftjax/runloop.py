@@ -30,7 +30,9 @@ from typing import Any, Callable, Protocol
 from tftjax.checkpoints import (EpochCheckpointer, checkpoint_name, epoch_checkpoints,
                                 list_checkpoints, read_history)
 from tftjax.errors import ConfigError, TrainingDiverged
+from tftjax.devices import memory_stats
 from tftjax.provenance import provenance
+from tftjax.tensorboard import LOGDIR, Board
 from tftjax.resume import (KINDS, check_resume, identity_diff, latest_meta,  # noqa: F401
                            resume_changes)
 
@@ -63,7 +65,7 @@ def _is_better(score: float, best: float | None, mode: str) -> bool:
 
 def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: str,
         resume: bool = False, progress: bool = True, callback: Callable | None = None,
-        log: Callable = print) -> dict:
+        log: Callable = print, tensorboard: bool = True) -> dict:
     """Train a task epoch by epoch, with checkpoints, early stopping and a summary.
 
     Args:
@@ -76,6 +78,8 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
       callback: ``(epoch, state, metrics, is_final)`` after each epoch's
         checkpoint (``state``: that epoch's; the final *checkpoint* holds the best).
       log: where lines go.
+      tensorboard: write ``workdir/tensorboard`` (:mod:`tftjax.tensorboard`): each epoch's
+        numbers, the device's memory, the config, and at the end the plots.
 
     Returns:
       The summary (also ``workdir/summary.json``).
@@ -131,6 +135,8 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
                 "metrics": metrics, "is_final": is_final, "weights_epoch": weights_epoch}
 
     checkpointer, bar = EpochCheckpointer(ckpt_dir, task.kind), None
+    board = Board(workdir / LOGDIR if primary and tensorboard else None)
+    board.config(identity)
     try:
         if saved is not None:
             state = (task.restore(checkpointer, start) if hasattr(task, "restore")
@@ -145,6 +151,7 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
                 if primary:
                     metrics_path.write_text(json.dumps(m0) + "\n")
                 checkpointer.save(0, state, m0, meta(m0, False, 0), improved=True)
+                board.epoch(0, m0)
                 log(f"epoch 0 (before training): {task.score} {m0.get(task.score)}")
         log(task.describe(state))
         bar = _epoch_bar(task, start) if progress and task.epoch_bar else None
@@ -177,6 +184,7 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
             if primary:
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(metrics) + "\n")
+            board.epoch(epoch, metrics, memory_stats())
             say(f"epoch {epoch}/{task.epochs}: {task.epoch_line(metrics)}"
                 + ("  *best" if improved and score is not None else ""))
             if score is None and epoch == start + 1:
@@ -202,12 +210,19 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
         if not final.exists():
             checkpointer.save_final(last, best_state,
                                     meta(history[-1] if history else {}, True, best_epoch))
+    except BaseException:
+        board.close()
+        raise
     finally:  # an interrupted run still completes (or cleanly abandons) the saves started
         if bar is not None:
             bar.close()
         checkpointer.close()
 
-    summary, text = task.summarize(best_state, workdir, history)
+    try:
+        summary, text = task.summarize(best_state, workdir, history)  # draws the plots
+        board.images(workdir, last)
+    finally:
+        board.close()
     summary.update(epochs_run=last, stopped_early=loop["stopped_early"], best_epoch=best_epoch,
                    weights_epoch=best_epoch, best_score=loop["best_score"], score=task.score,
                    final_checkpoint=str(final), identity=identity, provenance=provenance(),

@@ -74,14 +74,18 @@ class Args:
     process_id: int | None = None
     """Multi-host: this process's index, 0..num_processes-1 (or JAX_PROCESS_ID); process 0
     writes the logs, metrics, summary and plots; all write their part of the checkpoints."""
-    profile: Path | None = None
-    """Write a jax.profiler trace of a few steps here (TensorBoard / XProf)."""
+    profile: bool = False
+    """Write a jax.profiler trace of steps 2-6 into WORKDIR/tensorboard, beside the run's
+    scalars: one TensorBoard (its profile tab, or XProf) shows both."""
     no_progress: bool = False
     """Hide the per-epoch progress bar."""
     no_plots: bool = False
     """Skip the PNG plots (loss curves, quantile fans, variable importance): headless or
     scripted runs; the summary and checkpoints are the same. Per invocation (a --resume
     draws them unless given it again); a multi-process run gives it to every process."""
+    no_tensorboard: bool = False
+    """Write no TensorBoard log (RUN/tensorboard: each epoch's numbers, the config, the
+    plots; tensorboard --logdir runs/ shows every run)."""
 
 
 def defaults(argv: list[str] | None) -> Args:
@@ -131,15 +135,18 @@ def run(argv: list[str] | None = None) -> int:
     else:
         cfg = dataclasses.replace(cfg, remat=args.remat)
 
+    from tftjax.tensorboard import LOGDIR
     from tftjax.training import train_and_evaluate
 
     primary = parallel.is_primary()
     train_and_evaluate(cfg, tc, args.workdir, parquet_file=args.parquet_file, resume=args.resume,
                        progress=not args.no_progress and primary,
-                       profile_dir=str(args.profile) if args.profile else None, par=par,
-                       log=print if primary else (lambda *a, **k: None), plots=not args.no_plots)
+                       profile_dir=str(args.workdir / LOGDIR) if args.profile else None, par=par,
+                       log=print if primary else (lambda *a, **k: None), plots=not args.no_plots,
+                       tensorboard=not args.no_tensorboard)
     if args.profile and primary:
-        print(f"profile trace written under {args.profile} (open with TensorBoard/XProf)")
+        print(f"profile trace written under {args.workdir / LOGDIR} (tensorboard --logdir "
+              f"{args.workdir}: its profile tab, beside the scalars)")
     return 0
 
 

@@ -60,6 +60,9 @@ class Args:
     """Go on with the search stopped in --workdir (its study.journal): run the trials left
     of --trials, with the settings it was started with."""
     no_progress: bool = False
+    no_tensorboard: bool = False
+    """Write no TensorBoard log (RUN/tensorboard: each epoch's numbers, the config, the
+    plots; tensorboard --logdir runs/ shows every run)."""
 
 
 def defaults(argv: list[str] | None) -> Args:
@@ -121,7 +124,8 @@ def run(argv: list[str] | None = None) -> int:
     if not args.resume:
         started.write_text(json.dumps(search, indent=1))
     out = tune(cfg, args.train, paths, args.workdir, args.trials, args.sampler_seed,
-               progress=not args.no_progress, journal=journal)
+               progress=not args.no_progress, journal=journal,
+               tensorboard=not args.no_tensorboard)
     (args.workdir / "trials.json").write_text(json.dumps(out, indent=1))
     best = {**out["settings"], "tuned": {"trials": args.trials, "sampler_seed": args.sampler_seed,
                                          "objective": "best validation loss"}}

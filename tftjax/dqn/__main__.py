@@ -54,6 +54,9 @@ class Args:
     """Share of the bars cut into the walk-forward's test stretches."""
     no_progress: bool = False
     """Hide the progress bar over epochs."""
+    no_tensorboard: bool = False
+    """Write no TensorBoard log (RUN/tensorboard: each epoch's numbers, the config, the
+    plots; tensorboard --logdir runs/ shows every run)."""
 
 
 def defaults(argv: list[str] | None) -> Args:
@@ -96,7 +99,7 @@ def run(argv: list[str] | None = None) -> int:
         return 0
     train(args.config, args.workdir, parquet_file=data_file(args.parquet_file, args.dataset),
           resume=args.resume,
-          progress=not args.no_progress)
+          progress=not args.no_progress, tensorboard=not args.no_tensorboard)
     return 0
 
 

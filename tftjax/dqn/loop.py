@@ -260,7 +260,8 @@ def format_summary(summary: dict, note: str) -> str:
 
 
 def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool = False,
-        progress: bool = True, callback: Callable | None = None, log: Callable = print) -> dict:
+        progress: bool = True, callback: Callable | None = None, log: Callable = print,
+        tensorboard: bool = True) -> dict:
     """Train, validate greedily every epoch, checkpoint, and summarise the best epoch.
 
     Args:
@@ -298,4 +299,4 @@ def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool 
         return DQNTask(c, envs, ds, workdir, log)
 
     return runloop.run(make_task, workdir, kind="dqn", resume=resume, progress=progress,
-                       callback=callback, log=log)
+                       callback=callback, log=log, tensorboard=tensorboard)

@@ -18,7 +18,8 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
                        parquet_file: str | Path | None = None, dataset: Dataset | None = None,
                        resume: bool = False, progress: bool = True,
                        profile_dir: str | None = None, callback: Callable | None = None,
-                       log: Callable = print, par=None, plots: bool = True) -> dict:
+                       log: Callable = print, par=None, plots: bool = True,
+                       tensorboard: bool = True) -> dict:
     """Train, validate every epoch, checkpoint, and evaluate the best epoch on the test split.
 
     Args:
@@ -35,6 +36,7 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
       callback: ``(epoch, state, metrics, is_final)`` after each epoch.
       plots: draw the loss curves, quantile fans and variable importance (off for the
         walk-forward's and the tuner's many runs).
+      tensorboard: write ``workdir/tensorboard`` (:mod:`tftjax.tensorboard`).
       par: the device mesh (:func:`tftjax.parallel.make_parallel`; default: every local
         device, features replicated).
 
@@ -70,4 +72,4 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
                        init=init, log=log, par=par, plots=plots)
 
     return runloop.run(make_task, workdir, kind="tft", resume=resume, progress=progress,
-                       callback=callback, log=log)
+                       callback=callback, log=log, tensorboard=tensorboard)

@@ -36,7 +36,8 @@ def suggest(trial, model: TFTConfig, train: TrainConfig):
 
 
 def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, seed: int = 0,
-         progress: bool = False, log=print, dataset=None, journal: Path | None = None) -> dict:
+         progress: bool = False, log=print, dataset=None, journal: Path | None = None,
+         tensorboard: bool = True) -> dict:
     """Run the search; the trials and the best settings (see the module docstring).
     ``dataset``: search on these windows (its test windows dropped) instead of reading
     ``paths`` (a walk-forward fold's own training and validation stretches).
@@ -93,7 +94,8 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
         trial.set_user_attr("run", str(run))
         try:
             s = train_and_evaluate(model, train, run, dataset=ds, progress=progress,
-                                   callback=report, log=lambda *a: None, plots=False)
+                                   callback=report, log=lambda *a: None, plots=False,
+                                   tensorboard=tensorboard)
         finally:
             release_compiled()  # each trial's programs: compiled again if ever needed
         best = min(h["val_loss"] for h in s["history"] if h.get("val_loss") is not None)

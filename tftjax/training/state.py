@@ -48,6 +48,21 @@ def make_optimizer(tc: TrainConfig, total_steps: int | None = None) -> optax.Gra
                       tc.warmup_steps, total, tc.decay_all)
 
 
+def learning_rate(tc: TrainConfig, total_steps: int | None, step: int) -> float:
+    """The learning rate :func:`make_optimizer`'s schedule gives at optimizer step ``step``."""
+    rate = _schedule(tc.learning_rate, tc.lr_schedule, tc.warmup_steps, int(total_steps or 1))
+    return float(rate(step)) if callable(rate) else float(rate)
+
+
+def _schedule(lr: float, schedule: str, warmup: int, total: int):
+    if schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total, warmup + 1), 0.0)
+    if warmup:
+        return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup),
+                                     optax.constant_schedule(lr)], [warmup])
+    return lr
+
+
 def decay_mask(params):
     """True for the weight matrices (kernels, stacked and LSTM weights), False for biases,
     LayerNorm scales/offsets and the per-variable input embeddings (``emb_k``, ``emb_b``)."""
@@ -63,13 +78,7 @@ def decay_mask(params):
 def _optimizer(lr: float, weight_decay: float, clip: float, schedule: str = "constant",
                warmup: int = 0, total: int = 0, decay_all: bool = True
                ) -> optax.GradientTransformation:
-    if schedule == "cosine":
-        rate = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total, warmup + 1), 0.0)
-    elif warmup:
-        rate = optax.join_schedules([optax.linear_schedule(0.0, lr, warmup),
-                                     optax.constant_schedule(lr)], [warmup])
-    else:
-        rate = lr
+    rate = _schedule(lr, schedule, warmup, total)
     mask = None if decay_all else decay_mask
     return optax.chain(optax.clip_by_global_norm(clip),
                        optax.adamw(rate, weight_decay=weight_decay, mask=mask))

@@ -23,7 +23,8 @@ from tftjax.quant_tree import QUANT_FORMAT, layer_names, unmatched
 from tftjax.remat import plan as remat_plan
 from tftjax.training.evaluation import format_summary, summarize
 from tftjax.training.restore import OLD_QAT, Initial, quant_format, restore_without_observers
-from tftjax.training.state import TrainState, abstract_train_state, create_train_state
+from tftjax.training.state import (TrainState, abstract_train_state, create_train_state,
+                                   learning_rate)
 from tftjax.training.trainer import Trainer, epoch_indices, steps_per_epoch
 
 
@@ -174,7 +175,7 @@ class TFTTask:
         valid = (idx >= 0).sum(axis=1)
         bar = self._bar(len(idx), epoch)
         profiling = False
-        loss_sum, pending = jnp.zeros(()), None
+        loss_sum, grad_norm, pending = jnp.zeros(()), jnp.zeros(()), None
         t0, compile_s, done = time.perf_counter(), None, 0
 
         def settle(i, running_loss):  # waits for step i; checks and shows it
@@ -201,6 +202,7 @@ class TFTTask:
                     compile_s, self.compiled = time.perf_counter() - t0, True
                     t0 = time.perf_counter()
                 loss_sum = loss_sum + m["loss"] * m["count"]
+                grad_norm = grad_norm + m["grad_norm"]
                 if pending is not None:
                     settle(*pending)
                 pending = (i, loss_sum)
@@ -217,7 +219,8 @@ class TFTTask:
         elapsed = time.perf_counter() - t0
         out = {"train_loss": total / max(int(valid.sum()), 1), "data_epoch": epoch / self.checks,
                "samples_per_s": int(valid.sum()) / elapsed, "epoch_time_s": elapsed,
-               "steps": int(len(idx))}
+               "steps": int(len(idx)), "grad_norm": float(grad_norm) / max(len(idx), 1),
+               "learning_rate": learning_rate(self.tc, self.total_steps, int(state.step))}
         if compile_s is not None:
             out["compile_s"] = compile_s
         return state, out
@@ -241,7 +244,7 @@ class TFTTask:
             return {"val_loss": None}
         val = self.trainer.evaluate(state.variables(), self.ds.splits.val)
         return {"val_loss": val["loss"], "val_q_risk_50": val["q_risk_50"],
-                "val_q_risk_90": val["q_risk_90"]}
+                "val_q_risk_90": val["q_risk_90"], "val_coverage_80": val["coverage_80"]}
 
     @staticmethod
     def epoch_line(m: dict) -> str:
