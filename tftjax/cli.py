@@ -188,7 +188,10 @@ def peek(argv: list[str] | None, **flags) -> argparse.Namespace:
             p.add_argument(opt, action="store_true", default=default)
         else:
             p.add_argument(opt, default=default)
-    ns, _ = p.parse_known_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:  # help reads no file and starts nothing: defaults
+        return argparse.Namespace(**flags)
+    ns, _ = p.parse_known_args(argv)
     return ns
 
 
