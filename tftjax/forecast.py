@@ -114,7 +114,7 @@ def forecast(saved, bars: Any = None, *, as_of: str | None = None, origins: str 
         the as-of with no bar (a stale last bar).
     """
     from tftjax.training.evaluation import saved_dataset
-    from tftjax.training.trainer import predict_windows
+    from tftjax.training.trainer import inference_config, predict_windows
 
     cfg = saved.cfg
     ds = saved_dataset(saved, bars, unknown=unknown, instrument=instrument, need_splits=False)
@@ -133,7 +133,8 @@ def forecast(saved, bars: Any = None, *, as_of: str | None = None, origins: str 
     variables = saved.variables
     if mode == "float" and saved.float_variables is not None:
         variables = saved.float_variables
-    pred = predict_windows(cfg, saved.tc, to_device(ds.features), variables, starts, mode)
+    pred = predict_windows(inference_config(cfg), saved.tc, to_device(ds.features), variables,
+                           starts, mode)
     return build(saved, ds, rows, starts, pred, as_of=as_of, own_splits=own,
                  stale_after=stale_after)
 
