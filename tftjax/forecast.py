@@ -106,10 +106,15 @@ def forecast(saved, bars: Any = None, *, as_of: str | None = None, origins: str 
 
     Args:
       bars: parquet file(s), or a pyarrow/pandas table (default: the model's training data).
-      as_of, origins, start, end, split: which origins (the module docstring).
+      as_of: each series' last origin at or before this time (the module docstring).
+      origins: ``last``, ``all`` or a count N.
+      start: the first origin time of a range.
+      end: the last origin time of a range.
+      split: the origins of the run's windows of this split.
       series: only these series (names of the model's vocabulary or the data's).
       mode: ``int8`` for the int8 path, ``float`` for an int8 export's float weights.
-      unknown, instrument: :func:`tftjax.data.load_dataset`'s.
+      unknown: :func:`tftjax.data.load_dataset`'s (``refuse`` or ``embed``).
+      instrument: the name of a one-series file without a symbol column.
       stale_after: warn when more than this many calendar slots lie between an origin and
         the as-of with no bar (a stale last bar).
     """

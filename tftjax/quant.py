@@ -50,7 +50,7 @@ def fake_quant(x: jax.Array, scale: jax.Array, zero_point: jax.Array, qmin: int 
       scale: ``s > 0``, broadcastable to ``x`` (per-tensor or per-channel); floored at
         float32's eps (a scale of 0 would divide by zero).
       zero_point: integer-valued, broadcastable to ``x`` (0 for symmetric).
-      qmin, qmax: the integer range (static).
+      qmin: the integer range's low end, and ``qmax`` its high end (both static).
 
     Returns:
       ``x``'s nearest grid values, clipped to the range; same shape and dtype.

@@ -120,6 +120,10 @@ class FeatureStats:
 
 
 def _static_features(bars, start: int, stop: int, target_scale: float) -> np.ndarray:
+    """The five statics. Input 0 is the instrument's slot: under a vocabulary the dataset
+    sets it to 0 and the instrument rides as an int32 index (``FeatureSet.instrument``);
+    only a model from before vocabularies reads the value stored here, a code of the file's
+    name (kept so that such models still evaluate)."""
     median_ns = float(np.median(np.diff(bars.ts[start:stop])))
     return np.array([
         zlib.crc32(Path(bars.path).name.encode()) / 2.0**32 - 0.5,

@@ -44,9 +44,9 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
       The summary dict (also written to ``workdir/summary.json``).
 
     Raises:
-      DataError: bad input data; ConfigError: bad settings or a resume that
-      does not match; TrainingDiverged: NaN/inf loss (the last good
-      checkpoint is kept).
+      DataError: bad input data.
+      ConfigError: bad settings, or a resume that does not match.
+      TrainingDiverged: a NaN/inf loss (the last good checkpoint is kept).
     """
     workdir = Path(workdir)
 

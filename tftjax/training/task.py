@@ -220,7 +220,8 @@ class TFTTask:
         out = {"train_loss": total / max(int(valid.sum()), 1), "data_epoch": epoch / self.checks,
                "samples_per_s": int(valid.sum()) / elapsed, "epoch_time_s": elapsed,
                "steps": int(len(idx)), "grad_norm": float(grad_norm) / max(len(idx), 1),
-               "learning_rate": learning_rate(self.tc, self.total_steps, int(state.step))}
+               "learning_rate": learning_rate(self.tc, self.total_steps,  # members share it
+                                              int(np.ravel(jax.device_get(state.step))[0]))}
         if compile_s is not None:
             out["compile_s"] = compile_s
         return state, out
