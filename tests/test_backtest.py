@@ -129,7 +129,7 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
     seen = []
 
     def search(cfg, tc, paths, workdir, trials, seed=0, progress=False, log=print,
-               dataset=None):
+               dataset=None, tensorboard=True):
         sp = dataset.splits
         seen.append((sp.train_rows, sp.val_rows, sp.test_rows, trials, tc.epochs))
         return {"settings": {"model": {"dropout": 0.05 * (seed + 1)}, "train": {}}}
