@@ -48,21 +48,39 @@ TC = TrainConfig(batch_size=32, learning_rate=1e-3, seed=3)
 N = 3
 
 
-@pytest.fixture(scope="module")
-def trained():
-    """The ensemble and the single model of the same seed, 4 steps on the same batches."""
+def _train_both():
+    """4 steps of the single model and of the ensemble on the same batches: the parameters."""
     ds = load_dataset(short_es(), CFG.data)
     data = to_device(ds.features)
     idx = epoch_indices(TC, ds.splits.train, 1)[:4]
-    out = {"ds": ds, "data": data}
+    out = {}
     for name, cfg in (("single", CFG), ("ens", dataclasses.replace(CFG, ensemble=N))):
         tr = Trainer(cfg, TC, data)
         state = create_train_state(cfg, TC, jax.random.key(TC.seed))
         key = jax.random.key(TC.seed, impl="rbg")
         for b in idx:
             state, _ = tr.train_step(state, b, key)
-        out[name] = (tr, jax.device_get(state.params))
+        out[name] = jax.device_get(state.params)
     return out
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """The ensemble and the single model of the same seed, 4 steps on the same batches,
+    trained in a fresh process: in the full tier, in a worker that had compiled other tests'
+    programs, XLA:CPU's compile of the vmapped ensemble's train step crashed the worker
+    three times (SIGABRT, SIGSEGV; jax 0.10.2), never in a process of its own."""
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as ex:
+        params = ex.submit(_train_both).result()
+    ds = load_dataset(short_es(), CFG.data)
+    data = to_device(ds.features)
+    ens_cfg = dataclasses.replace(CFG, ensemble=N)
+    return {"ds": ds, "data": data, "single": (Trainer(CFG, TC, data), params["single"]),
+            "ens": (Trainer(ens_cfg, TC, data), params["ens"])}
 
 
 def _member(params, i):
