@@ -138,6 +138,55 @@ def predict_run(tmp_path_factory):
     return root
 
 
+def _mapped_regions() -> int:
+    """The process's memory mappings (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+    """Every executable XLA:CPU loads keeps its kernels' code mapped (a few mappings per
+    kernel; a TFT train step is thousands): a long-lived xdist worker that kept every
+    module's programs passed Linux's ``vm.max_map_count`` (65,530) after ~60 full-tier tests
+    and XLA aborted inside a compile or a cache read (SIGABRT/SIGSEGV; measured: 63,839
+    mappings in the last sample before the abort). The programs a module compiled are freed
+    when it ends; its shared steps are module fixtures, torn down before this."""
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _mappings_below_the_limit():
+    """And inside a module that compiles many programs: free them once the process holds
+    half the kernel's limit of mappings (later calls recompile, or read the persistent
+    cache)."""
+    yield
+    if _mapped_regions() > _max_map_count() // 2:
+        import gc
+
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
+
+
 @pytest.fixture(scope="session")
 def small_bars() -> Bars:
     return random_bars(1500, seed=1)

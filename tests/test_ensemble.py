@@ -20,67 +20,25 @@ from tftjax.training.evaluation import window_targets
 from tftjax.training.trainer import epoch_indices
 
 CFG = preset("tiny", remat="off", matmul_precision="highest")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _no_cache_writes():
-    """This module's programs are not written to the persistent compilation cache: once, in
-    the full tier on a loaded machine, XLA:CPU aborted the process inside
-    ``executable.serialize()`` while writing the vmapped ensemble's train step (jax 0.10.2;
-    not reproduced alone). The tests are about the ensemble, not the cache."""
-    from jax._src import compilation_cache  # whether the cache is used is decided once
-
-    before = jax.config.jax_enable_compilation_cache
-    # and compiled as the quick tier compiles (XLA's expensive passes off): in the full tier,
-    # in a worker that had compiled other tests' programs, XLA:CPU's optimising compile of
-    # the vmapped ensemble's train step aborted twice (SIGABRT, then SIGSEGV, inside
-    # backend_compile_and_load; jax 0.10.2; never alone, nor in 3 runs of this module by
-    # itself). Every claim here compares programs compiled alike (docs/testing.md).
-    optimised = jax.config.values["jax_disable_most_optimizations"]
-    jax.config.update("jax_enable_compilation_cache", False)
-    jax.config.update("jax_disable_most_optimizations", True)
-    compilation_cache.reset_cache()
-    yield
-    jax.config.update("jax_enable_compilation_cache", before)
-    jax.config.update("jax_disable_most_optimizations", optimised)
-    compilation_cache.reset_cache()
 TC = TrainConfig(batch_size=32, learning_rate=1e-3, seed=3)
 N = 3
 
 
-def _train_both():
-    """4 steps of the single model and of the ensemble on the same batches: the parameters."""
+@pytest.fixture(scope="module")
+def trained():
+    """The ensemble and the single model of the same seed, 4 steps on the same batches."""
     ds = load_dataset(short_es(), CFG.data)
     data = to_device(ds.features)
     idx = epoch_indices(TC, ds.splits.train, 1)[:4]
-    out = {}
+    out = {"ds": ds, "data": data}
     for name, cfg in (("single", CFG), ("ens", dataclasses.replace(CFG, ensemble=N))):
         tr = Trainer(cfg, TC, data)
         state = create_train_state(cfg, TC, jax.random.key(TC.seed))
         key = jax.random.key(TC.seed, impl="rbg")
         for b in idx:
             state, _ = tr.train_step(state, b, key)
-        out[name] = jax.device_get(state.params)
+        out[name] = (tr, jax.device_get(state.params))
     return out
-
-
-@pytest.fixture(scope="module")
-def trained():
-    """The ensemble and the single model of the same seed, 4 steps on the same batches,
-    trained in a fresh process: in the full tier, in a worker that had compiled other tests'
-    programs, XLA:CPU's compile of the vmapped ensemble's train step crashed the worker
-    three times (SIGABRT, SIGSEGV; jax 0.10.2), never in a process of its own."""
-    import concurrent.futures
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as ex:
-        params = ex.submit(_train_both).result()
-    ds = load_dataset(short_es(), CFG.data)
-    data = to_device(ds.features)
-    ens_cfg = dataclasses.replace(CFG, ensemble=N)
-    return {"ds": ds, "data": data, "single": (Trainer(CFG, TC, data), params["single"]),
-            "ens": (Trainer(ens_cfg, TC, data), params["ens"])}
 
 
 def _member(params, i):
