@@ -8,12 +8,12 @@ from tftjax.config import preset
 from tftjax.memory import __main__ as memory_cli
 from tftjax.memory import analyse, for_target, targets
 
-needs_plugin = pytest.mark.skipif(not targets.available(),
-                                  reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
 TIERS = ("off", "minimal", "aggressive", "full")
 
 
-@needs_plugin
+@pytest.mark.slow
+@pytest.mark.skipif(not targets.available(),
+                    reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
 def test_every_tier_at_most_off_on_a_gpu_target():
     with for_target("h100"):
         temp = {t: analyse(preset("tiny", remat=t), 64, 2000).temp_bytes for t in TIERS}
@@ -23,7 +23,9 @@ def test_every_tier_at_most_off_on_a_gpu_target():
     assert temp["full"] <= 0.5 * temp["off"], temp
 
 
-@needs_plugin
+@pytest.mark.slow
+@pytest.mark.skipif(not targets.available(),
+                    reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
 def test_memory_cli_plans_for_a_target(tmp_path, capsys):
     rc = call(memory_cli.main, "--target", "rtx4090", "--preset", "tiny", "--tiers", "off,full",
               "--batch-sizes", "32,64", "--budgets", "24", "--out", tmp_path)

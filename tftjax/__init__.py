@@ -64,6 +64,8 @@ this map names every module::
   memory.targets        GPU specs to compile for without a GPU (--target h100, ...)
   memory.analysis       XLA's compiled memory analysis of the steps (here or for a target)
   memory.planning       the largest batch for a budget, --remat auto's plan
+  memory.hlo_cost       a compiled program's kernels, HBM bytes and FLOPs, from its HLO
+  memory.cost           --cost: each tier's GPU census and a roofline estimate of its time
   memory.report         the per-tier memory and time report, profiles, plot
   memory.soak           --soak: N epochs of training, device/array/host memory per epoch
   memory                the memory package's names in one place

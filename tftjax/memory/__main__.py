@@ -45,6 +45,11 @@ def run(argv: list[str] | None = None) -> int:
                     help="compile for this GPU on this machine, no GPU needed (h100, h200, "
                          "a100, rtx4090, a4000; the cuda12 extra): compiled bytes, batch plan "
                          "and --remat auto's choice for its memory; no steps run")
+    ap.add_argument("--cost", action="store_true",
+                    help="with --target: instead of the memory report, each tier's step "
+                         "census on that GPU (kernels per step, HBM bytes per sample, FLOPs, "
+                         "temp bytes) and a roofline estimate of its samples/s "
+                         "(tftjax.memory.cost)")
     ap.add_argument("--soak", type=int, default=None, metavar="N",
                     help="instead of the report: train N epochs (validation and a checkpoint "
                          "each) and check that device bytes, live arrays and host memory do "
@@ -76,12 +81,25 @@ def run(argv: list[str] | None = None) -> int:
                              f"{args.batch_sizes}")
         if args.soak is not None:
             return soak_cli(cfg, tiers[0], batch_sizes[-1], args)
+        if args.cost and args.target is None:
+            raise ConfigError("--cost needs --target NAME (the GPU to compile for, e.g. "
+                              "--target h100)")
         if args.target is not None:
-            from tftjax.memory.targets import spec
+            from tftjax.memory.targets import compile_only_device, spec
 
             spec(args.target)
+            if args.cost:
+                compile_only_device(args.target)  # the cuda12 extra, named when missing
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if args.cost:
+        from tftjax.data import load_dataset
+        from tftjax.memory import cost
+
+        rows = len(load_dataset(data_file(args.parquet_file, args.dataset), cfg.data).features)
+        cost.report(cfg, tiers, batch_sizes, rows, args.target, args.out)
+        print(f"wrote {args.out}/cost.json")
+        return 0
     report(cfg, tiers, batch_sizes, args.out, budgets_gb=[g if not g.is_integer() else int(g)
                                                          for g in budgets],
            steps=args.steps, verify=args.verify,

@@ -39,6 +39,9 @@ class GPUSpec:
     clock_ghz: float
     fpus_per_sm: int
     source: str
+    tensor_flops_bf16: float = 0.0
+    """Dense bf16 tensor-core FLOP/s (float32 accumulation; the vendor's figure without
+    sparsity): the roofline's compute term (tftjax.memory.cost)."""
     """Where the figures come from."""
 
     def target_config(self) -> str:
@@ -84,20 +87,20 @@ GiB = 1 << 30
 TARGETS: dict[str, GPUSpec] = {
     "h100": GPUSpec("h100", "NVIDIA H100 80GB HBM3", (9, 0), 132, 84_929_347_584, 3.35232e12,
                     50 * 2**20, 233_472, 232_448, 1.98, 128,
-                    "CUDA runtime of an H100 80GB HBM3 (SXM)"),
+                    "CUDA runtime of an H100 80GB HBM3 (SXM)", 989.4e12),
     "h200": GPUSpec("h200", "NVIDIA H200", (9, 0), 132, 141 * 10**9, 4.8e12, 50 * 2**20,
                     233_472, 232_448, 1.98, 128,
-                    "NVIDIA H200 SXM datasheet (141 GB HBM3e, 4.8 TB/s); Hopper SM as H100"),
+                    "NVIDIA H200 SXM datasheet (141 GB HBM3e, 4.8 TB/s); Hopper SM as H100", 989.4e12),
     "a100": GPUSpec("a100", "NVIDIA A100-SXM4-80GB", (8, 0), 108, 80 * GiB, 2.039e12,
                     40 * 2**20, 167_936, 166_912, 1.41, 64,
-                    "NVIDIA A100 datasheet (80 GB HBM2e SXM, 2,039 GB/s, 108 SMs, 40 MB L2)"),
+                    "NVIDIA A100 datasheet (80 GB HBM2e SXM, 2,039 GB/s, 108 SMs, 40 MB L2)", 312e12),
     "rtx4090": GPUSpec("rtx4090", "NVIDIA GeForce RTX 4090", (8, 9), 128, 24 * GiB, 1.008e12,
                        72 * 2**20, 102_400, 101_376, 2.52, 128,
                        "NVIDIA Ada Lovelace whitepaper (24 GB GDDR6X, 1,008 GB/s, 128 SMs, "
-                       "72 MB L2)"),
+                       "72 MB L2)", 165.2e12),
     "a4000": GPUSpec("a4000", "NVIDIA RTX A4000", (8, 6), 48, 16 * GiB, 448e9, 4 * 2**20,
                      102_400, 101_376, 1.56, 128,
-                     "NVIDIA RTX A4000 datasheet (16 GB GDDR6, 448 GB/s, 48 SMs)"),
+                     "NVIDIA RTX A4000 datasheet (16 GB GDDR6, 448 GB/s, 48 SMs)", 76.7e12),
 }
 
 

@@ -35,6 +35,29 @@ Policy = Callable[..., Any] | None
 
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def einsum_f32(spec: str, a: Array, b: Array) -> Array:
+    """``jnp.einsum(spec, a, b)`` with float32 products and accumulation whatever the
+    operands' dtype (bf16 compute: bfloat16 operands, a float32 result), and a backward pass
+    in the operands' dtype: the float32 cotangent is cast to it first, so the transposed
+    matmuls are bfloat16 × bfloat16 too (left to autodiff they would promote the bfloat16
+    operand and run in float32). float32 operands: exactly ``jnp.einsum``."""
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _einsum_f32_fwd(spec, a, b):
+    return einsum_f32(spec, a, b), (a, b)
+
+
+def _einsum_f32_bwd(spec, res, g):
+    a, b = res
+    _, vjp = jax.vjp(lambda a, b: jnp.einsum(spec, a, b), a, b)
+    return vjp(g.astype(jnp.result_type(a, b)))
+
+
+einsum_f32.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
+
+
 def dense(mod: Any, param: str, x: jax.Array, w: jax.Array, quant: QuantSpec | None) -> jax.Array:
     """``x @ w`` over the last axis of ``x`` and the first of ``w``, quantized when
     ``quant`` covers the layer: ``fake``: ``fq(x) @ fq(w)``; ``int8``: int8 operands,
@@ -220,7 +243,9 @@ class LSTM(nn.Module):
         """``h ↦ h @ w_h`` (quantized when covered) and the observer to update after the
         scan (``None``: none, or not a training step)."""
         if not qt.covered(self.quant, self.path, "w_h"):
-            return (lambda h: h @ w_h), None
+            # cast per step (bf16 compute passes w_h in float32, models.tft FLOAT32_PARAMS):
+            # the kernel's gradient is summed over the steps in float32
+            return (lambda h: h @ w_h.astype(h.dtype)), None
         var = self.variable("quant_stats", "w_h_in", qt.init_minmax, ())
         update = self.is_mutable_collection("quant_batch") and not self.is_initializing()
         stats = var.value
@@ -258,8 +283,9 @@ class InterpretableAttention(nn.Module):
         # No key bias: q·b_k is the same for every key, and softmax ignores it.
         k = dense(H * dh, use_bias=False, name="key")(kv).reshape(kv.shape[:-1] + (H, dh))
         v = dense(dh, name="value")(kv)  # [B, T, dh], shared by all heads
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(dh).astype(q.dtype)
-        logits = logits.astype(jnp.float32)  # softmax in float32 (bf16 compute too)
+        # bf16 operands, float32 products and softmax (bf16 compute too)
+        logits = einsum_f32("bqhd,bkhd->bhqk", q, k)
+        logits = logits / jnp.sqrt(dh).astype(jnp.float32)
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
         attn = checkpoint_name(nn.softmax(logits, axis=-1), "attention_weights")  # [B, H, Tq, T]
         attn_d = nn.Dropout(self.dropout)(attn.astype(v.dtype), deterministic=deterministic)

@@ -123,6 +123,7 @@ class TFT(nn.Module):
         else:
             zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]
         enc_grn = block(GRN, plan.encoders)
+        zeta = zeta.astype(historical.dtype)  # the contexts in the compute dtype (bf16 too)
         c_s, c_e, c_h, c_c = (enc_grn(d, d, p, name=f"static_{n}")(zeta, None, det)
                               for n in ("selection", "enrichment", "state_h", "state_c"))
 
@@ -167,6 +168,10 @@ class TFT(nn.Module):
 COMPUTE_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 FLOAT32_MODULES = ("quantiles",)
 """Top-level modules whose parameters bf16 compute keeps in float32 (the quantile head)."""
+FLOAT32_PARAMS = ("w_h",)
+"""Parameters bf16 compute passes in float32 and casts where they are used: the LSTMs'
+recurrent kernels, cast inside each step, so that the kernel's gradient is summed over the
+steps in float32 (cast once outside the scan, it would accumulate in bfloat16)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,11 +189,15 @@ def apply_fn(cfg: TFTConfig, mode: str | None = None):
     def cast(a):
         return a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a
 
+    def cast_param(path, a):  # the LSTMs' recurrent kernels are cast inside each step
+        return a if path and getattr(path[-1], "key", None) in FLOAT32_PARAMS else cast(a)
+
     def apply(variables, static, historical, known, *args, **kw):
-        params = {k: v if k in FLOAT32_MODULES else jax.tree.map(cast, v)
-                  for k, v in variables["params"].items()}
-        # the statics stay float32: under a vocabulary, static input 0 is an integer index
-        return model.apply({**variables, "params": params}, static, cast(historical),
+        params = {k: v if k in FLOAT32_MODULES else jax.tree_util.tree_map_with_path(
+            cast_param, v) for k, v in variables["params"].items()}
+        # the statics too (the instrument rides as an int32 index, not in static): their
+        # contexts feed every later block, and a float32 context promotes it to float32
+        return model.apply({**variables, "params": params}, cast(static), cast(historical),
                            cast(known), *args, **kw)
 
     return apply

@@ -24,7 +24,7 @@ from tftjax import quant as qt
 from tftjax.models import fused
 from tftjax.models.dropout import keep_mask, keep_prob
 from tftjax.models.folded import EmbeddedGRN
-from tftjax.models.layers import GRN, norm_stats
+from tftjax.models.layers import GRN, einsum_f32, norm_stats
 from tftjax.quant import QuantSpec
 from tftjax.quant_calib import calibration_stats
 
@@ -122,8 +122,7 @@ def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
     y = (y - mean.astype(y.dtype)) * rstd.astype(y.dtype)
     y = y * p["ln_scale"][:, None, :] + p["ln_bias"][:, None, :]
     # the weighted sum accumulates in float32: [N, d] float32 (the caller casts it back)
-    return jnp.einsum("mn,mnd->nd", w.astype(y.dtype), y,
-                      preferred_element_type=jnp.float32), new_stats
+    return einsum_f32("mn,mnd->nd", w.astype(y.dtype), y), new_stats
 
 
 class VariableSelection(nn.Module):

@@ -1,0 +1,158 @@
+"""The GPU census of a compiled program (tftjax.memory.hlo_cost), against hand counts: a
+hand-written optimised HLO module with a while loop, an in-place stacked output, a sliced
+read and a cuBLAS GEMM; and a program XLA:CPU compiled, whose matmul FLOPs are known.
+Also ``--cost``'s refusals and, with the CUDA plugin, the command end to end."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import call
+
+from tftjax.memory import __main__ as memory_cli
+from tftjax.memory import targets
+from tftjax.memory.cost import CALIBRATION, MEASURED, StepCost, calibrated, fit
+from tftjax.memory.hlo_cost import Program, shape_bytes
+
+
+def test_shape_bytes():
+    assert shape_bytes("(f32[2,3]{1,0}, bf16[4], pred[], s8[0])") == 24 + 8 + 1 + 0
+
+HLO = """HloModule hand, is_scheduled=true
+
+%fused_step (param_0: f32[7,32,16], param_1: s32[], param_2: f32[32,16]) -> f32[7,32,16] {
+  %param_0 = f32[7,32,16]{2,1,0} parameter(0)
+  %param_2 = f32[32,16]{1,0} parameter(2)
+  %tanh = f32[32,16]{1,0} tanh(%param_2)
+  %bitcast = f32[1,32,16]{2,1,0} bitcast(%tanh)
+  %param_1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %dus = f32[7,32,16]{2,1,0} dynamic-update-slice(%param_0, %bitcast, %param_1, %zero, %zero)
+}
+
+%fused_read (p0: f32[7,32,16], p1: s32[]) -> f32[32,16] {
+  %p0 = f32[7,32,16]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = f32[1,32,16]{2,1,0} dynamic-slice(%p0, %p1, %z, %z), dynamic_slice_sizes={1,32,16}
+  ROOT %b = f32[32,16]{1,0} bitcast(%ds)
+}
+
+%fused_inc (q0: s32[]) -> s32[] {
+  %q0 = s32[] parameter(0)
+  %one = s32[] constant(1)
+  ROOT %add = s32[] add(%q0, %one)
+}
+
+%body (arg: (s32[], f32[32,16], f32[16,16], f32[7,32,16])) -> (s32[], f32[32,16], f32[16,16], f32[7,32,16]) {
+  %arg = (s32[], f32[32,16]{1,0}, f32[16,16]{1,0}, f32[7,32,16]{2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%arg), index=0
+  %h = f32[32,16]{1,0} get-tuple-element(%arg), index=1
+  %w = f32[16,16]{1,0} get-tuple-element(%arg), index=2
+  %stack = f32[7,32,16]{2,1,0} get-tuple-element(%arg), index=3
+  %gemm = (f32[32,16]{1,0}, s8[1024]{0}) custom-call(%h, %w), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %hw = f32[32,16]{1,0} get-tuple-element(%gemm), index=0
+  %new = f32[7,32,16]{2,1,0} fusion(%stack, %i, %hw), kind=kLoop, calls=%fused_step
+  %next = s32[] fusion(%i), kind=kLoop, calls=%fused_inc
+  ROOT %t = (s32[], f32[32,16]{1,0}, f32[16,16]{1,0}, f32[7,32,16]{2,1,0}) tuple(%next, %hw, %w, %new)
+}
+
+%cond (c: (s32[], f32[32,16], f32[16,16], f32[7,32,16])) -> pred[] {
+  %c = (s32[], f32[32,16]{1,0}, f32[16,16]{1,0}, f32[7,32,16]{2,1,0}) parameter(0)
+  %ci = s32[] get-tuple-element(%c), index=0
+  %seven = s32[] constant(7)
+  ROOT %lt = pred[] compare(%ci, %seven), direction=LT
+}
+
+ENTRY %main (x: f32[32,16], w: f32[16,16], s: f32[7,32,16]) -> f32[32,16] {
+  %x = f32[32,16]{1,0} parameter(0)
+  %w = f32[16,16]{1,0} parameter(1)
+  %s = f32[7,32,16]{2,1,0} parameter(2)
+  %c0 = s32[] constant(0)
+  %init = (s32[], f32[32,16]{1,0}, f32[16,16]{1,0}, f32[7,32,16]{2,1,0}) tuple(%c0, %x, %w, %s)
+  %loop = (s32[], f32[32,16]{1,0}, f32[16,16]{1,0}, f32[7,32,16]{2,1,0}) while(%init), condition=%cond, body=%body, metadata={op_name="jit(f)/while"}, backend_config={"known_trip_count":{"n":"7"}}
+  %out = f32[7,32,16]{2,1,0} get-tuple-element(%loop), index=3
+  %c3 = s32[] constant(3)
+  ROOT %row = f32[32,16]{1,0} fusion(%out, %c3), kind=kLoop, calls=%fused_read
+}
+"""
+
+
+def test_the_census_of_a_hand_written_program():
+    c = Program(HLO).census()
+    # launches: per trip the GEMM, the stacking fusion and the counter (3) times 7, the
+    # condition's compare 8 times, and the entry's read fusion: 21 + 8 + 1
+    assert c.kernels == 30
+    # FLOPs: 7 GEMMs of [32,16] x [16,16]: 7 * 2*32*16*16
+    assert c.flops == 7 * 2 * 32 * 16 * 16
+    a = 32 * 16 * 4  # bytes of one [32,16] f32 step
+    per_trip = (
+        (a + 16 * 16 * 4) + (a + 1024)  # GEMM: reads h and w, writes its result and workspace
+        + (4 + a) + a  # stacking: reads i and the step (not the [7,..] buffer), writes one step
+        + 4 + 4)  # counter: reads and writes one s32
+    cond = 4 + 4 + 1  # the compare reads the counter and the constant 7, writes a pred
+    read = 4 + a + a  # the entry's read: the index, one slice of the stack, the row written
+    assert c.hbm_bytes == 7 * per_trip + 8 * cond + read
+    assert c.loops == [("jit(f)/while", 7, pytest.approx((7 * 3 + 8) / 7))]
+
+
+def test_the_matmul_flops_of_a_compiled_scan():
+    """XLA:CPU's own program: a 9-step scan of [B, n] @ [n, n] and its gradient. XLA's cost
+    analysis counts the body once; the census multiplies it by the trip count."""
+    b, n, t = 8, 32, 9
+
+    def f(w, x):
+        def body(h, _):
+            return jnp.tanh(h @ w), None
+        return jax.lax.scan(body, x, None, length=t)[0].sum()
+
+    args = (jnp.ones((n, n)), jnp.ones((b, n)))
+    text = jax.jit(jax.grad(f)).lower(*args).compile().as_text()
+    c = Program(text).census()
+    # forward h @ w, backward dh @ wᵀ and hᵀ @ dh: 3 matmuls of 2·b·n·n per step
+    assert c.flops == 3 * t * 2 * b * n * n
+    assert any(trips == t for _, trips, _ in c.loops)
+
+
+def test_the_roofline_passes_through_the_measured_points():
+    roof = calibrated()
+    h200 = targets.spec("h200")
+    for b, k, nbytes, flops in CALIBRATION:
+        c = StepCost("off", "f32", b, "h100", k, nbytes, flops, 0)
+        assert roof.samples_per_s(c, h200.bandwidth_bytes_s, 0.5 * h200.tensor_flops_bf16) \
+            == pytest.approx(MEASURED["samples_per_s"][b], rel=1e-9)
+    assert 1e-6 < roof.launch_s < 10e-6  # a few microseconds per launch
+    with pytest.raises(ValueError, match="unphysical"):
+        fit([(StepCost("off", "f32", 1, "h", 10, 10**9, 0, 0), 1.0),
+             (StepCost("off", "f32", 2, "h", 20, 10**9, 0, 0), 0.5)], h200)
+
+
+def test_cost_without_a_target_exits_2(tmp_path, capsys):
+    rc = call(memory_cli.main, "--cost", "--preset", "tiny", "--out", tmp_path / "o")
+    err = capsys.readouterr().err
+    assert rc == 2 and "--cost needs --target NAME" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.skipif(targets.available(), reason="the CUDA plugin is installed here")
+def test_cost_without_the_cuda_plugin_names_the_extra(tmp_path, capsys):
+    rc = call(memory_cli.main, "--cost", "--target", "h100", "--preset", "tiny",
+              "--out", tmp_path / "o")
+    err = capsys.readouterr().err
+    assert rc == 2 and "tftjax[cuda12]" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow  # a GPU compile of the tiny model: ~30 s; .ci/run's full tier has the plugin
+@pytest.mark.skipif(not targets.available(),
+                    reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
+def test_cost_reports_every_point_on_a_target(tmp_path, capsys):
+    rc = call(memory_cli.main, "--cost", "--target", "h100", "--preset", "tiny", "--tiers",
+              "off", "--batch-sizes", "16", "--out", tmp_path)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = json.loads((tmp_path / "cost.json").read_text())["points"]
+    assert [(r["tier"], r["batch_size"]) for r in rows] == [("off", 16)]
+    for r in rows:
+        # two LSTM loops forward and two backward, each step launching kernels
+        assert len(r["loops"]) >= 4 and r["kernels"] > sum(t for _, t, _ in r["loops"])
+        assert r["hbm_bytes"] > 0 and r["flops"] > 0 and r["estimated_samples_per_s"] > 0
