@@ -1,25 +1,32 @@
-"""The one prepared GPU check: everything tftjax claims about a GPU, in at most 8 minutes.
+"""The one prepared GPU check: the targets first, one compile per row, a file per row.
 
-    python experiments/gpu_check.py --out experiments/results/gpu_check   # on a machine with one GPU
+    python experiments/gpu_check.py --out experiments/results/gpu_check   # one GPU, ~8 min
+    python experiments/gpu_check.py --dry-run --out /tmp/gpu_check        # CPU, tiny, < 3 min
 
-Stages, each in its own process with its own time box (a stage that runs out is killed and
-recorded as such; the next one starts), results written after every stage to
-``OUT/gpu_check.json`` and ``OUT/gpu_check.md``:
+Stages run in this order, each row in its own process group with its own time box (a row
+that runs out is killed whole, grandchildren too, and recorded as such; the next row
+starts). After every row ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` are rewritten, and
+each row's own output is ``OUT/rows/NAME.json``:
 
-1. ``tests``: the GPU test subset (``JAX_PLATFORMS=cuda pytest -m "not slow"`` over the
-   equality, precision, remat and fused-kernel tests, plus the ``gpu``-marked ones);
-2. ``throughput``: TFT-225 samples/s per tier at batch 64, 256 and 1024, f32 and bf16
-   (experiments/throughput.py);
-3. ``memory``: compiled bytes and measured peaks per tier at batch 256, each point in its
-   own process (``python -m tftjax.memory --isolate``);
-4. ``peer``: pytorch-forecasting side by side at batch 64 on the same GPU, f32 and
-   bf16-mixed (experiments/vs_pytorch_forecasting.py --accelerator gpu; needs the bench
-   extra);
-5. ``dqn``: ``python -m tftjax.dqn --epochs 100``.
+1. ``tests``: the GPU-marked tests first (``tests/test_gpu.py``), then the equality,
+   precision and fused-kernel tests on the GPU;
+2. ``throughput``: TFT-225 samples/s, one row per point in the order of the targets: bf16
+   ``off`` at batch 256 (target 40,000 samples/s on an H200); f32 ``off`` at 64 and 256;
+   bf16 ``off`` at 64; then every other tier at 256, bf16 and f32;
+3. ``peer``: pytorch-forecasting and tftjax side by side at batch 64 on the same GPU, f32 and
+   bf16-mixed (target: tftjax 100x; needs the bench extra, else recorded as skipped);
+4. ``memory``: compiled bytes and each tier's measured peak at batch 256, a process per point
+   (``python -m tftjax.memory --isolate``; target: within 10% of the plan);
+5. ``soak``: three epochs of training, device, array and host memory per epoch;
+6. ``dqn``: ``python -m tftjax.dqn --epochs 100``.
 
-The targets it checks (issue 22): bf16 TFT-225 >= 40,000 samples/s at batch 256; tftjax >= 100x
-pytorch-forecasting's samples/s at batch 64; every tier's temp bytes <= ``off``'s; measured
-peaks within 10% of the plan.
+The orchestrating process never touches the device (no JAX import, so no preallocation of
+75% of the card); each row's process gets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless it
+measures memory, a persistent compilation cache (``OUT/jax_cache``) and XLA's per-fusion
+autotune cache (``OUT/autotune``), so a rerun after a timeout recompiles nothing.
+
+``--dry-run`` runs every stage and row on the CPU with the tiny preset, small batches and a
+few steps, and writes the same files: the check of the check (tests/test_gpu_check.py).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,82 +42,149 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-TIERS = "off,minimal,aggressive,full"
+STAGES = ("tests", "throughput", "peer", "memory", "soak", "dqn")
+TIERS = ("off", "minimal", "aggressive", "full")
 
 
-def stages(out: Path) -> list[tuple[str, int, list[str]]]:
-    """(name, seconds, command) in the order they run; 480 s in all."""
-    return [
-        ("tests", 100, [PY, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider",
-                        "tests/test_remat.py", "tests/test_fused.py", "tests/test_precision.py",
-                        "tests/test_model.py", "tests/test_gpu.py"]),
-        ("throughput", 140, [PY, "experiments/throughput.py", "--preset", "tft225",
-                             "--batch-sizes", "64,256,1024", "--remat", TIERS, "--steps", "10",
-                             "--precision", "f32,bf16", "--out", str(out / "throughput.json")]),
-        ("memory", 90, [PY, "-m", "tftjax.memory", "--tiers", "full,aggressive,minimal,off",
-                        "--batch-sizes", "256", "--steps", "3", "--isolate", "--budgets", "24,80",
-                        "--out", str(out / "memory")]),
-        ("peer", 90, [PY, "experiments/vs_pytorch_forecasting.py", "--accelerator", "gpu",
-                      "--batch-sizes", "64", "--steps", "10", "--out", str(out / "peer.json")]),
-        ("dqn", 60, [PY, "-m", "tftjax.dqn", "--epochs", "100", "--no-progress",
-                     "--workdir", str(out / "dqn")]),
-    ]
+def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
+    """(stage, row name, seconds, command) in the order they run (about 480 s on a GPU)."""
+    preset = "tiny" if dry else "tft225"
+    big, small = (16, 8) if dry else (256, 64)
+    steps = "2" if dry else "10"
+    r = out / "rows"
+    tests = (["tests/test_gpu.py"] if dry else
+             ["tests/test_gpu.py", "tests/test_bf16_census.py", "tests/test_precision.py",
+              "tests/test_remat.py", "tests/test_fused.py"])
+    plan = [("tests", "tests", 150, [PY, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p",
+                                     "no:cacheprovider", *tests])]
+    points = [("bf16", "off", big), ("f32", "off", small), ("f32", "off", big),
+              ("bf16", "off", small)]
+    points += [(p, t, big) for t in TIERS[1:] for p in ("bf16", "f32")]
+    for prec, tier, b in points:
+        name = f"{prec}_{tier}_b{b}"
+        plan.append(("throughput", name, 45, [
+            PY, "experiments/throughput.py", "--preset", preset, "--batch-sizes", str(b),
+            "--remat", tier, "--precision", prec, "--steps", steps,
+            "--out", str(r / f"{name}.json")]))
+    for prec in ("f32", "bf16"):
+        plan.append(("peer", f"peer_{prec}", 60, [
+            PY, "experiments/vs_pytorch_forecasting.py", "--accelerator",
+            "cpu" if dry else "gpu", "--precision", prec, "--batch-sizes", str(small),
+            "--steps", "3" if dry else "10", "--out", str(r / f"peer_{prec}.json")]))
+    plan.append(("memory", "memory", 100, [
+        PY, "-m", "tftjax.memory", "--preset", preset, "--tiers", ",".join(TIERS[::-1]),
+        "--batch-sizes", str(big), "--steps", "2", "--isolate", "--budgets", "24,80",
+        "--out", str(r / "memory")]))
+    plan.append(("soak", "soak", 60, [
+        PY, "-m", "tftjax.memory", "--preset", preset, "--tiers", "off", "--batch-sizes",
+        str(small), "--soak", "3", "--soak-steps", "5" if dry else "20",
+        "--out", str(r / "soak")]))
+    plan.append(("dqn", "dqn", 60, [
+        PY, "-m", "tftjax.dqn", "--epochs", "2" if dry else "100", "--no-progress",
+        "--no-tensorboard", "--workdir", str(r / "dqn")]))
+    return plan
 
 
-def run_stage(name: str, seconds: int, cmd: list[str], env: dict) -> dict:
+def env_for(stage: str, out: Path, dry: bool) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT),
+               JAX_COMPILATION_CACHE_DIR=str(out / "jax_cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="1")
+    env["JAX_PLATFORMS"] = "cpu" if dry else os.environ.get("JAX_PLATFORMS", "cuda")
+    if not dry:
+        flag = f"--xla_gpu_per_fusion_autotune_cache_dir={out / 'autotune'}"
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flag).strip()
+    if stage not in ("memory", "soak"):  # those measure what a user's run would hold
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    if dry:
+        env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"  # the check of the check: compiles fast
+    return env
+
+
+def run_row(stage: str, name: str, seconds: int, cmd: list[str], env: dict) -> dict:
+    """One row in its own process group, killed whole (grandchildren too) on timeout."""
     t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=seconds)
-        rc, stdout, stderr = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired as e:
+        stdout, stderr = p.communicate(timeout=seconds)
+        rc: int | str = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        stdout, stderr = p.communicate()
         rc = "timed out"
-        stdout = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        stderr = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-    return {"stage": name, "rc": rc, "seconds": round(time.perf_counter() - t0, 1),
-            "box_s": seconds, "command": " ".join(cmd[1:]), "stdout_tail": stdout[-6000:],
-            "stderr_tail": stderr[-2000:]}
+    return {"stage": stage, "row": name, "rc": rc, "seconds": round(time.perf_counter() - t0, 1),
+            "box_s": seconds, "command": " ".join(str(c) for c in cmd[1:]),
+            "stdout_tail": (stdout or "")[-6000:], "stderr_tail": (stderr or "")[-2000:]}
 
 
-def tables(r: dict) -> str:
-    """The markdown lines of one stage: its status and the tables its command printed."""
-    lines = [f"## {r['stage']}: {'ok' if r['rc'] == 0 else r['rc']} in {r['seconds']} s "
-             f"(box {r['box_s']} s)", "", f"`{r['command']}`", ""]
-    lines += [ln for ln in r["stdout_tail"].splitlines()
-              if ln.startswith("|") or "passed" in ln or "failed" in ln or "samples/s" in ln]
+def skipped(stage: str, name: str, why: str) -> dict:
+    return {"stage": stage, "row": name, "rc": f"skipped: {why}", "seconds": 0.0, "box_s": 0,
+            "command": "", "stdout_tail": "", "stderr_tail": ""}
+
+
+def markdown(record: dict) -> str:
+    lines = [f"# GPU check{' (dry run: CPU, tiny preset)' if record['dry_run'] else ''}",
+             "", f"device: {record['device'] or 'not known yet'}", "",
+             "| stage | row | status | seconds (box) |", "|---|---|---|---|"]
+    for r in record["rows"]:
+        status = "ok" if r["rc"] == 0 else r["rc"]
+        lines.append(f"| {r['stage']} | {r['row']} | {status} | {r['seconds']} ({r['box_s']}) |")
+    for r in record["rows"]:
+        found = [ln for ln in r["stdout_tail"].splitlines()
+                 if ln.startswith("|") or "samples/s" in ln or " passed" in ln]
+        if found:
+            lines += ["", f"## {r['row']}", "", f"`{r['command']}`", "", *found]
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def device_of(rows_done: list[dict]) -> str | None:
+    for r in rows_done:
+        for ln in r["stdout_tail"].splitlines():
+            if ln.startswith("device: "):
+                return ln[len("device: "):]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("experiments/results/gpu_check"))
-    ap.add_argument("--only", default=None, help="comma-separated stages to run")
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cuda"),
-               PYTHONPATH=str(ROOT))
-    import jax
-
-    record = {"device": None, "stages": []}
-    try:
-        record["device"] = str(jax.devices()[0].device_kind)
-    except RuntimeError as e:  # no GPU: say so, run nothing
-        print(f"no device for JAX_PLATFORMS={env['JAX_PLATFORMS']}: {e}")
+    ap.add_argument("--stages", default=",".join(STAGES),
+                    help=f"comma-separated, run in the fixed order: {', '.join(STAGES)}")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="on the CPU, tiny preset, small batches: every stage, the same files")
+    args = ap.parse_args(argv)
+    wanted = [s.strip() for s in args.stages.split(",") if s.strip()]
+    bad = [s for s in wanted if s not in STAGES]
+    if bad or not wanted:
+        print(f"gpu_check: --stages {args.stages!r}: not a stage: {', '.join(bad) or '(none)'}; "
+              f"choose from {', '.join(STAGES)}", file=sys.stderr)
         return 2
-    md = [f"# GPU check on {record['device']} (jax {jax.__version__})", ""]
-    only = set(args.only.split(",")) if args.only else None
-    for name, seconds, cmd in stages(args.out.resolve()):
-        if only and name not in only:
+    out = args.out.resolve()
+    (out / "rows").mkdir(parents=True, exist_ok=True)
+    record = {"dry_run": args.dry_run, "device": None, "rows": []}
+    have_peer = _importable("pytorch_forecasting")
+    for stage, name, seconds, cmd in rows(out, args.dry_run):
+        if stage not in wanted:
             continue
-        print(f"[{name}] up to {seconds} s: {' '.join(cmd[1:])}", flush=True)
-        r = run_stage(name, seconds, cmd, env)
-        record["stages"].append(r)
-        md.append(tables(r))
-        (args.out / "gpu_check.json").write_text(json.dumps(record, indent=2))
-        (args.out / "gpu_check.md").write_text("\n".join(md))
+        print(f"[{name}] up to {seconds} s: {' '.join(str(c) for c in cmd[1:])}", flush=True)
+        if stage == "peer" and not have_peer:
+            r = skipped(stage, name, "the bench extra (pytorch-forecasting) is not installed")
+        else:
+            r = run_row(stage, name, seconds, cmd, env_for(stage, out, args.dry_run))
+        record["rows"].append(r)
+        record["device"] = record["device"] or device_of([r])
+        (out / "rows" / f"{name}.row.json").write_text(json.dumps(r, indent=2))
+        (out / "gpu_check.json").write_text(json.dumps(record, indent=2))
+        (out / "gpu_check.md").write_text(markdown(record))
         print(f"[{name}] {r['rc']} in {r['seconds']} s", flush=True)
-    print(f"wrote {args.out}/gpu_check.json and gpu_check.md")
+    print(f"wrote {out}/gpu_check.json and gpu_check.md")
     return 0
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ def main() -> None:
     ds = load_dataset(None, cfg.data)
     data = to_device(ds.features)
     rows = []
+    print(f"device: {jax.devices()[0].device_kind}")
     print(f"{args.preset} on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
           f"median of {args.steps} steps")
     print("| precision | remat | batch | compile | step (median; min–max) | samples/s | XLA temp |")

@@ -36,6 +36,7 @@ this map names every module::
   quant_calib           what a PTQ calibration batch records of each tensor, by method
   models.dropout        the stacked GRNs' dropout masks
   models.fused          the fused, recomputing per-variable GRN kernel (CPU)
+  models.recurrence     the LSTM recurrence with its hand-written backward pass
   models.layers         Dense, GLU, GRN, gated add & norm, LSTM, interpretable attention
   models.folded         the selection GRN with the embeddings folded in (float and int8)
   models.vsn            variable selection networks (stacked per-variable GRNs)

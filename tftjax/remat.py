@@ -43,9 +43,9 @@ that only carries the ``[N, d]`` weighted sum).
 =============  ===============================================================
 
 That table is the CPU's. On a GPU (:data:`GPU_PLANS`) ``minimal``, ``aggressive`` and
-``full`` run the VSNs as checkpointed chunks of batched matmuls keeping less and less:
-``minimal`` their GLU outputs and pre-norm sums, ``aggressive`` (the seed's plan for the
-other blocks) their GLU outputs, ``full`` nothing.
+``full`` run the VSNs as checkpointed chunks of batched matmuls: ``minimal`` keeping their
+GLU outputs, ``aggressive`` the same VSNs and the seed's plan for the other blocks,
+``full`` nothing.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ STEP_TIME: dict[str, dict[str, float]] = {
     # them). Measured on an H200 before they changed (TFT-225 b256): the CPU's `aggressive`
     # 1.51 and the fused `full` 6.4. Now `full` recomputes the VSNs' forward (~90% of the
     # forward) once, as `default` models; `minimal` and `aggressive` recompute all of it but
-    # the kept GLU outputs (and pre-norm sums), less than `full`.
+    # the kept GLU outputs, less than `full`.
     "gpu": {"off": 1.0, "minimal": 1.1, "aggressive": 1.15, "full": 1.333},
     # Modelled elsewhere (not measured in this project): a step is ~3 forward passes and
     # rematerialising a block adds one more of its forward; the VSNs are ~90% of the
@@ -143,10 +143,13 @@ GPU_PLANS = {
     # alone saves nothing (their activations are ~4% of the step's). The VSNs hold ~96%: on a
     # GPU the tiers are a ladder of how much of the VSN chunks' residuals is kept (tagged
     # names, tftjax.remat.OFFLOAD_NAMES), each chunk's rest recomputed in the backward pass.
+    # `minimal` keeps the GLU outputs only: keeping the pre-norm sums too held more than
+    # `off` in bf16 (TFT-225 b256 on the H100 spec: 3,090 against 2,990 MiB; tiny b1024:
+    # 827 against 799), and without them 587 (f32: 1,143 against off's 1,865).
     "minimal": dict(lstm=False, vsn=True, fused=False, vsn_chunk=10,
-                    policy=cp.save_only_these_names("vsn_glu", "vsn_y"),
-                    description="VSNs in checkpointed chunks that keep their GLU outputs and "
-                                "pre-norm sums (GPU)"),
+                    policy=cp.save_only_these_names("vsn_glu"),
+                    description="VSNs in checkpointed chunks that keep their GLU outputs "
+                                "(GPU)"),
     "aggressive": dict(vsn_scan=False, vsn=True, fused=False, vsn_chunk=10,
                        policy=cp.save_only_these_names("vsn_glu"),
                        description="encoder GRNs, LSTMs, attention; VSNs in checkpointed "

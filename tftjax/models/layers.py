@@ -27,6 +27,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from tftjax import quant as qt
+from tftjax.models.recurrence import lstm_recurrence
 from tftjax.quant import QuantSpec
 from tftjax.quant_calib import calibration_record, calibration_stats
 
@@ -182,8 +183,11 @@ class GateAddNorm(nn.Module):
 class LSTM(nn.Module):
     """Single-layer LSTM over time, input projections hoisted out of the scan.
 
-    With ``remat`` the per-step body is ``jax.checkpoint``-ed inside the scan,
-    so the backward pass recomputes gates from the saved ``(c, h)`` carries.
+    Float (not quantized): :func:`tftjax.models.recurrence.lstm_recurrence`, whose
+    backward pass recomputes the activations from the saved gates and cell states (every
+    tier). Quantized: a ``lax.scan`` differentiated by autodiff; with ``remat`` its per-step
+    body is ``jax.checkpoint``-ed, so the backward pass recomputes gates from the saved
+    ``(c, h)`` carries.
     Parameters match ``nn.OptimizedLSTMCell``'s count: ``8d² + 4d``.
 
     Quantized (``quant``), ``w_i`` sees the observed int8 inputs; the recurrent
@@ -210,6 +214,14 @@ class LSTM(nn.Module):
             return jnp.zeros(shape, dtype).at[d : 2 * d].set(self.forget_bias)
 
         b = self.param("b", bias_init, (4 * d,))
+        if not (qt.covered(self.quant, self.path, "w_h")
+                or qt.covered(self.quant, self.path, "w_i")):
+            # float: the recurrence with its hand-written backward pass (a few kernels per
+            # step on a GPU); with remat it keeps only the cell states and outputs
+            c0, h0 = carry[0].astype(jnp.float32), carry[1].astype(xs.dtype)
+            carry, hs = lstm_recurrence(jnp.swapaxes(xs, 0, 1), w_i, b.astype(xs.dtype), w_h,
+                                        c0, h0, self.remat)
+            return carry, jnp.swapaxes(hs, 0, 1)  # [B, T, d]
         xp = jnp.swapaxes(dense(self, "w_i", xs, w_i, self.quant), 0, 1) + b  # [T, B, 4d]
 
         recurrent, stats = self._recurrent(w_h)
@@ -243,8 +255,6 @@ class LSTM(nn.Module):
         """``h ↦ h @ w_h`` (quantized when covered) and the observer to update after the
         scan (``None``: none, or not a training step)."""
         if not qt.covered(self.quant, self.path, "w_h"):
-            # cast per step (bf16 compute passes w_h in float32, models.tft FLOAT32_PARAMS):
-            # the kernel's gradient is summed over the steps in float32
             return (lambda h: h @ w_h.astype(h.dtype)), None
         var = self.variable("quant_stats", "w_h_in", qt.init_minmax, ())
         update = self.is_mutable_collection("quant_batch") and not self.is_initializing()

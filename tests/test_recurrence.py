@@ -1,0 +1,100 @@
+"""The LSTM recurrence's hand-written backward pass against autodiff of the same scan (the
+reference), in float32 at the highest matmul precision, and its bfloat16 form: the
+recurrent kernel's gradient accumulated in float32."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tftjax.models.recurrence import _project, _scan, lstm_recurrence
+
+T, B, D, F = 7, 5, 6, 3
+ARGS = ("xs", "w_i", "b", "w_h", "c0", "h0")
+
+
+def inputs(dtype):
+    ks = jax.random.split(jax.random.key(3), 6)
+    xs = jax.random.normal(ks[0], (T, B, F)).astype(dtype)
+    w_i = jax.random.normal(ks[4], (F, 4 * D)).astype(dtype)
+    b = (0.1 * jax.random.normal(ks[5], (4 * D,))).astype(dtype)
+    w_h = 0.5 * jax.random.normal(ks[1], (D, 4 * D))
+    c0 = jax.random.normal(ks[2], (B, D))
+    h0 = jax.random.normal(ks[3], (B, D)).astype(dtype)
+    return xs, w_i, b, w_h, c0, h0
+
+
+def loss(fn):
+    # every output is used: the final carry and each step's h, with distinct weights
+    wt = jnp.arange(1.0, T * B * D + 1).reshape(T, B, D) / (T * B * D)
+
+    def f(*args):
+        (c, h), hs = fn(*args)
+        return (jnp.sum(c * c) + jnp.sum(jnp.sin(h.astype(jnp.float32)))
+                + jnp.sum(wt * hs.astype(jnp.float32)))
+    return f
+
+
+def ref(xs, w_i, b, w_h, c0, h0):
+    carry, hs, _, _ = _scan(_project(xs, w_i, b), w_h, c0, h0)
+    return carry, hs
+
+
+ALL = tuple(range(6))
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_values_and_gradients_equal_autodiff_float32(recompute):
+    args = inputs(jnp.float32)
+    fn = lambda *a: lstm_recurrence(*a, recompute)  # noqa: E731
+    with jax.default_matmul_precision("highest"):
+        out, want = fn(*args), ref(*args)
+        g = jax.grad(loss(fn), argnums=ALL)(*args)
+        g_ref = jax.grad(loss(ref), argnums=ALL)(*args)
+    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the same forward ops
+    # the backward passes differ in the order of float32 sums (a GEMM over all steps for
+    # the kernel, activations recomputed from the gates): a few ulps of the largest entry
+    # over T=7 steps of products of O(1) factors
+    for name, a, b in zip(ARGS, g, g_ref):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype, name
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), name
+
+
+def test_bfloat16_compute_sums_the_recurrent_gradient_in_float32():
+    args = inputs(jnp.bfloat16)
+    g = jax.grad(loss(lstm_recurrence), argnums=ALL)(*args)
+    assert [x.dtype for x in g] == [jnp.bfloat16] * 3 + [jnp.float32, jnp.float32,
+                                                         jnp.bfloat16]
+    # against the float32 recurrence on the same (bf16-rounded) inputs: bf16 keeps 8 bits,
+    # and every backward step rounds its gate gradients to bf16 once (2^-8 relative)
+    args32 = [a.astype(jnp.float32) for a in args]
+    with jax.default_matmul_precision("highest"):
+        g32 = jax.grad(loss(lstm_recurrence), argnums=ALL)(*args32)
+    for name, a, b in zip(ARGS, g, g32):
+        a, b = np.asarray(a, np.float32), np.asarray(b)
+        assert np.abs(a - b).max() <= T * 2.0**-6 * np.abs(b).max(), name
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_kernel_gradient_is_one_float32_gemm(dtype):
+    """No scan carries the [d, 4d] kernel gradient: it is one GEMM after the backward scan,
+    with bf16 operands (bf16 compute) and a float32 result."""
+    args = inputs(dtype)
+    jaxpr = jax.make_jaxpr(jax.grad(loss(lstm_recurrence), argnums=3))(*args).jaxpr
+
+    def walk(j, dots, carries):
+        for e in j.eqns:
+            if e.primitive.name == "dot_general" and e.outvars[0].aval.shape == (D, 4 * D):
+                dots.append((tuple(v.aval.dtype for v in e.invars), e.outvars[0].aval.dtype))
+            if e.primitive.name == "scan":
+                n0, n1 = e.params["num_consts"], e.params["num_carry"]
+                carries += [v.aval.shape for v in e.invars[n0:n0 + n1]]
+            for sub in jax.core.jaxprs_in_params(e.params):
+                walk(sub, dots, carries)
+        return dots, carries
+
+    dots, carries = walk(jaxpr, [], [])
+    assert dots == [((dtype, dtype), jnp.float32)], dots
+    assert (D, 4 * D) not in carries
