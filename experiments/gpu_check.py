@@ -16,7 +16,8 @@ each row's own output is ``OUT/rows/NAME.json``:
 3. ``peer``: pytorch-forecasting and tftjax side by side at batch 64 on the same GPU, f32 and
    bf16-mixed (target: tftjax 100x; needs the bench extra, else recorded as skipped);
 4. ``memory``: compiled bytes and each tier's measured peak at batch 256, a process per point
-   (``python -m tftjax.memory --isolate``; target: within 10% of the plan);
+   (``python -m tftjax.memory --isolate``; target: within 10% of the plan; the dry run
+   measures in one process: on the CPU there is no device peak to isolate);
 5. ``soak``: three epochs of training, device, array and host memory per epoch;
 6. ``dqn``: ``python -m tftjax.dqn --epochs 100``.
 
@@ -26,7 +27,9 @@ measures memory, a persistent compilation cache (``OUT/jax_cache``) and XLA's pe
 autotune cache (``OUT/autotune``), so a rerun after a timeout recompiles nothing.
 
 ``--dry-run`` runs every stage and row on the CPU with the tiny preset, small batches and a
-few steps, and writes the same files: the check of the check (tests/test_gpu_check.py).
+few steps, compiled as the quick test tier compiles, the throughput rows two at a time
+(compile-bound on the CPU), and writes the same files: the check of the check
+(tests/test_gpu_check.py).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,11 +77,12 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
             "--steps", "3" if dry else "10", "--out", str(r / f"peer_{prec}.json")]))
     plan.append(("memory", "memory", 100, [
         PY, "-m", "tftjax.memory", "--preset", preset, "--tiers", ",".join(TIERS[::-1]),
-        "--batch-sizes", str(big), "--steps", "2", "--isolate", "--budgets", "24,80",
+        "--batch-sizes", str(big), "--steps", "2", "--isolate" if not dry else "--no-isolate",
+        "--budgets", "24,80",
         "--out", str(r / "memory")]))
     plan.append(("soak", "soak", 60, [
         PY, "-m", "tftjax.memory", "--preset", preset, "--tiers", "off", "--batch-sizes",
-        str(small), "--soak", "3", "--soak-steps", "5" if dry else "20",
+        str(small), "--soak", "3", "--soak-steps", "3" if dry else "20",
         "--out", str(r / "soak")]))
     plan.append(("dqn", "dqn", 60, [
         PY, "-m", "tftjax.dqn", "--epochs", "2" if dry else "100", "--no-progress",
@@ -95,8 +100,10 @@ def env_for(stage: str, out: Path, dry: bool) -> dict:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flag).strip()
     if stage not in ("memory", "soak"):  # those measure what a user's run would hold
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    if dry:
-        env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"  # the check of the check: compiles fast
+    if dry:  # the check of the check: compiles as the quick test tier does (tests/conftest.py)
+        env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "")
+                            + " --xla_cpu_use_fusion_emitters=false").strip()
     return env
 
 
@@ -163,12 +170,21 @@ def main(argv: list[str] | None = None) -> int:
     (out / "rows").mkdir(parents=True, exist_ok=True)
     record = {"dry_run": args.dry_run, "device": None, "rows": []}
     have_peer = _importable("pytorch_forecasting")
-    for stage, name, seconds, cmd in rows(out, args.dry_run):
-        if stage not in wanted:
-            continue
+    plan = [row for row in rows(out, args.dry_run) if row[0] in wanted]
+    # the dry run's throughput rows are compile-bound and independent: two at a time on the
+    # CPU (on a GPU every row has the device to itself)
+    pool = ThreadPoolExecutor(2) if args.dry_run else None
+    ahead: dict[str, Future] = {}
+    for i, (stage, name, seconds, cmd) in enumerate(plan):
         print(f"[{name}] up to {seconds} s: {' '.join(str(c) for c in cmd[1:])}", flush=True)
         if stage == "peer" and not have_peer:
             r = skipped(stage, name, "the bench extra (pytorch-forecasting) is not installed")
+        elif pool is not None and stage == "throughput":
+            for st, nm, sec, cm in plan[i:i + 2]:
+                if st == "throughput" and nm not in ahead:
+                    ahead[nm] = pool.submit(run_row, st, nm, sec, cm,
+                                            env_for(st, out, args.dry_run))
+            r = ahead.pop(name).result()
         else:
             r = run_row(stage, name, seconds, cmd, env_for(stage, out, args.dry_run))
         record["rows"].append(r)
