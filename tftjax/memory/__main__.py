@@ -120,17 +120,24 @@ def target_plan(cfg, batch_size: int, args) -> None:
     from tftjax.memory import HEADROOM, for_target, plan_auto
     from tftjax.memory.targets import spec
 
+    from tftjax.memory.targets import jax_pool_fraction
+
     s = spec(args.target)
     rows = len(load_dataset(data_file(args.parquet_file, args.dataset), cfg.data).features)
+    pool = jax_pool_fraction()
     with for_target(args.target):
         # at the batch asked for (growing it would be a bisection of GPU compiles: the
-        # plan table above has each tier's largest batch from the fit)
+        # plan table above has each tier's largest batch from the fit); against the pool a
+        # run on that GPU will have, never this machine's own card
         tier, batch, k = plan_auto(dataclasses.replace(cfg, remat="off"),
-                                   HEADROOM * s.memory_bytes, batch_size, rows,
+                                   HEADROOM * pool * s.memory_bytes, batch_size, rows,
                                    backend="gpu", log=lambda *a: None, grow_batch=False)
-    print(f"--remat auto on {s.description} ({s.memory_bytes / 1e9:.1f} GB, planned for "
-          f"{HEADROOM:.0%}): --remat {tier} --batch-size {batch}"
+    print(f"--remat auto on {s.description} ({s.memory_bytes / 1e9:.1f} GB; JAX's pool "
+          f"{pool:.0%} of it, XLA_PYTHON_CLIENT_MEM_FRACTION; planned for {HEADROOM:.0%} of "
+          f"the pool): --remat {tier} --batch-size {batch}"
           + (f" --accumulate {k}" if k > 1 else ""))
+    print("not modelled: the CUDA context and NCCL buffers (outside JAX's pool) and pinned "
+          "host memory")
 
 
 def soak_cli(cfg, tier: str, batch_size: int, args) -> int:

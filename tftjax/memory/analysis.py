@@ -75,6 +75,11 @@ def flag(name: str):
     return jax.config.values[name]
 
 
+def targeting() -> bool:
+    """Whether the steps are compiled for a GPU target now (inside :func:`for_target`)."""
+    return _TARGET[0] is not None
+
+
 def target_name() -> str:
     """What the steps are compiled for now: a GPU target's name, or the default backend."""
     return _TARGET[0][0] if _TARGET[0] is not None else jax.default_backend()

@@ -10,7 +10,8 @@ import numpy as np
 from tftjax import remat
 from tftjax.config import ConfigError, TFTConfig
 from tftjax.devices import device_limit
-from tftjax.memory.analysis import GB, Compiled, analyse, analyse_eval, min_bytes
+from tftjax.memory.analysis import (GB, Compiled, analyse, analyse_eval, min_bytes,
+                                    targeting)
 
 
 def fit_linear(points: list[Compiled]) -> tuple[float, float]:
@@ -108,10 +109,14 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
     Raises:
       ConfigError: no budget known, or nothing fits at ``batch_size``.
     """
-    limit = device_limit()
+    # compiling for a GPU target (tftjax.memory.targets): its budget, never this machine's
+    # own device's limit
+    limit = None if targeting() else device_limit()
     if limit is not None and (budget_bytes is None or HEADROOM * limit < budget_bytes):
         log(f"auto: planning for {HEADROOM:.0%} of the device's limit of {limit / GB:.2f} GB"
-            + (f" (below --memory-budget {budget_bytes / GB:.2f} GB)" if budget_bytes else ""))
+            + (f" (below --memory-budget {budget_bytes / GB:.2f} GB)" if budget_bytes else "")
+            + ("; on a GPU that limit is JAX's pool, XLA_PYTHON_CLIENT_MEM_FRACTION of "
+               "the card (default 0.75)" if remat.is_gpu(backend) else ""))
         budget_bytes = HEADROOM * limit
     if budget_bytes is None:
         raise ConfigError("--remat auto needs --memory-budget on a device that does not report "

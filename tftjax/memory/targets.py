@@ -137,6 +137,26 @@ def compile_only_device(name: str) -> Any:
     return topo.devices[0]
 
 
+def jax_pool_fraction() -> float:
+    """The share of a GPU's memory JAX's allocator may use in a run on it (its
+    ``bytes_limit``): ``XLA_PYTHON_CLIENT_MEM_FRACTION`` of this environment, else JAX's
+    default 0.75 (preallocated, or the cap when ``XLA_PYTHON_CLIENT_PREALLOCATE=false``).
+
+    Raises:
+      ConfigError: the variable is not a fraction in (0, 1].
+    """
+    import os
+
+    text = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")
+    try:
+        frac = float(text)
+    except ValueError:
+        frac = -1.0
+    if not 0.0 < frac <= 1.0:
+        raise ConfigError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={text!r}: give a fraction in (0, 1]")
+    return frac
+
+
 def available() -> bool:
     """Whether this installation can compile for a GPU target (the CUDA plugin loads)."""
     try:
