@@ -28,8 +28,10 @@ autotune cache (``OUT/autotune``), so a rerun after a timeout recompiles nothing
 
 ``--dry-run`` runs every stage and row on the CPU with the tiny preset, small batches and a
 few steps, compiled as the quick test tier compiles, the throughput rows two at a time
-(compile-bound on the CPU), and writes the same files: the check of the check
-(tests/test_gpu_check.py).
+(compile-bound on the CPU), each row's box ``DRY_BOX`` times its GPU box (a loaded CPU
+compiling, not a GPU running: the dry run checks that a row runs, not how fast), and writes
+the same files: the check of the check (tests/test_gpu_check.py). ``--rows A,B``: only
+those rows (by name, in the plan's order).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 STAGES = ("tests", "throughput", "peer", "memory", "soak", "dqn")
 TIERS = ("off", "minimal", "aggressive", "full")
+DRY_BOX = 4
+"""A dry run's time box per row, in GPU boxes."""
 
 
 def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
@@ -159,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, run in the fixed order: {', '.join(STAGES)}")
     ap.add_argument("--dry-run", action="store_true",
                     help="on the CPU, tiny preset, small batches: every stage, the same files")
+    ap.add_argument("--rows", default=None,
+                    help="comma-separated row names: only these (default: every row)")
     args = ap.parse_args(argv)
     wanted = [s.strip() for s in args.stages.split(",") if s.strip()]
     bad = [s for s in wanted if s not in STAGES]
@@ -167,10 +173,21 @@ def main(argv: list[str] | None = None) -> int:
               f"choose from {', '.join(STAGES)}", file=sys.stderr)
         return 2
     out = args.out.resolve()
+    plan = [row for row in rows(out, args.dry_run) if row[0] in wanted]
+    if args.rows is not None:
+        names = [r.strip() for r in args.rows.split(",") if r.strip()]
+        bad = [r for r in names if r not in {name for _, name, _, _ in plan}]
+        if bad or not names:
+            print(f"gpu_check: --rows {args.rows!r}: not a row of these stages: "
+                  f"{', '.join(bad) or '(none)'}; choose from "
+                  f"{', '.join(name for _, name, _, _ in plan)}", file=sys.stderr)
+            return 2
+        plan = [row for row in plan if row[1] in names]
+    if args.dry_run:
+        plan = [(st, nm, sec * DRY_BOX, cm) for st, nm, sec, cm in plan]
     (out / "rows").mkdir(parents=True, exist_ok=True)
     record = {"dry_run": args.dry_run, "device": None, "rows": []}
     have_peer = _importable("pytorch_forecasting")
-    plan = [row for row in rows(out, args.dry_run) if row[0] in wanted]
     # the dry run's throughput rows are compile-bound and independent: two at a time on the
     # CPU (on a GPU every row has the device to itself)
     pool = ThreadPoolExecutor(2) if args.dry_run else None

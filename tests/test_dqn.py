@@ -75,7 +75,7 @@ def test_episode_ends_by_time_limit_and_resets_inside_the_split():
     # s' is the true next observation (bar start+5, long), not the reset one.
     np.testing.assert_array_equal(np.asarray(out.next_obs), np.asarray(env.observe(start + 5, jnp.array([1]))))
     assert int(state.steps) == 0 and int(state.pos) == 0
-    assert 12 <= int(state.t) and int(state.t) + env.horizon <= 29
+    assert 10 <= int(state.t) and int(state.t) + env.horizon <= 29  # from the split's first bar
 
 
 def test_observation_uses_no_bar_after_t():
@@ -114,8 +114,10 @@ def test_trading_metrics_by_hand():
     assert m["sharpe"] == pytest.approx(net.mean() / net.std() * 2.0)
     assert m["max_drawdown"] == pytest.approx(1 - np.exp(-0.02))  # peak 0.01 -> -0.01
     assert m["turnover"] == pytest.approx((1 + 2 + 0 + 1) / 4)
+    held = trading_metrics(net, np.array([1, -1, -1, -1]), annualisation=4.0)
+    assert held["turnover"] == pytest.approx((1 + 2 + 0 + 0 + 1) / 4)  # the exit after the end
     b = baseline_metrics(np.array([0.01, -0.02]), cost=0.001, annualisation=1.0)
-    assert b["buy_and_hold"]["total_log_return"] == pytest.approx(0.01 - 0.02 - 0.001)
+    assert b["buy_and_hold"]["total_log_return"] == pytest.approx(0.01 - 0.02 - 2 * 0.001)
     assert b["flat"] == {"total_log_return": 0.0, "sharpe": 0.0, "max_drawdown": 0.0,
                          "turnover": 0.0}
 

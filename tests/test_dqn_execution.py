@@ -165,24 +165,28 @@ def _task(tmp_path, **kw):
     return DQNTask(cfg, envs, ds, tmp_path)
 
 
-def test_flat_is_shipped_when_validation_does_not_beat_it(tmp_path):
-    task = _task(tmp_path, smooth_epochs=3)
+def test_flat_is_shipped_unless_validation_clears_the_gate(tmp_path):
+    task = _task(tmp_path, smooth_epochs=3, epochs=6)
     hist = []
-    for v in (0.5, -1.0, -2.0, -0.4):  # smoothed: 0.5, -0.25, -0.83, -1.13
+    for v in (0.5, -1.0, -2.0, -0.4, 0.3, 0.1):  # smoothed from the 3rd: -0.83, -1.13, ...
         hist.append({"val_sharpe": v})
-        task.rank(hist)
-    assert hist[1]["val_sharpe_smoothed"] == pytest.approx(-0.25)
+        assert task.rank(hist) == (-math.inf if len(hist) < 3 else pytest.approx(
+            np.mean([h["val_sharpe"] for h in hist[-3:]])))
+    assert hist[1]["val_sharpe_smoothed"] is None  # epochs 1-2: partial windows never compete
+    assert hist[2]["val_sharpe_smoothed"] == pytest.approx(-2.5 / 3)
     flat = {"sharpe": 0.0, "total_log_return": 0.0}
     splits = {"val": {"dqn": {"sharpe": 0.3}, "flat": flat}, "test": {"dqn": {}, "flat": flat}}
-    out = task.selection(None, hist, splits)
-    assert out["shipped_policy"] == "dqn" and "beats flat" in out["verdict"]
-    for h in hist:
-        h["val_sharpe_smoothed"] = min(h["val_sharpe_smoothed"], -0.1)
-    out = task.selection(None, hist, splits)
+    rng = np.random.default_rng(0)
+    n = task.envs["val"].decisions
+    edge, luck = rng.normal(0.004, 0.01, n), rng.normal(0.0, 0.01, n)
+    out = task.selection(edge, hist, splits)
+    assert out["shipped_policy"] == "dqn" and "clears the --psr-gate" in out["verdict"]
+    assert out["candidates"] == 4 and "4 epochs compared" in out["verdict"]
+    out = task.selection(luck, hist, splits)
     assert out["shipped_policy"] == "flat" and "shipping FLAT" in out["verdict"]
     assert splits["test"]["shipped (flat)"] == flat
-    out = _task(tmp_path, flat_fallback=False).selection(None, hist, {
-        "val": {"dqn": {}, "flat": flat}})
+    out = _task(tmp_path, flat_fallback=False, smooth_epochs=3, epochs=6).selection(
+        luck, hist, {"val": {"dqn": {}, "flat": flat}})
     assert out["shipped_policy"] == "dqn" and "anyway (--no-flat-fallback)" in out["verdict"]
 
 
@@ -239,6 +243,15 @@ def test_an_early_stopped_run_can_be_extended(tmp_path, capsys):
     assert summary["epochs_run"] == stopped + 2
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == list(range(1, stopped + 3))
+    # the old final stays (its weights) but only the new one is final
+    from tftjax.checkpoints import list_checkpoints, read_meta
+
+    ckpts = tmp_path / "r" / "checkpoints"
+    finals = {n: read_meta(ckpts / n)["is_final"] for n in list_checkpoints(ckpts)}
+    assert finals[f"dqn_final_epoch{stopped}"] is False
+    assert [n for n, f in finals.items() if f] == [f"dqn_final_epoch{stopped + 2}"]
+    assert read_meta(ckpts / f"dqn_final_epoch{stopped}")["superseded_by"] == \
+        f"dqn_final_epoch{stopped + 2}"
 
 
 @pytest.mark.parametrize("args,expect", [
@@ -250,6 +263,9 @@ def test_an_early_stopped_run_can_be_extended(tmp_path, capsys):
     (["--flatten-at-session-end"], "--flatten-at-session-end needs --calendar"),
     (["--smooth-epochs", "0"], "--smooth-epochs must be >= 1, got 0"),
     (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+    (["--decision-every", "0"], "--decision-every must be >= 1 bar, got 0"),
+    (["--psr-gate", "1.5"], "--psr-gate must be in (0, 1), got 1.5"),
+    (["--env", "cartpole", "--action-augment"], "--action-augment is for --env trading"),
     (["--tft-checkpoint", "/nonexistent/tft"], "no such checkpoint or run folder"),
 ])
 def test_bad_execution_flags_exit_2_with_one_line(tmp_path, capsys, args, expect):
@@ -410,7 +426,7 @@ def test_trades_add_up_to_the_pass(next_open):
     tr = trades(env, held, np.arange(n) * 60 * 10**9)
     assert len(tr) > 5
     np.testing.assert_allclose(sum(t["net"] for t in tr), net.sum(), rtol=1e-5, atol=1e-6)
-    units = np.abs(np.diff(np.r_[0.0, held])).sum()
+    units = np.abs(np.diff(np.r_[0.0, held, 0.0])).sum()  # the exit after the end included
     assert sum(t["costs"] for t in tr) <= 5e-4 * units + 1e-9
     assert all(t["bars"] >= 1 for t in tr)
 

@@ -46,6 +46,7 @@ def _member(params, i):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ensemble_trained")  # one worker trains the fixture for both tests
 def test_member_0_is_the_single_model_of_the_same_seed(trained):
     single, ens = trained["single"][1], trained["ens"][1]
     assert {x.shape[0] for x in jax.tree.leaves(ens)} == {N}
@@ -67,6 +68,7 @@ def test_member_0_is_the_single_model_of_the_same_seed(trained):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ensemble_trained")
 def test_the_forecast_is_the_members_average_and_never_worse_than_their_mean(trained):
     ds, data = trained["ds"], trained["data"]
     tr, ens = trained["ens"]

@@ -61,17 +61,34 @@ def test_a_row_out_of_time_is_killed_with_its_grandchildren(tmp_path):
         pytest.fail(f"grandchild {grandchild} still runs")
 
 
+def test_bad_rows_exit_2(tmp_path, capsys):
+    assert gpu_check.main(["--rows", "tests,f32_off_b9", "--dry-run",
+                           "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--rows 'tests,f32_off_b9': not a row of these stages: f32_off_b9" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "o").exists()
+
+
+# one row of every stage, both precisions, two tiers: every distinct kind of command (the
+# other throughput rows differ from these in --remat and --precision values only)
+DRY_ROWS = ["tests", "bf16_off_b16", "f32_full_b16", "peer_f32", "memory", "soak", "dqn"]
+
+
 @pytest.mark.slow
 def test_the_dry_run_runs_every_stage_and_writes_every_file(tmp_path):
     out = tmp_path / "check"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     p = subprocess.run([sys.executable, "experiments/gpu_check.py", "--dry-run", "--out",
-                        str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)
+                        str(out), "--rows", ",".join(DRY_ROWS)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     record = json.loads((out / "gpu_check.json").read_text())
-    want = [name for _, name, _, _ in gpu_check.rows(out, dry=True)]
-    assert [r["row"] for r in record["rows"]] == want
+    want = [name for _, name, _, _ in gpu_check.rows(out, dry=True) if name in DRY_ROWS]
+    assert [r["row"] for r in record["rows"]] == want == DRY_ROWS
+    assert {r["stage"] for r in record["rows"]} == set(gpu_check.STAGES)
+    boxes = {name: sec for _, name, sec, _ in gpu_check.rows(out, dry=True)}
+    for r in record["rows"]:  # a loaded CPU compiling gets DRY_BOX times the GPU's box
+        assert r["box_s"] in (0, boxes[r["row"]] * gpu_check.DRY_BOX), r["row"]
     assert record["dry_run"] and record["device"] == "cpu"
     md = (out / "gpu_check.md").read_text()
     for r in record["rows"]:

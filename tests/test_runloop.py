@@ -274,7 +274,8 @@ def test_dqn_crash_before_the_final_save_resumes_to_a_final(tmp_path, capsys):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # the loop ranks on the smoothed score (mean of the last epochs), recorded per row as the
     # very floats it compared: the first of a tie, as the loop's strict comparison keeps it
-    best = max(rows, key=lambda r: r["val_sharpe_smoothed"])["epoch"]
+    best = max((r for r in rows if r["val_sharpe_smoothed"] is not None),
+               key=lambda r: r["val_sharpe_smoothed"])["epoch"]
     final = raw_state(ckpts / "dqn_final_epoch3")
     chex.assert_trees_all_equal(final["params"], seen[best].params)
     assert json.loads((tmp_path / "summary.json").read_text())["weights_epoch"] == best

@@ -80,12 +80,16 @@ this map names every module::
   dqn.buffer            the replay buffer
   dqn.agent             Q-network and the double-DQN loss
   dqn.metrics           Sharpe, drawdown, turnover of a position path; bars per year
-  dqn.env               the trading environment in JAX: fills, latency, costs, sessions
+  dqn.significance      the deflated-Sharpe gate, pooled seeds, the minimum detectable Sharpe
+  dqn.execution         fills, latency, costs, sessions; greedy and fixed-path passes
+  dqn.env               the trading environment in JAX: observations, steps, K-bar decisions
   dqn.cartpole          gymnax CartPole-v1 behind the same interface
   dqn.train             make_train: the fully jitted DQN epoch
   dqn.report            every trade of a greedy pass, hit rate, exposure, the report PNG
   dqn.tft_inputs        --tft-checkpoint: a TFT's forecasts as causal DQN inputs
+  dqn.oof               out-of-fold TFT forecasts: no fold reads a model fitted on its bars
   dqn.loop              the DQN's part of the run loop
+  dqn.rule              the bar to clear: a cost-aware rule on the forecast, chosen on validation
   dqn.seeds             --seeds N: agents in one vmapped program, the per-seed report
   dqn.walkforward       --folds K: the DQN's walk-forward, stitched out-of-sample equity
   dqn                   the DQN package's names in one place

@@ -172,6 +172,28 @@ def list_checkpoints(directory: str | Path) -> list[str]:
     return sorted(names, key=key)
 
 
+def supersede_finals(directory: str | Path, prefix: str, epoch: int) -> list[str]:
+    """Mark every ``{prefix}_final_epoch{M}`` other than ``epoch``'s as no longer final
+    (``is_final`` false, ``superseded_by`` the new one) in its meta, which is rewritten
+    atomically; the weights stay. An early-stopped run that trains on writes a new final:
+    only that one is final. Returns the names changed."""
+    new = checkpoint_name(prefix, epoch, True)
+    pat = re.compile(re.escape(prefix) + r"_final_epoch(\d+)$")
+    changed = []
+    for name in list_checkpoints(directory):
+        meta_file = Path(directory) / name / "meta" / "metadata"
+        if name == new or not pat.match(name) or not meta_file.exists():
+            continue
+        meta = json.loads(meta_file.read_text())
+        if meta.get("is_final"):
+            meta.update(is_final=False, superseded_by=new)
+            tmp = meta_file.with_name("metadata.tmp")
+            tmp.write_text(json.dumps(meta))
+            tmp.replace(meta_file)
+            changed.append(name)
+    return changed
+
+
 def read_history(path: str | Path, upto: int) -> list[dict]:
     """The ``metrics.jsonl`` lines of epochs ``<= upto`` (what a resumed run keeps)."""
     path = Path(path)

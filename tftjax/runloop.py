@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from tftjax.checkpoints import (EpochCheckpointer, checkpoint_name, epoch_checkpoints,
+                                supersede_finals,
                                 list_checkpoints, read_history)
 from tftjax.errors import ConfigError, TrainingDiverged
 from tftjax.devices import memory_stats
@@ -210,6 +211,8 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
         if not final.exists():
             checkpointer.save_final(last, best_state,
                                     meta(history[-1] if history else {}, True, best_epoch))
+            for old in supersede_finals(ckpt_dir, task.kind, last):
+                log(f"{old} is no longer final (superseded by {final.name})")
     except BaseException:
         board.close()
         raise

@@ -54,6 +54,21 @@ def dqn_loss(params, target_params, apply_fn, batch: Transitions, gamma: float,
     return loss, q_sa.mean()
 
 
+def augmented(env, keys: jax.Array) -> Transitions:
+    """Action augmentation: the transitions of all three actions from the states of buffer
+    keys ``keys [B, K]`` (:meth:`~tftjax.dqn.env.TradingEnv.outcomes`), ``3B`` rows: state
+    ``b``'s action ``a`` at row ``3b + a``, its learning reward and its own next state.
+    The agent does not move the market, so these are the transitions it would have made."""
+    raw, nxt = jax.vmap(env.outcomes)(keys)  # [B, A], [B, A, K]
+    b, a = raw.shape
+    obs = jax.vmap(env.decode)(keys).astype(jnp.float32)
+    return Transitions(obs=jnp.repeat(obs, a, axis=0),
+                       action=jnp.tile(jnp.arange(a, dtype=jnp.int32), b),
+                       reward=(raw * env.reward_scale).reshape(-1),
+                       next_obs=jax.vmap(env.decode)(nxt.reshape(b * a, -1)).astype(jnp.float32),
+                       terminal=jnp.zeros((b * a,), jnp.float32))
+
+
 def polyak(target_params, params, tau: float):
     """``tau * online + (1 - tau) * target`` (``tau = 1``: a hard copy)."""
     return optax.incremental_update(params, target_params, tau)

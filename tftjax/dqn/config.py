@@ -72,8 +72,19 @@ class DQNConfig:
     smooth_epochs: int = 5
     """Epochs are ranked by the mean validation score of the last this many (1: unsmoothed)."""
     flat_fallback: bool = True
-    """Ship the flat policy when the best smoothed validation score does not beat flat's
+    """Ship the flat policy when the agent's validation record does not clear --psr-gate
     (--no-flat-fallback: ship the agent anyway; the report says which)."""
+    psr_gate: float = 0.95
+    """Trading: ship the agent only where the deflated Sharpe of its validation record,
+    counting every candidate compared (ranked epochs × seeds), is at least this (the
+    probability that its Sharpe beats the best of that many skill-less candidates)."""
+    action_augment: bool = False
+    """Trading: learn from all three actions at every stored bar (the agent does not move
+    the market, so each action's reward and next state are known): three targets per
+    transition, and acting greedily (no ε-exploration)."""
+    decision_every: int = 1
+    """Trading: decide every K bars and hold in between (one transition spans K bars); cuts
+    turnover."""
     # agent
     hidden: tuple[int, ...] = (128, 128)
     """Q-network hidden sizes, e.g. --hidden 128 128."""
@@ -124,6 +135,17 @@ class DQNConfig:
                 self.train_fraction > 0 and self.val_fraction > 0
                 and self.train_fraction + self.val_fraction < 1,
             f"--smooth-epochs must be >= 1, got {self.smooth_epochs}": self.smooth_epochs >= 1,
+            f"--psr-gate must be in (0, 1), got {self.psr_gate}": 0 < self.psr_gate < 1,
+            f"--decision-every must be >= 1 bar, got {self.decision_every}":
+                self.decision_every >= 1,
+            "--action-augment is for --env trading (in CartPole the action moves the cart: "
+            "the other actions' outcomes are not known)": not self.action_augment
+                or self.env == "trading",
+            "--action-augment rebuilds each action's next state from the stored bar: it needs "
+            "the compact buffer (drop --no-compact-buffer)": not self.action_augment
+                or self.compact_buffer,
+            "--decision-every is for --env trading": self.decision_every == 1
+                or self.env == "trading",
             "epochs must be >= 1": self.epochs >= 1,
             "steps_per_epoch must be >= 1": self.steps_per_epoch is None or self.steps_per_epoch >= 1,
             "num_envs must be >= 1": self.num_envs >= 1,

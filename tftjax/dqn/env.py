@@ -39,12 +39,14 @@ from flax import struct
 
 from tftjax.config import ConfigError
 from tftjax.data.features import CLIP, HISTORICAL_NAMES, KNOWN_NAMES
+from tftjax.dqn.execution import (TO_CLOSE_CAP, _constant_rollout, _greedy_rollout,
+                                  bars_to_close, execute, greedy_rollout, policy_rollout,
+                                  session_ends)
 from tftjax.dqn.metrics import baseline_metrics, bars_per_year, trading_metrics
 
-__all__ = ["Step", "TradingEnv", "TradingState", "baseline_metrics", "bars_per_year", "execute",
-           "greedy_rollout", "make_trading_env", "policy_rollout", "select_features",
-           "session_ends",
-           "trading_metrics"]
+__all__ = ["Step", "TO_CLOSE_CAP", "TradingEnv", "TradingState", "bars_to_close",
+           "baseline_metrics", "bars_per_year", "execute", "greedy_rollout", "make_trading_env",
+           "policy_rollout", "select_features", "session_ends", "trading_metrics"]
 
 NUM_POSITIONS = 3  # short, flat, long
 R1 = "r1"
@@ -115,6 +117,7 @@ class TradingEnv:
     annualisation: float = struct.field(pytree_node=False)  # bars per year
     next_open: bool = struct.field(pytree_node=False, default=True)  # fill at the next open
     latency: int = struct.field(pytree_node=False, default=0)  # bars before the fill
+    every: int = struct.field(pytree_node=False, default=1)  # bars per decision (held between)
 
     num_actions = NUM_POSITIONS
     score_name = "sharpe"
@@ -136,23 +139,29 @@ class TradingEnv:
 
     @property
     def first_decision(self) -> int:
-        return self.lo + self.window - 1
+        """The split's first bar: its observation's earlier rows are bars before the split
+        (causal features, known then), so no bar of the split goes untraded."""
+        return max(self.lo, self.window - 1)
 
     @property
     def decisions(self) -> int:
-        """Decisions in one pass over the split (the last one needs ``r`` of the last row)."""
+        """Bars traded in one pass over the split (the last one needs ``r`` of the last row;
+        with ``every`` > 1 a decision is taken on every ``every``-th of them)."""
         return self.hi - 1 - self.first_decision
 
     @property
     def horizon(self) -> int:
-        return max(1, min(self.episode_len, self.decisions))
+        """Decisions per training episode (each spans ``every`` bars)."""
+        return max(1, min(self.episode_len, self.decisions // self.every))
 
     def on(self, rows: tuple[int, int]) -> "TradingEnv":
         """The same market on other rows (e.g. the validation split)."""
         env = self.replace(lo=int(rows[0]), hi=int(rows[1]))
-        if env.decisions < 1:
-            raise ConfigError(f"rows {rows} hold no decision with a {self.window}-bar window: "
-                              "too few bars for this split (lower --window or add data)")
+        if env.decisions < max(1, self.every):
+            raise ConfigError(f"rows {rows} hold {max(env.decisions, 0)} bars to trade with a "
+                              f"{self.window}-bar window and a decision every {self.every} "
+                              "bar(s): too few bars for this split (lower --window or "
+                              "--decision-every, or add data)")
         return env
 
     def flat(self) -> jax.Array:
@@ -172,14 +181,14 @@ class TradingEnv:
                        self.cost, self.next_open, self.latency)
 
     def reset(self, key: jax.Array) -> tuple[jax.Array, TradingState]:
-        t0 = jax.random.randint(key, (), self.first_decision,
-                                self.first_decision + self.decisions - self.horizon + 1)
+        t0 = jax.random.randint(key, (), self.first_decision, self.first_decision
+                                + self.decisions - self.horizon * self.every + 1)
         state = TradingState(t0.astype(jnp.int32), self.flat(), jnp.zeros((), jnp.int32))
         return self.observe(state.t, state.hist), state
 
     def step(self, key: jax.Array, state: TradingState, action: jax.Array) -> Step:
-        raw, _, hist = self.execute(state.t, state.hist, action.astype(jnp.int32) - 1)
-        nxt = TradingState(state.t + 1, hist, state.steps + 1)
+        raw, hist = self.advance(state.t, state.hist, action.astype(jnp.int32) - 1)
+        nxt = TradingState(state.t + self.every, hist, state.steps + 1)
         next_obs = self.observe(nxt.t, nxt.hist)
         done = nxt.steps >= self.horizon
         obs_re, state_re = self.reset(key)
@@ -187,6 +196,32 @@ class TradingEnv:
         obs = jnp.where(done, obs_re, next_obs)
         return Step(obs, next_obs, state_out, raw * self.reward_scale, raw,
                     jnp.zeros((), jnp.float32), done, self.key_of(next_obs, nxt))
+
+    def advance(self, t: jax.Array, hist: jax.Array, new_pos: jax.Array):
+        """``(net log return, decisions after)`` of deciding ``new_pos`` on bar ``t``'s close
+        and holding that decision over the next ``every - 1`` bars (flat after a session's
+        end until the next decision)."""
+        net, _, hist = self.execute(t, hist, new_pos)
+        if self.every == 1:
+            return net, hist
+
+        def hold(carry, j):
+            total, h = carry
+            n, _, h = self.execute(t + j, h, h[0])
+            return (total + n, h), None
+
+        (net, hist), _ = jax.lax.scan(hold, (net, hist), jnp.arange(1, self.every))
+        return net, hist
+
+    def outcomes(self, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``([3] raw rewards, [3, K] next keys)``: what each action would have earned from
+        the state of buffer key ``key``, and where it leads. The agent does not move the
+        market, so all three are known (``--action-augment``)."""
+        def one(a):
+            raw, hist = self.advance(key[0], key[1:], a - 1)
+            return raw, jnp.concatenate([(key[0] + self.every)[None], hist]).astype(jnp.int32)
+
+        return jax.vmap(one)(jnp.arange(NUM_POSITIONS, dtype=jnp.int32))
 
     # -- what the replay buffer stores: the bar and the decisions, not the observation
     def key_of(self, obs: jax.Array, state: TradingState) -> jax.Array:
@@ -217,30 +252,6 @@ class TradingEnv:
         return out
 
 
-def execute(hist, new_pos, gap, intra, session_end, cost, next_open: bool, latency: int):
-    """One bar of execution: ``(net log return over (c_t, c_{t+1}], held position, decisions
-    after)``.
-
-    ``hist`` holds the decisions made on closes ``t-1, …, t-L-1`` (``L = latency``); with
-    ``new_pos`` decided on close ``t`` in front, the order decided on close ``t-L`` fills now:
-    at the close ``t`` (``--fill close``: held over the whole bar) or at the next open
-    (``next-open``: the position filled at open ``t`` is held until then, over the gap).
-    Each fill pays ``cost`` per unit of change. On the last bar of a session (``session_end``)
-    everything is closed at that close and pending orders are cancelled."""
-    full = jnp.concatenate([new_pos[None].astype(jnp.int32), hist])  # decisions t, t-1, …
-    after, before = full[latency], full[latency + 1]  # the fill now, what it replaces
-    a, b = after.astype(jnp.float32), before.astype(jnp.float32)
-    if next_open:
-        net = b * gap + a * intra - cost * jnp.abs(a - b)
-    else:
-        net = a * (gap + intra) - cost * jnp.abs(a - b)
-    # session end: ``before`` is what is held at close t (either fill); closed there, flat after
-    net = jnp.where(session_end, -cost * jnp.abs(b), net)
-    held = jnp.where(session_end, 0, after)
-    new_hist = jnp.where(session_end, jnp.zeros_like(hist), full[: latency + 1])
-    return net, held, new_hist
-
-
 def make_trading_env(ds, cfg, split: str = "train", reward_scale: float | None = None,
                      extra: np.ndarray | None = None) -> TradingEnv:
     """A :class:`TradingEnv` over a :class:`~tftjax.data.Dataset`'s ``split`` rows with the
@@ -258,59 +269,12 @@ def make_trading_env(ds, cfg, split: str = "train", reward_scale: float | None =
     intra[0] = 0.0
     ends = session_ends(ds.features.timeline) if cfg.flatten_at_session_end else \
         np.zeros(len(b), bool)
+    if cfg.flatten_at_session_end:  # when the position will be closed: known from the calendar
+        feats = np.concatenate([feats, bars_to_close(ends)[:, None]], axis=1)
     scale = reward_scale if reward_scale is not None else cfg.reward_scale
     annual, _ = bars_per_year(b.ts, ds.features.timeline)
     env = TradingEnv(jnp.asarray(feats), jnp.asarray(gap), jnp.asarray(intra), jnp.asarray(ends),
                      jnp.float32(cfg.cost), jnp.float32(scale), 0, len(b), cfg.window,
-                     cfg.episode_len, annual, cfg.fill == "next-open", cfg.latency)
+                     cfg.episode_len, annual, cfg.fill == "next-open", cfg.latency,
+                     cfg.decision_every)
     return env.on(ds.splits.rows(split))
-
-
-def session_ends(timeline) -> np.ndarray:
-    """``[n]`` bool: bar ``t`` is the last bar of its calendar session. Closing there is a
-    market-on-close order, decided from the calendar alone and filled at the session's last
-    price, which is ``t``'s close even where the session's last minutes have no bar."""
-    if timeline is None or timeline.sess is None:
-        raise ConfigError("--flatten-at-session-end needs --calendar (the sessions to flatten at)")
-    if timeline.clock.daily:
-        raise ConfigError("--flatten-at-session-end: daily bars end a session every bar (the "
-                          "agent could never hold); it is for intraday bars")
-    here = np.searchsorted(timeline.sess.open, timeline.utc, side="right") - 1
-    return here != np.r_[here[1:], -1]
-
-
-def trade_reward(pos: jax.Array, new_pos: jax.Array, next_ret: jax.Array, cost: float) -> jax.Array:
-    """``new_pos · next_ret − cost · |new_pos − pos|`` (a close fill without latency)."""
-    return new_pos * next_ret - cost * jnp.abs(new_pos - pos).astype(jnp.float32)
-
-
-def greedy_rollout(apply_fn, params, env: TradingEnv) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One greedy pass over ``env``'s rows from flat: ``(held positions, net log returns, next
-    returns)``, each ``[env.decisions]`` (jittable; ``env``'s row bounds are static)."""
-    return _rollout(env, lambda t, hist: jnp.argmax(apply_fn(params, env.observe(t, hist)))
-                    .astype(jnp.int32) - 1)
-
-
-def _rollout(env: TradingEnv, decide):
-    ts = env.first_decision + jnp.arange(env.decisions, dtype=jnp.int32)
-
-    def body(hist, t):
-        net, held, hist = env.execute(t, hist, decide(t, hist))
-        return hist, (held, net, env.gap[t + 1] + env.intra[t + 1])
-
-    _, out = jax.lax.scan(body, env.flat(), ts)
-    return out
-
-
-_greedy_rollout = jax.jit(lambda apply_fn, params, env: greedy_rollout(apply_fn, params, env),
-                          static_argnums=0)
-def policy_rollout(env: TradingEnv, positions: jax.Array):
-    """:func:`greedy_rollout` of a fixed path: ``positions[k]`` decided on close
-    ``first_decision + k`` (``[decisions]`` int32), through the same fills and costs."""
-    return _policy_rollout(env, positions)
-
-
-_policy_rollout = jax.jit(lambda env, path: _rollout(
-    env, lambda t, hist: path[t - env.first_decision].astype(jnp.int32)))
-_constant_rollout = jax.jit(lambda env, p: _rollout(env, lambda t, hist: jnp.int32(p)),
-                            static_argnums=1)

@@ -43,11 +43,12 @@ def data_config(cfg: DQNConfig) -> DataConfig:
                       train_fraction=cfg.train_fraction, val_fraction=cfg.val_fraction)
 
 
-def build_envs(cfg: DQNConfig, parquet_file=None, stats=None, fold=None):
+def build_envs(cfg: DQNConfig, parquet_file=None, stats=None, fold=None, extra=None):
     """``({split: env}, dataset or None, cfg resolved)``: train/val/test for trading,
     train/val (the same env) for CartPole. Trading costs left None take the bundled set's
     defaults (:data:`~tftjax.dqn.config.COSTS`), the reward scale 1 / the training split's
-    target scale. ``fold``: a walk-forward fold's times (:func:`tftjax.data.load_dataset`)."""
+    target scale. ``fold``: a walk-forward fold's times (:func:`tftjax.data.load_dataset`).
+    ``extra``: ``dataset -> [n, k]`` more observation columns (out-of-fold forecasts)."""
     if cfg.env == "cartpole":
         if parquet_file is not None:
             raise ConfigError("--parquet-file is for --env trading; CartPole has no bars")
@@ -63,8 +64,12 @@ def build_envs(cfg: DQNConfig, parquet_file=None, stats=None, fold=None):
     cfg = with_costs(cfg, name)
     if cfg.reward_scale is None:  # rewards in units of the data: O(1) on any market
         cfg = dataclasses.replace(cfg, reward_scale=1.0 / float(ds.features.stats.target_scale))
-    extra = None
-    if cfg.tft_checkpoint is not None:  # the TFT's forecasts as more observation columns
+    if extra is not None:
+        if cfg.tft_checkpoint is not None:
+            raise ConfigError("--tft-checkpoint and out-of-fold forecasts are two sources of "
+                              "the same columns: choose one")
+        extra = extra(ds)
+    elif cfg.tft_checkpoint is not None:  # the TFT's forecasts as more observation columns
         from tftjax.dqn.tft_inputs import load_tft, tft_columns
 
         extra = tft_columns(load_tft(cfg.tft_checkpoint), ds.bars.path,
@@ -155,10 +160,19 @@ class DQNTask:
         key = jax.random.fold_in(self.eval_key, int(jax.device_get(state.step)))
         return {f"val_{k}": v for k, v in self._greedy(state.params, "val", key).items()}
 
+    @property
+    def window(self) -> int:
+        """Epochs in a smoothed score: ``smooth_epochs``, or the run's epochs if fewer."""
+        return min(self.cfg.smooth_epochs, self.cfg.epochs)
+
     def rank(self, history: list[dict]) -> float:
         """The mean validation score of the last ``smooth_epochs`` epochs (the ranking
-        early stopping and the best epoch use)."""
-        recent = [h[self.score] for h in history[-self.cfg.smooth_epochs:]]
+        early stopping and the best epoch use). Only full windows compete: an earlier epoch
+        ranks below every later one (its smoothed score is recorded as None)."""
+        if len(history) < self.window:
+            history[-1][self.score + "_smoothed"] = None
+            return -math.inf
+        recent = [h[self.score] for h in history[-self.window:]]
         history[-1][self.score + "_smoothed"] = float(np.mean(recent))
         return float(np.mean(recent))
 
@@ -180,8 +194,10 @@ class DQNTask:
         summary = {"splits": splits, "parameters": sum(x.size for x in jax.tree.leaves(params)),
                    "compile_s": self.compile_s, "config": self.cfg.to_json(),
                    "median_epoch_s": float(np.median(timing)) if timing else None}
-        summary.update(self.selection(params, history, splits))
         rollouts = {s: self.envs[s].rollout(self.dqn.apply, params) for s in self.eval_splits}
+        val = rollouts.get("val")  # CartPole has no rollout (no equity)
+        summary.update(self.selection(None if val is None else val["net"], history, splits,
+                                      params))
         if self.ds is not None:  # every trade of the greedy passes, hit rate and exposure
             from tftjax.dqn.report import format_trades, trade_stats, trades
 
@@ -205,12 +221,16 @@ class DQNTask:
                            "DQN agent, test split")
         except Exception as e:  # plots must never lose a finished run
             self.log(f"warning: plots not written ({type(e).__name__}: {e})")
+        from tftjax.dqn.report import format_summary
+
         return summary, format_summary(summary, self.env.eval_note) + "\n" + summary["verdict"]
 
-    def selection(self, params, history: list[dict], splits: dict) -> dict:
-        """What is shipped and why: trading, the agent only if its best smoothed validation
-        Sharpe beats flat's (else flat, unless ``--no-flat-fallback``); CartPole, the final
-        greedy return over fresh episodes and the share of the last evaluations at 475+."""
+    def selection(self, val_net, history: list[dict], splits: dict, params=None) -> dict:
+        """What is shipped and why. Trading: the agent only where its validation record
+        ``val_net`` (the shipped epoch's greedy pass) clears ``--psr-gate`` as a deflated
+        Sharpe over every epoch ranked (else flat, unless ``--no-flat-fallback``); CartPole:
+        the final greedy return over fresh episodes and the share of the last evaluations at
+        475+."""
         key = self.score + "_smoothed"
         best = max((h[key] for h in history if h.get(key) is not None), default=None)
         if self.ds is None:  # CartPole
@@ -224,39 +244,28 @@ class DQNTask:
                                f"{fresh['return']:.1f} (worst {fresh['return_min']:.0f}); "
                                f"{share if share is not None else float('nan'):.0%} of the last "
                                f"{len(last)} evaluations at 475 or more"}
-        flat = splits["val"]["flat"]["sharpe"]
-        beats = best is not None and best > flat
+        from tftjax.dqn.significance import gate
+
+        ranked = [h[self.score] for h in history if h.get(key) is not None]
+        per_bar = np.asarray(ranked) / math.sqrt(self.envs["val"].annualisation)
+        g = gate(np.zeros(3) if val_net is None else val_net, max(len(ranked), 1), per_bar,
+                 self.cfg.psr_gate)
+        beats = g["passes"]
         ship = "dqn" if beats or not self.cfg.flat_fallback else "flat"
-        told = "" if best is None else f"{best:+.2f}"
-        verdict = (f"the best smoothed validation Sharpe ({told}, mean of {self.cfg.smooth_epochs} "
-                   f"epochs) {'beats' if beats else 'does not beat'} flat's ({flat:+.2f}): "
+        told = "–" if best is None else f"{best:+.2f}"
+        verdict = (f"the shipped epoch's validation record (smoothed Sharpe {told}, mean of "
+                   f"{self.window} epochs; {g['trials']} epochs compared) has a deflated "
+                   f"Sharpe of {g['dsr']:.3f} (PSR against 0: {g['psr']:.3f}): it "
+                   + ("clears" if beats else "does not clear") + f" the --psr-gate of "
+                   f"{self.cfg.psr_gate:g}: "
                    + ("shipping the agent" if ship == "dqn" else "shipping FLAT (no position; "
                       "--no-flat-fallback ships the agent)")
                    + ("" if beats or ship == "flat" else " anyway (--no-flat-fallback)"))
         if ship == "flat":
             for split in splits.values():
                 split["shipped (flat)"] = dict(split["flat"])
-        return {"shipped_policy": ship, "best_val_smoothed": best, "verdict": verdict}
-
-
-HEADERS = {"total_log_return": "total log return", "sharpe": "Sharpe (ann.)",
-           "max_drawdown": "max drawdown", "return": "greedy return", "return_min": "worst episode"}
-FORMATS = {"total_log_return": "{:+.4f}", "sharpe": "{:+.2f}", "max_drawdown": "{:.2%}",
-           "turnover": "{:.3f}", "return": "{:.1f}", "return_min": "{:.1f}"}
-
-
-def format_summary(summary: dict, note: str) -> str:
-    """A markdown table: one row per split and policy, one column per metric."""
-    rows = [(split, name, m) for split, by in summary["splits"].items() for name, m in by.items()]
-    keys = list(rows[0][2])
-    lines = [f"DQN, {note}" + (f"; median {summary['median_epoch_s']:.2f} s per epoch"
-                               if summary.get("median_epoch_s") else ""),
-             "| split | policy | " + " | ".join(HEADERS.get(k, k) for k in keys) + " |",
-             "|---|---|" + "---|" * len(keys)]
-    for split, name, m in rows:
-        cells = [FORMATS.get(k, "{:.4g}").format(m[k]) for k in keys]
-        lines.append(f"| {split} | {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        return {"shipped_policy": ship, "best_val_smoothed": best, "gate": g,
+                "candidates": g["trials"], "verdict": verdict}
 
 
 def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool = False,

@@ -26,25 +26,35 @@ def bars_per_year(ts: np.ndarray, timeline=None) -> tuple[float, str]:
 
 def trading_metrics(net: np.ndarray, positions: np.ndarray, annualisation: float) -> dict:
     """Total log return, annualised Sharpe, max drawdown (fraction of peak equity), turnover
-    (mean |position change| per bar, the first entry from flat included)."""
+    (mean |position change| per bar, the first entry from flat and the exit to flat after the
+    last bar included)."""
     net = np.asarray(net, np.float64)
     positions = np.asarray(positions, np.float64)
     equity = np.concatenate([[0.0], np.cumsum(net)])
     drawdown = float(np.max(np.maximum.accumulate(equity) - equity))
     std = float(net.std())
     sharpe = float(net.mean() / std * math.sqrt(annualisation)) if std > 1e-15 else 0.0
-    turnover = float(np.abs(np.diff(np.concatenate([[0.0], positions]))).mean())
+    turnover = float(units_traded(positions) / max(positions.size, 1))
     return {"total_log_return": float(equity[-1]), "sharpe": sharpe,
             "max_drawdown": 1.0 - math.exp(-drawdown), "turnover": turnover}
 
 
+def units_traded(positions) -> float:
+    """Units of position changed over a pass that starts flat and is closed after its last
+    bar."""
+    p = np.asarray(positions, np.float64)
+    return float(np.abs(np.diff(np.concatenate([[0.0], p, [0.0]]))).sum())
+
+
 def baseline_metrics(next_ret: np.ndarray, cost: float, annualisation: float) -> dict[str, dict]:
-    """Buy-and-hold (long from the first bar, one entry cost) and flat on the same bars, filled
-    at the close (the closed form of :meth:`TradingEnv.baselines` without latency)."""
+    """Buy-and-hold (long from the first bar: the entry's cost, and the exit's after the last)
+    and flat on the same bars, filled at the close (the closed form of
+    :meth:`TradingEnv.baselines` without latency)."""
     next_ret = np.asarray(next_ret, np.float64)
     long = np.ones_like(next_ret)
     hold = next_ret.copy()
     hold[0] -= cost
+    hold[-1] -= cost
     return {"buy_and_hold": trading_metrics(hold, long, annualisation),
             "flat": trading_metrics(np.zeros_like(next_ret), np.zeros_like(next_ret), annualisation)}
 
@@ -81,7 +91,7 @@ def report_metrics(net: np.ndarray, positions: np.ndarray, annualisation: float,
     held = pos != 0
     out = trading_metrics(net, pos, annualisation)
     out.update(sharpe_inference(net, annualisation))
-    out["costs_paid"] = float(cost * np.abs(np.diff(np.concatenate([[0.0], pos]))).sum())
+    out["costs_paid"] = float(cost * units_traded(pos))
     out["hit_rate"] = float(np.mean(net[held] > 0)) if held.any() else 0.0
     out["exposure"] = float(held.mean())
     return out

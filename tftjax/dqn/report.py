@@ -6,7 +6,8 @@ A bar's return splits at the open: the position over ``(c_t, o_{t+1}]`` (the gap
 over ``(o_{t+1}, c_{t+1}]``, which differ where an order fills at the open (``--fill
 next-open``) or where a session's last bar closed everything. A trade is a maximal run of one
 non-zero position over these pieces; it pays ``cost · |p|`` at entry and at exit (a flip
-closes one trade and opens another).
+closes one trade and opens another; a trade still open after the pass's last bar is closed
+at its close, as the pass's record charges).
 """
 
 from __future__ import annotations
@@ -45,10 +46,11 @@ def trades(env, held: np.ndarray, ts: np.ndarray) -> list[dict]:
         if start is not None and p != pos[start]:
             q = pos[start]
             gross = float(np.sum(q * ret[start:k]))
-            exited = k < pos.size
-            paid = cost * abs(q) * (1 + exited)
+            exited = k < pos.size  # else still open after the last bar: closed at its close
+            paid = cost * abs(q) * 2
             out.append({"side": "long" if q > 0 else "short", "entry": int(ts[bar[start]]),
                         "exit": int(ts[bar[k]]) if exited else None,
+                        "closed_at_end": not exited,
                         "bars": int((bar[k - 1] - bar[start]) + 1), "gross": gross,
                         "costs": paid, "net": gross - paid})
             start = None
@@ -105,3 +107,23 @@ def report_png(path: Path, env, held: np.ndarray, net: np.ndarray, title: str) -
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+HEADERS = {"total_log_return": "total log return", "sharpe": "Sharpe (ann.)",
+           "max_drawdown": "max drawdown", "return": "greedy return", "return_min": "worst episode"}
+FORMATS = {"total_log_return": "{:+.4f}", "sharpe": "{:+.2f}", "max_drawdown": "{:.2%}",
+           "turnover": "{:.3f}", "return": "{:.1f}", "return_min": "{:.1f}"}
+
+
+def format_summary(summary: dict, note: str) -> str:
+    """A markdown table: one row per split and policy, one column per metric."""
+    rows = [(split, name, m) for split, by in summary["splits"].items() for name, m in by.items()]
+    keys = list(rows[0][2])
+    lines = [f"DQN, {note}" + (f"; median {summary['median_epoch_s']:.2f} s per epoch"
+                               if summary.get("median_epoch_s") else ""),
+             "| split | policy | " + " | ".join(HEADERS.get(k, k) for k in keys) + " |",
+             "|---|---|" + "---|" * len(keys)]
+    for split, name, m in rows:
+        cells = [FORMATS.get(k, "{:.4g}").format(m[k]) for k in keys]
+        lines.append(f"| {split} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -50,7 +50,7 @@ def run_seeds(cfg: DQNConfig, seeds: int, workdir: Path, parquet_file=None,
     workdir.mkdir(parents=True, exist_ok=True)
     dqn, stacked, best, best_epoch, history = train_seeds(cfg, seeds, envs, log)
     cfg = dqn.cfg
-    report = evaluate_seeds(dqn, envs, stacked, best, best_epoch, cfg)
+    report = evaluate_seeds(dqn, envs, stacked, best, best_epoch, cfg, history)
     report.update(config=cfg.to_json(), seeds=seeds, history=history,
                   data=ds.identity(workdir), provenance=provenance())
     ck = EpochCheckpointer(workdir / "checkpoints", "dqn_seeds")
@@ -84,14 +84,17 @@ def train_seeds(cfg: DQNConfig, seeds: int, envs: dict, log=print):
     best = [None] * seeds
     best_epoch = [0] * seeds
     best_params = [None] * seeds
+    w = min(cfg.smooth_epochs, cfg.epochs)  # only full windows compete
     log(f"{seeds} seeds ({cfg.seed} … {cfg.seed + seeds - 1}) in one program, {cfg.epochs} "
-        f"epochs each, selected on the {cfg.smooth_epochs}-epoch mean validation Sharpe")
+        f"epochs each, selected on the {w}-epoch mean validation Sharpe")
     for e in range(1, cfg.epochs + 1):
         state, m = epoch(state, env)
         held, net, _ = jax.device_get(rollout(state.params, val))
         for i in range(seeds):
             history[i].append(trading_metrics(net[i], held[i], val.annualisation)["sharpe"])
-            score = float(np.mean(history[i][-cfg.smooth_epochs:]))
+            if e < w:
+                continue
+            score = float(np.mean(history[i][-w:]))
             if best[i] is None or score > best[i]:
                 best[i], best_epoch[i] = score, e
                 best_params[i] = jax.device_get(jax.tree.map(lambda x, i=i: x[i], state.params))
@@ -99,17 +102,35 @@ def train_seeds(cfg: DQNConfig, seeds: int, envs: dict, log=print):
     return dqn, jax.tree.map(lambda *x: np.stack(x), *best_params), best, best_epoch, history
 
 
+def gates(val_nets, history: list[list[float]], cfg: DQNConfig, annualisation: float
+          ) -> list[dict]:
+    """Each seed's :func:`~tftjax.dqn.significance.gate` on its validation record
+    ``val_nets[i]``, deflated by every candidate compared: the ranked epochs of every seed
+    (their per-epoch validation Sharpes give the candidates' spread)."""
+    from tftjax.dqn.significance import gate
+
+    w = min(cfg.smooth_epochs, cfg.epochs)
+    ranked = np.asarray([h[w - 1:] for h in history], np.float64) / np.sqrt(annualisation)
+    return [gate(val_nets[i], ranked.size, ranked.reshape(-1), cfg.psr_gate)
+            for i in range(len(val_nets))]
+
+
 def evaluate_seeds(dqn, envs: dict, params, best: list, best_epoch: list,
-                   cfg: DQNConfig) -> dict:
-    """Per seed (agent and shipped policy) and baseline metrics on validation and test."""
+                   cfg: DQNConfig, history: list[list[float]]) -> dict:
+    """Per seed (agent and shipped policy) and baseline metrics on validation and test; an
+    agent is shipped where its validation record clears the gate (:func:`gates`)."""
     seeds = len(best)
     out = {"per_seed": [], "baselines": {}, "best_epoch": best_epoch, "best_val_smoothed": best}
-    ship = [b > 0.0 or not cfg.flat_fallback for b in best]  # flat's validation Sharpe is 0
-    out["shipped"] = ["dqn" if s else "flat" for s in ship]
+    ship = None
     for split in ("val", "test"):
         env = envs[split]
         roll = jax.jit(jax.vmap(lambda p: greedy_rollout(dqn.apply, p, env)))
         held, net, nxt = jax.device_get(roll(params))
+        if ship is None:
+            out["gates"] = gates(net, history, cfg, env.annualisation)
+            out["candidates"] = out["gates"][0]["trials"]
+            ship = [g["passes"] or not cfg.flat_fallback for g in out["gates"]]
+            out["shipped"] = ["dqn" if s else "flat" for s in ship]
         cost = float(env.cost)
         flat = report_metrics(np.zeros(net.shape[1]), np.zeros(net.shape[1]),
                               env.annualisation, cost)
@@ -122,6 +143,14 @@ def evaluate_seeds(dqn, envs: dict, params, best: list, best_epoch: list,
                 out["per_seed"].append({"seed": cfg.seed + i, "best_epoch": best_epoch[i]})
             row = out["per_seed"][i]
             row[split] = {"agent": agent, "shipped": agent if ship[i] else flat}
+        if split == "test":
+            from tftjax.dqn.significance import min_detectable_sharpe, pooled
+
+            out["pooled"] = {"agent": pooled(list(net), env.annualisation),
+                             "shipped": pooled([net[i] if ship[i] else np.zeros_like(net[i])
+                                                for i in range(seeds)], env.annualisation)}
+            out["min_detectable_sharpe"] = min_detectable_sharpe(net.shape[1],
+                                                                 env.annualisation)
     hold = out["baselines"]["test"]["buy_and_hold"]["total_log_return"]
     out["counts"] = {"seeds": seeds, "shipped_agent": int(sum(ship))}
     for kind in ("agent", "shipped"):
@@ -169,6 +198,15 @@ def _fmt(k: str, v: float, sd: bool = False) -> str:
     return f"{v:+.2f}" if k == "sharpe" and not sd else f"{v:.2f}"
 
 
+def pooled_lines(pooled: dict) -> list[str]:
+    """The agents' and the shipped policies' pooled figures (the seeds that traded), a line
+    each."""
+    return [f"{kind}, the {p['seeds_trading']} seeds that traded pooled (equal-weight mix): "
+            f"Sharpe {p['pooled_sharpe']:+.2f}, SE {p['pooled_se']:.2f}, PSR "
+            f"{p['pooled_psr']:.3f}; {p['seeds_flat']} seed(s) never held a position"
+            for kind, p in ((k, pooled[k]) for k in ("agent", "shipped"))]
+
+
 def format_seeds(report: dict) -> str:
     """Markdown: per seed, mean ± sd over seeds, the baselines, and the counts (test)."""
     head = "| policy | " + " | ".join(SHOWN) + " |"
@@ -188,10 +226,14 @@ def format_seeds(report: dict) -> str:
             for k in SHOWN) + " |")
     for name, m in report["baselines"]["test"].items():
         lines.append(f"| {name} | " + " | ".join(_fmt(k, m[k]) for k in SHOWN) + " |")
+    lines += pooled_lines(report["pooled"])
+    lines.append(f"this test stretch detects an annualised Sharpe of "
+                 f"{report['min_detectable_sharpe']:.2f} or more (5% one-sided, 80% power)")
     c = report["counts"]
     n = c["seeds"]
-    lines.append(f"{c['shipped_agent']}/{n} seeds beat flat on validation (their agent is "
-                 f"shipped). On test (total net log return): agents beat flat "
+    lines.append(f"{c['shipped_agent']}/{n} seeds clear the validation gate (deflated Sharpe "
+                 f">= {report['config']['psr_gate']:g} over {report['candidates']} candidates: "
+                 f"epochs ranked x seeds; their agent is shipped). On test (total net log return): agents beat flat "
                  f"{c['agent_beats_flat_on_test']}/{n}, buy-and-hold "
                  f"{c['agent_beats_buy_and_hold_on_test']}/{n}; shipped policies beat flat "
                  f"{c['shipped_beats_flat_on_test']}/{n}, buy-and-hold "

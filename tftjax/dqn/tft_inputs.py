@@ -48,11 +48,6 @@ def tft_columns(saved, parquet_file, val_start: int, source: str = "--tft-checkp
     Raises:
       ConfigError: the TFT's data reaches ``val_start`` (the DQN's validation split).
     """
-    from tftjax.data import to_device
-    from tftjax.forecast import eligible_origins
-    from tftjax.training import Trainer
-    from tftjax.training.evaluation import saved_dataset
-
     end = tft_data_end(saved)
     if end >= val_start:
         raise ConfigError(
@@ -60,6 +55,21 @@ def tft_columns(saved, parquet_file, val_start: int, source: str = "--tft-checkp
             f"{np.datetime64(end, 'ns')}, not before the DQN's validation split starts "
             f"({np.datetime64(val_start, 'ns')}): its forecasts would leak; train it on data "
             "that ends earlier")
+    f = tft_forecasts(saved, parquet_file)
+    return f["first"]
+
+
+def tft_forecasts(saved, parquet_file) -> dict:
+    """A saved TFT's forecasts from the window ending at every bar of ``parquet_file``:
+    ``first [n, Q]`` the first step's quantiles in its target scales, ``cum [n]`` the median
+    cumulative log return over its horizon (the median step forecasts summed, or the last
+    step's for a cumulative target, times the target scale), ``valid [n]`` where a complete
+    window ends (0 elsewhere)."""
+    from tftjax.data import to_device
+    from tftjax.forecast import eligible_origins
+    from tftjax.training import Trainer
+    from tftjax.training.evaluation import saved_dataset
+
     vocab = (saved.featurisation or {}).get("vocab")
     one = vocab[0] if vocab is not None and len(vocab) == 1 else None  # a one-series TFT
     ds = saved_dataset(saved, parquet_file, need_splits=False, instrument=one)
@@ -68,6 +78,13 @@ def tft_columns(saved, parquet_file, val_start: int, source: str = "--tft-checkp
     starts = (rows - (cfg.encoder_steps - 1)).astype(np.int32)
     trainer = Trainer(cfg, saved.tc, to_device(ds.features))
     pred, _ = trainer.predict(saved.variables, starts)  # [n, D, Q], target units
-    out = np.zeros((len(ds.ts), pred.shape[-1]), np.float32)
-    out[rows] = np.asarray(pred[:, 0, :], np.float32)
+    pred = np.asarray(pred, np.float64)
+    n = len(ds.ts)
+    m = int(np.argmin(np.abs(np.asarray(cfg.quantiles) - 0.5)))
+    median = pred[:, -1, m] if cfg.data.target == "cumulative" else pred[:, :, m].sum(axis=1)
+    out = {"first": np.zeros((n, pred.shape[-1]), np.float32), "cum": np.zeros(n),
+           "valid": np.zeros(n, bool)}
+    out["first"][rows] = pred[:, 0, :].astype(np.float32)
+    out["cum"][rows] = median * float(ds.features.stats.target_scale)
+    out["valid"][rows] = True
     return out

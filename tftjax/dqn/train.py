@@ -86,6 +86,13 @@ def make_train(cfg: DQNConfig, env) -> DQN:
                               end_fraction=cfg.lr_end_fraction,
                               decay_steps=cfg.epochs * iters // cfg.train_every)
 
+    def epsilon(step):
+        # with action augmentation every action is learnt at every state: no exploration
+        # schedule; a constant eps_end only varies the positions held (part of the state)
+        if cfg.action_augment:
+            return jnp.float32(cfg.eps_end)
+        return agent.linear_epsilon(step, cfg.eps_start, cfg.eps_end, cfg.eps_decay_steps)
+
     def apply(params, obs):
         return network.apply({"params": params}, obs)
 
@@ -106,7 +113,9 @@ def make_train(cfg: DQNConfig, env) -> DQN:
 
     def update(env, s: DQNState, key):
         batch = buffer.sample(s.buffer, key, cfg.batch_size)
-        if cfg.compact_buffer:  # rebuild the observations from their keys
+        if cfg.action_augment:  # every action's transition from each sampled state
+            batch = agent.augmented(env, batch.obs)
+        elif cfg.compact_buffer:  # rebuild the observations from their keys
             batch = batch.replace(obs=jax.vmap(env.decode)(batch.obs).astype(jnp.float32),
                                   next_obs=jax.vmap(env.decode)(batch.next_obs)
                                   .astype(jnp.float32))
@@ -130,7 +139,7 @@ def make_train(cfg: DQNConfig, env) -> DQN:
     def iteration(env, s: DQNState, it):
         key, k_act, k_env, k_upd = jax.random.split(s.key, 4)
         q = apply(s.params, s.obs)
-        eps = agent.linear_epsilon(s.step, cfg.eps_start, cfg.eps_end, cfg.eps_decay_steps)
+        eps = epsilon(s.step)
         action = agent.epsilon_greedy(k_act, q, eps)
         out = jax.vmap(env.step)(jax.random.split(k_env, E), s.env_state, action)
         if cfg.compact_buffer:
@@ -160,8 +169,7 @@ def make_train(cfg: DQNConfig, env) -> DQN:
                               jnp.nan),
             "q_mean": (m["q"] * m["did"]).sum() / jnp.maximum(n_upd, 1),
             "updates": n_upd,
-            "epsilon": agent.linear_epsilon(s.step, cfg.eps_start, cfg.eps_end,
-                                            cfg.eps_decay_steps),
+            "epsilon": epsilon(s.step),
             "reward_per_step": m["reward"].mean(),
             "episodes": m["ep_n"].sum(),
             "episode_return": m["ep_sum"].sum() / jnp.maximum(m["ep_n"].sum(), 1),

@@ -20,13 +20,19 @@ from tftjax.config import ConfigError
 from tftjax.dqn.config import DQNConfig
 from tftjax.dqn.env import greedy_rollout, policy_rollout
 from tftjax.dqn.metrics import report_metrics, trading_metrics
-from tftjax.dqn.seeds import SHOWN, _fmt, baseline_paths, train_seeds
+from tftjax.dqn.seeds import SHOWN, _fmt, baseline_paths, gates, pooled_lines, train_seeds
+from tftjax.dqn.significance import min_detectable_sharpe, pooled
 
 
 def walk_forward(cfg: DQNConfig, seeds: int, parquet_file, workdir: Path, folds: int = 5,
-                 test_fraction: float = 0.4, log=print) -> dict:
+                 test_fraction: float = 0.4, log=print, extra=None,
+                 keep_records: bool = False) -> dict:
     """Every fold's agents and test trades; the pooled report (``walk_forward.json`` and
-    ``.md`` in ``workdir``)."""
+    ``.md`` in ``workdir``). ``extra``: a function ``(fold index, fold times, dataset) ->
+    [n, k]`` more observation columns for that fold (out-of-fold forecasts,
+    :mod:`tftjax.dqn.oof`), in place of ``--tft-checkpoint``'s. ``keep_records``: the
+    returned dict (not the file) also holds the stitched records, net returns and positions
+    held: ``shipped_records`` and ``agent_records`` per seed, ``baseline_records``."""
     from tftjax.data import default_parquet
     from tftjax.data.bars import read_series
     from tftjax.data.windows import walk_forward_times
@@ -52,13 +58,18 @@ def walk_forward(cfg: DQNConfig, seeds: int, parquet_file, workdir: Path, folds:
     fold_out = []
     cost = annual = None
     for k, fold in enumerate(times, 1):
-        envs, ds, fcfg = build_envs(cfg, path, fold=fold)
-        dqn, params, best, best_epoch, _ = train_seeds(fcfg, seeds, envs, log=lambda *a: None)
+        columns = None if extra is None else (lambda ds, k=k, fold=fold: extra(k - 1, fold, ds))
+        envs, ds, fcfg = build_envs(cfg, path, fold=fold, extra=columns)
+        dqn, params, best, best_epoch, history = train_seeds(fcfg, seeds, envs,
+                                                             log=lambda *a: None)
         test = envs["test"]
         cost, annual = float(test.cost), test.annualisation
-        held, net, _ = jax.device_get(jax.jit(jax.vmap(
-            lambda p: greedy_rollout(dqn.apply, p, test)))(params))
-        ship = [b > 0.0 or not fcfg.flat_fallback for b in best]
+        rollout = jax.jit(jax.vmap(lambda p, e: greedy_rollout(dqn.apply, p, e),
+                                   in_axes=(0, None)))
+        _, val_net, _ = jax.device_get(rollout(params, envs["val"]))
+        fold_gates = gates(val_net, history, fcfg, envs["val"].annualisation)
+        held, net, _ = jax.device_get(rollout(params, test))
+        ship = [g["passes"] or not fcfg.flat_fallback for g in fold_gates]
         for i in range(seeds):  # the shipped policy trades the test stretch
             agent_nets[i].append(net[i])
             agent_helds[i].append(held[i])
@@ -71,8 +82,9 @@ def walk_forward(cfg: DQNConfig, seeds: int, parquet_file, workdir: Path, folds:
             base_parts.setdefault(name, []).append((h, n))
         fold_out.append({"fold": k, "test_from": str(np.datetime64(int(fold[1]), "ns")),
                          "test_bars": int(test.decisions), "best_epoch": best_epoch,
-                         "best_val_smoothed": best, "shipped": ["dqn" if s else "flat"
-                                                                for s in ship],
+                         "best_val_smoothed": best, "candidates": fold_gates[0]["trials"],
+                         "val_dsr": [g["dsr"] for g in fold_gates],
+                         "shipped": ["dqn" if s else "flat" for s in ship],
                          "test_sharpe": [trading_metrics(nets[i][-1], helds[i][-1],
                                                          annual)["sharpe"]
                                          for i in range(seeds)]})
@@ -86,7 +98,12 @@ def walk_forward(cfg: DQNConfig, seeds: int, parquet_file, workdir: Path, folds:
                                  np.concatenate([h for h, _ in parts]), annual, cost)
             for name, parts in base_parts.items()}
     hold = base["buy_and_hold"]["total_log_return"]
+    stitched = sum(len(n) for n in nets[0])
     out = {"folds": fold_out, "per_seed": per_seed, "agents": agents, "baselines": base,
+           "pooled": {"shipped": pooled([np.concatenate(n) for n in nets], annual),
+                      "agent": pooled([np.concatenate(n) for n in agent_nets], annual)},
+           "test_bars": stitched, "annualisation": annual,
+           "min_detectable_sharpe": min_detectable_sharpe(stitched, annual),
            "counts": {"seeds": seeds,
                       "beats_flat": int(sum(m["total_log_return"] > 0 for m in per_seed)),
                       "beats_buy_and_hold": int(sum(m["total_log_return"] > hold
@@ -97,6 +114,14 @@ def walk_forward(cfg: DQNConfig, seeds: int, parquet_file, workdir: Path, folds:
     text = format_walk_forward(out)
     (workdir / "walk_forward.md").write_text(text + "\n")
     log(text)
+    if keep_records:
+        out["shipped_records"] = {"net": [np.concatenate(n) for n in nets],
+                                  "held": [np.concatenate(h) for h in helds]}
+        out["agent_records"] = {"net": [np.concatenate(n) for n in agent_nets],
+                                "held": [np.concatenate(h) for h in agent_helds]}
+        out["baseline_records"] = {name: (np.concatenate([n for _, n in parts]),
+                                          np.concatenate([h for h, _ in parts]))
+                                   for name, parts in base_parts.items()}
     return out
 
 
@@ -115,6 +140,11 @@ def format_walk_forward(out: dict) -> str:
             for k in SHOWN) + " |")
     for name, m in out["baselines"].items():
         lines.append(f"| {name} | " + " | ".join(_fmt(k, m[k]) for k in SHOWN) + " |")
+    lines += pooled_lines(out["pooled"])
+    lines.append(f"{out['test_bars']:,} test bars stitched: they detect an annualised Sharpe "
+                 f"of {out['min_detectable_sharpe']:.2f} or more (5% one-sided, 80% power); "
+                 "each fold's agents were gated on validation against "
+                 f"{out['folds'][0]['candidates']} candidates (epochs ranked x seeds)")
     c = out["counts"]
     lines.append(f"out of sample, {c['beats_flat']}/{c['seeds']} seeds beat flat and "
                  f"{c['beats_buy_and_hold']}/{c['seeds']} beat buy-and-hold (total net log return)")
