@@ -247,3 +247,21 @@ def test_the_rule_chooses_on_validation_only(walk_file):
     for a, b in zip(out["folds"], again["folds"]):
         assert (a["entry_costs"], a["exit_fraction"]) == (b["entry_costs"], b["exit_fraction"])
     assert not np.array_equal(out["net"], again["net"])
+
+
+def test_a_run_from_before_these_settings_still_resumes(tmp_path):
+    """A checkpoint written before --psr-gate, --action-augment and --decision-every existed
+    resumes with them at their defaults (what it ran with)."""
+    import json
+
+    from tftjax.dqn import run
+
+    quiet = dict(progress=False, log=lambda *a: None, tensorboard=False)
+    run(dataclasses.replace(TINY, epochs=1), tmp_path, **quiet)
+    for meta in (tmp_path / "checkpoints").glob("*/meta/metadata"):
+        m = json.loads(meta.read_text())
+        for k in ("psr_gate", "action_augment", "decision_every"):
+            del m["identity"]["config"][k]
+        meta.write_text(json.dumps(m))
+    summary = run(dataclasses.replace(TINY, epochs=2), tmp_path, resume=True, **quiet)
+    assert summary["epochs_run"] == 2

@@ -101,6 +101,11 @@ class DQNTask:
     def identity(self) -> dict:
         return self._identity
 
+    def normalize_identity(self, saved: dict) -> dict:
+        """A checkpoint's identity with the settings added since it was written at their
+        defaults (what it ran with), so that such a run still resumes."""
+        return {**saved, "config": DQNConfig.from_json(saved["config"]).to_json()}
+
     def extra_meta(self) -> dict:
         return {"feature_stats": self.ds.features.stats.to_json() if self.ds is not None else None}
 
