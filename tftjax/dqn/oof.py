@@ -55,7 +55,7 @@ def build(bars, folds: list[tuple[int, int, int]], fit: Callable, predict: Calla
     for m, start in enumerate(model_starts(bars.ts, folds, before)):
         stop = int(np.searchsorted(bars.ts, start))
         log(f"out-of-fold model {m + 1}: fitted on the {stop:,} bars before "
-            f"{np.datetime64(start, 'ns')}")
+            f"{np.datetime64(start, 'ns')} UTC")
         f = predict(fit(bars.slice(0, stop), m))
         out.append(Block(start, np.asarray(f["first"], np.float32), np.asarray(f["cum"]),
                          np.asarray(f["valid"], bool)))

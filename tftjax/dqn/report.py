@@ -73,7 +73,8 @@ def format_trades(tr: list[dict], limit: int = 50) -> str:
     def when(x):
         return "open" if x is None else str(np.datetime64(x, "ns").astype("datetime64[m]"))
 
-    lines = ["| # | side | entry | exit | bars | gross | costs | net |", "|---" * 8 + "|"]
+    lines = ["| # | side | entry (UTC) | exit (UTC) | bars | gross | costs | net |",
+             "|---" * 8 + "|"]
     for i, t in enumerate(tr[:limit], 1):
         lines.append(f"| {i} | {t['side']} | {when(t['entry'])} | {when(t['exit'])} | "
                      f"{t['bars']} | {t['gross']:+.5f} | {t['costs']:.5f} | {t['net']:+.5f} |")

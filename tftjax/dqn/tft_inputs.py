@@ -52,8 +52,8 @@ def tft_columns(saved, parquet_file, val_start: int, source: str = "--tft-checkp
     if end >= val_start:
         raise ConfigError(
             f"{source} {saved.given}: the TFT was trained and validated on bars up to "
-            f"{np.datetime64(end, 'ns')}, not before the DQN's validation split starts "
-            f"({np.datetime64(val_start, 'ns')}): its forecasts would leak; train it on data "
+            f"{np.datetime64(end, 'ns')} UTC, not before the DQN's validation split starts "
+            f"({np.datetime64(val_start, 'ns')} UTC): its forecasts would leak; train it on data "
             "that ends earlier")
     f = tft_forecasts(saved, parquet_file)
     return f["first"]

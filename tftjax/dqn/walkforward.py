@@ -80,7 +80,7 @@ def walk_forward(cfg: DQNConfig, seeds: int, parquet_file, workdir: Path, folds:
         for name, path_pos in baseline_paths(test, turnover).items():
             h, n, _ = jax.device_get(policy_rollout(test, jax.numpy.asarray(path_pos)))
             base_parts.setdefault(name, []).append((h, n))
-        fold_out.append({"fold": k, "test_from": str(np.datetime64(int(fold[1]), "ns")),
+        fold_out.append({"fold": k, "test_from": str(np.datetime64(int(fold[1]), "ns")) + "Z",
                          "test_bars": int(test.decisions), "best_epoch": best_epoch,
                          "best_val_smoothed": best, "candidates": fold_gates[0]["trials"],
                          "val_dsr": [g["dsr"] for g in fold_gates],
@@ -88,7 +88,7 @@ def walk_forward(cfg: DQNConfig, seeds: int, parquet_file, workdir: Path, folds:
                          "test_sharpe": [trading_metrics(nets[i][-1], helds[i][-1],
                                                          annual)["sharpe"]
                                          for i in range(seeds)]})
-        log(f"fold {k}/{folds}: test from {fold_out[-1]['test_from'][:16]}, "
+        log(f"fold {k}/{folds}: test from {fold_out[-1]['test_from'][:16]} UTC, "
             f"{test.decisions} bars; shipped {fold_out[-1]['shipped']}")
     per_seed = [report_metrics(np.concatenate(nets[i]), np.concatenate(helds[i]), annual, cost)
                 for i in range(seeds)]
