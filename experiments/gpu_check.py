@@ -1,6 +1,6 @@
 """The one prepared GPU check: the targets first, one compile per row, a file per row.
 
-    python experiments/gpu_check.py --out experiments/results/gpu_check   # one GPU, ~8 min
+    python experiments/gpu_check.py --out experiments/results/gpu_check   # one GPU, ~9 min
     python experiments/gpu_check.py --dry-run --out /tmp/gpu_check        # CPU, tiny, < 3 min
 
 Stages run in this order, each row in its own process group with its own time box (a row
@@ -55,24 +55,27 @@ DRY_BOX = 4
 
 
 def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
-    """(stage, row name, seconds, command) in the order they run (about 480 s on a GPU)."""
+    """(stage, row name, seconds, command) in the order they run (about 9 minutes on a GPU)."""
     preset = "tiny" if dry else "tft225"
     big, small = (16, 8) if dry else (256, 64)
     steps = "2" if dry else "10"
     r = out / "rows"
     tests = (["tests/test_gpu.py"] if dry else
              ["tests/test_gpu.py", "tests/test_bf16_census.py", "tests/test_precision.py",
-              "tests/test_remat.py", "tests/test_fused.py"])
+              "tests/test_remat.py", "tests/test_fused.py", "tests/test_pallas_vsn.py"])
     plan = [("tests", "tests", 150, [PY, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p",
                                      "no:cacheprovider", *tests])]
-    points = [("bf16", "off", big), ("f32", "off", small), ("f32", "off", big),
-              ("bf16", "off", small)]
-    points += [(p, t, big) for t in TIERS[1:] for p in ("bf16", "f32")]
-    for prec, tier, b in points:
-        name = f"{prec}_{tier}_b{b}"
+    # the Pallas VSN kernels (tftjax.models.pallas_vsn) right after the target's own row:
+    # the design's candidate for it (predicted, compile-only: 10 MB per sample against 94)
+    points = [("bf16", "off", big, "xla"), ("bf16", "off", big, "pallas"),
+              ("f32", "off", small, "xla"), ("f32", "off", big, "xla"),
+              ("f32", "off", big, "pallas"), ("bf16", "off", small, "xla")]
+    points += [(p, t, big, "xla") for t in TIERS[1:] for p in ("bf16", "f32")]
+    for prec, tier, b, kernel in points:
+        name = f"{prec}_{tier}_b{b}" + ("_pallas" if kernel == "pallas" else "")
         plan.append(("throughput", name, 45, [
             PY, "experiments/throughput.py", "--preset", preset, "--batch-sizes", str(b),
-            "--remat", tier, "--precision", prec, "--steps", steps,
+            "--remat", tier, "--precision", prec, "--steps", steps, "--vsn-kernel", kernel,
             "--out", str(r / f"{name}.json")]))
     for prec in ("f32", "bf16"):
         plan.append(("peer", f"peer_{prec}", 60, [

@@ -161,3 +161,36 @@ def test_cost_reports_every_tier_on_a_target_and_the_tiers_keep_their_order(tmp_
         # two LSTM loops forward and two backward, each step launching kernels
         assert len(r["loops"]) >= 4 and r["kernels"] > sum(t for _, t, _ in r["loops"])
         assert r["hbm_bytes"] > 0 and r["flops"] > 0 and r["estimated_samples_per_s"] > 0
+
+
+@pytest.mark.slow  # a GPU compile of the kernels alone: ~10 s; .ci/run's full tier has the plugin
+@pytest.mark.skipif(not targets.available(),
+                    reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_pallas_vsn_compiles_for_the_h100_as_two_triton_kernels(dtype):
+    from tftjax.models import pallas_vsn
+
+    # TFT-225's widths (powers of two); 32 row tiles in 8 backward splits: no padded rows
+    m, n, dv, d = 33, 2048, 8, 128
+    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    shapes = {"emb_k": (m, dv), "emb_b": (m, dv), "fc2_k": (m, dv, dv), "fc2_b": (m, dv),
+              "fc1_k": (m, dv, dv), "fc1_b": (m, dv), "glu_k": (m, dv, 2 * d),
+              "glu_b": (m, 2 * d), "skip_k": (m, dv, d), "skip_b": (m, d), "ln_scale": (m, d),
+              "ln_bias": (m, d)}
+    p = {k: jax.ShapeDtypeStruct(v, jnp.dtype(dtype), sharding=s) for k, v in shapes.items()}
+    x = jax.ShapeDtypeStruct((m, n), jnp.float32, sharding=s)
+    keep = jax.ShapeDtypeStruct((m, n, dv), jnp.bool_, sharding=s)
+
+    def loss(p, x, w, keep):
+        return jnp.sum(pallas_vsn.weighted_grn_sum(p, x, w, keep, 0.1, interpret=False) ** 2)
+
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(p, x, x, keep).compile()
+    text = compiled.as_text()
+    calls = [ln for ln in text.splitlines() if "custom_call_target=\"__gpu$xla.gpu.triton\"" in ln]
+    assert len(calls) == 2, len(calls)  # the forward and the recomputing backward
+    assert any('name = "vsn_grn_sum_fwd"' in c for c in calls)
+    assert any('name = "vsn_grn_sum_bwd"' in c for c in calls)
+    # nothing [m, N, d] lives between them: temp bytes under one such float32 tensor
+    assert compiled.memory_analysis().temp_size_in_bytes < m * n * d * 4
+    # the census reads the kernels' stated FLOPs: forward once, backward three times
+    assert Program(text).census().flops == 4 * pallas_vsn.matmul_flops(m, n, dv, d)

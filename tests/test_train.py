@@ -139,6 +139,7 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     (["--precision", "fp8"], "--precision must be one of f32, bf16, got 'fp8'"),
     (["--matmul-precision", "fastest"], "--matmul-precision must be one of default, high, "
                                         "highest, got 'fastest'"),
+    (["--vsn-kernel", "cuda"], "--vsn-kernel must be xla or pallas, got 'cuda'"),
     (["--epochs", "0"], "epochs must be >= 1, got 0"),
     (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),
     (["--hidden-size", "0"], "hidden size must be >= 1, got 0"),

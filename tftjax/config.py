@@ -106,6 +106,11 @@ class TFTConfig:
     matmul_precision: str = "default"
     """Float32 matmul precision (jax.default_matmul_precision): default (the backend's: TF32
     on NVIDIA GPUs), high, or highest (full float32)."""
+    vsn_kernel: str = "xla"
+    """How the float VSNs' per-variable GRNs run: xla (the remat tier's plan), or pallas (two
+    Pallas/Triton GPU kernels, forward and recomputing backward, in every tier: nothing
+    [m, N, ·] reaches HBM, tftjax.models.pallas_vsn). pallas is for NVIDIA GPUs (and
+    --target); on CPU it runs in Pallas' interpreter, for tests only."""
     platform: tyro.conf.Suppress[str | None] = None
     """The backend the remat plan is for (tftjax.remat.plan): None, the one running; set
     when compiling for another (python -m tftjax.memory --target)."""
@@ -144,7 +149,8 @@ class TFTConfig:
 
     # Execution settings: they change memory and speed, not the parameters or (beyond
     # float round-off) the results, so a resumed run may change them.
-    EXECUTION_FIELDS = ("remat", "vsn_chunk", "precision", "matmul_precision", "platform")
+    EXECUTION_FIELDS = ("remat", "vsn_chunk", "precision", "matmul_precision", "platform",
+                        "vsn_kernel")
     # Settings that change neither the parameters' shapes nor their initial values (how the
     # network runs, what it is fed): models that differ only in these share one init.
     INIT_NEUTRAL_FIELDS = EXECUTION_FIELDS + (
@@ -194,6 +200,8 @@ class TFTConfig:
                                          == "channel" and self.stacked_scales == "channel"),
             f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}":
                 self.precision in PRECISIONS,
+            f"--vsn-kernel must be xla or pallas, got {self.vsn_kernel!r}":
+                self.vsn_kernel in ("xla", "pallas"),
             f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)}, got "
             f"{self.matmul_precision!r}": self.matmul_precision in MATMUL_PRECISIONS,
             "--precision bf16 and --qat do not go together (QAT's observers and fake-quant "

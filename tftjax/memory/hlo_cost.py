@@ -16,7 +16,8 @@ made here from the program text:
   (``dynamic-slice``, ``slice``) counts the slices it reads, and a buffer updated in place
   (``dynamic-update-slice``, the scan's stacked residuals) counts the update, not the
   buffer. Caches are not modelled: every launch reads its inputs from HBM.
-- **FLOPs**: matmuls only (``dot`` anywhere, cuBLAS GEMM custom calls): 2 · outputs ·
+- **FLOPs**: matmuls only (``dot`` anywhere, cuBLAS GEMM custom calls, and Pallas kernels that
+  state theirs as ``matmul_flops`` metadata): 2 · outputs ·
   contracted size. Element-wise work is memory-bound and is in the bytes.
 """
 
@@ -41,6 +42,8 @@ NO_LAUNCH = frozenset({
     "collective-permute-done", "async-done", "async-update", "get-dimension-size",
 })
 SLICES = frozenset({"dynamic-slice", "slice"})
+_KERNEL_FLOPS = re.compile(r'matmul_flops(?:\\22|\\*")\s*:\s*(?:\\22|\\*")(\d+)')
+"""A Pallas kernel's own FLOPs in its serialised metadata (quotes escaped as ``\\22``)."""
 GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
 
 
@@ -259,6 +262,9 @@ class Program:
             return self._dot_flops(comp, ins)
         if ins.opcode == "custom-call" and any(t in ins.attrs for t in GEMM_TARGETS):
             return self._gemm_flops(comp, ins)
+        if ins.opcode == "custom-call":  # a Pallas kernel that states its own (pallas_vsn)
+            m = _KERNEL_FLOPS.search(ins.attrs)
+            return float(m.group(1)) if m else 0.0
         return 0.0
 
     def _comp_flops(self, comp: str) -> float:

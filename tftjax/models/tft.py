@@ -30,6 +30,7 @@ from tftjax.config import TFTConfig
 from tftjax.models.layers import GRN, LSTM, Dense, GateAddNorm, InterpretableAttention
 from tftjax.models.vsn import VariableSelection
 from tftjax.quant import MODES, QuantSpec
+from tftjax.remat import is_gpu
 from tftjax.remat import plan as remat_plan
 
 Array = jax.Array
@@ -91,6 +92,10 @@ class TFT(nn.Module):
             return functools.partial(nn.remat(cls, static_argnums=(n_args,), policy=plan.policy,
                                               prevent_cse=True), quant=quant)
 
+        # the Pallas VSN kernels compile for a GPU (running on one or targeting one), and
+        # run in Pallas' interpreter elsewhere
+        pallas = None if cfg.vsn_kernel != "pallas" else not is_gpu(cfg.platform)
+
         def vsn(m, name):
             # vsn: chunks recomputed in the backward pass; vsn_scan: chunks with every
             # residual saved (no recompute, smaller backward transients).
@@ -102,7 +107,7 @@ class TFT(nn.Module):
                       else jax.checkpoint_policies.everything_saveable)
             return VariableSelection(m, cfg.d_v, d, p, chunk=(cfg.vsn_chunk or plan.vsn_chunk) if chunked else None,
                                      policy=policy, remat_weights=plan.vsn, quant=quant,
-                                     fused=plan.vsn and plan.fused, name=name)
+                                     fused=plan.vsn and plan.fused, pallas=pallas, name=name)
 
         # 1-2. Static covariates and their four contexts. Under a vocabulary, static input
         # 0 is the instrument: ``instrument`` [B] int32 indexes a learned table (its last row:

@@ -1,0 +1,109 @@
+"""The Pallas VSN kernels (tftjax.models.pallas_vsn), run in Pallas' interpreter on CPU (and
+compiled by Triton where the tests run on a GPU: experiments/gpu_check.py), against
+the reference: autodiff of the plain stacked GRNs (tftjax.models.vsn.stacked_grn), in
+float32 and bfloat16, with and without dropout, with padded columns and rows and split
+backward programs. The compile for the H100 target is in tests/test_hlo_cost.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tftjax.models import pallas_vsn
+from tftjax.models.dropout import keep_mask
+from tftjax.models.vsn import stacked_grn
+
+from test_fused import stacked_params
+
+
+@pytest.fixture(scope="module", autouse=True)
+def highest():
+    # the reference at full float32 on every backend (NVIDIA GPUs default to TF32 matmuls)
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+def leaf_errors(a, b):
+    """Per leaf: max |a − b| over max |b| (float64)."""
+    out = []
+    for (path, u), v in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+        u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
+        assert np.any(u != 0), jax.tree_util.keystr(path)  # every gradient reaches its leaf
+        out.append((jax.tree_util.keystr(path), np.abs(u - v).max() / max(np.abs(v).max(), 1e-30)))
+    return out
+
+
+def _case(m, n, dv, d, dropout, dtype, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 5)
+    p = jax.tree.map(lambda a: a.astype(dtype), stacked_params(ks[0], m, dv, d))
+    x = jax.random.normal(ks[1], (m, n))
+    w = jax.nn.softmax(jax.random.normal(ks[2], (m, n)), axis=0)
+    keep = keep_mask(ks[3], dropout, (m, n, dv)) if dropout else None
+    r = jax.random.normal(ks[4], (n, d))
+    return p, x, w, keep, r
+
+
+def _both(p, x, w, keep, r, dropout, block_rows):
+    def ref(p, x, w):  # float32 on the same (possibly bf16-rounded) parameters
+        p32 = jax.tree.map(lambda a: a.astype(jnp.float32), p)
+        return jnp.sum(stacked_grn(p32, x, w, keep, dropout)[0].astype(jnp.float32) * r)
+
+    def pal(p, x, w):
+        # interpreted on CPU; compiled (Triton) where the tests run on a GPU (gpu_check)
+        out = pallas_vsn.weighted_grn_sum(p, x, w, keep, dropout, block_rows=block_rows)
+        assert out.dtype == jnp.float32 and out.shape == (x.shape[1], r.shape[1])
+        return jnp.sum(out * r)
+
+    grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))  # noqa: E731
+    return grad(pal)(p, x, w), grad(ref)(p, x, w)
+
+
+@pytest.mark.parametrize("m,n,dv,d,dropout,block_rows", [
+    (5, 45, 4, 16, 0.0, 16),   # powers of two; 3 row tiles with padded rows
+    (7, 45, 4, 12, 0.3, 8),    # d padded 12 → 16 (LayerNorm masked); dropout
+    (3, 100, 3, 8, 0.3, 16),   # d_v padded 3 → 4; backward rows split across programs
+])
+def test_pallas_vsn_value_and_every_gradient_equal_autodiff_float32(m, n, dv, d, dropout,
+                                                                   block_rows):
+    # Same function in another summation order: float32 round-off only. Each value is a sum
+    # of at most max(N, m·d) ≈ 10² products of O(1) terms through a few layers: relative
+    # error a few times 10²·2⁻²⁴ ≈ 6e-6 of the leaf's scale; 2e-5 as test_fused.py.
+    p, x, w, keep, r = _case(m, n, dv, d, dropout, jnp.float32)
+    (v, g), (v_ref, g_ref) = _both(p, x, w, keep, r, dropout, block_rows)
+    assert abs(float(v) - float(v_ref)) <= 2e-5 * abs(float(v_ref))
+    for name, err in leaf_errors(g, g_ref):
+        assert err <= 2e-5, (name, err)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_pallas_vsn_bfloat16_matmul_operands_against_float32_reference(dropout):
+    # bf16 parameters: the kernel feeds its matmuls bf16 operands (h, η forward; dη, dh and
+    # the weight-gradient operands backward) with float32 sums, and returns bf16 parameter
+    # gradients. The reference is float32 on the same bf16 parameters. Each bf16 rounding
+    # is relative u = 2⁻⁹; a value passes at most two forward and four backward operand
+    # roundings plus the gradient's own, through O(1) gains (LayerNorm, σ', ELU' ≤ 1):
+    # error ≲ 7u·(a few) ≈ 2⁻⁵ of the leaf's scale. A kernel that dropped a term or
+    # misplaced a padded column errs by O(1).
+    p, x, w, keep, r = _case(6, 40, 4, 16, dropout, jnp.bfloat16, seed=1)
+    (v, g), (v_ref, g_ref) = _both(p, x, w, keep, r, dropout, 16)
+    assert all(a.dtype == jnp.bfloat16 for a in jax.tree.leaves(g[0]))
+    assert abs(float(v) - float(v_ref)) <= 2 ** -5 * abs(float(v_ref))
+    errs = leaf_errors(g, g_ref)
+    for name, err in errs:
+        assert err <= 2 ** -5, (name, err)
+    # and bf16 is really in play: the errors are far above float32 round-off
+    assert max(e for _, e in errs) > 1e-4
+
+
+def test_pallas_vsn_saves_only_its_inputs_and_states_its_flops():
+    # The backward recomputes from (x, w, mask, parameters): no [m, N, d] residual.
+    from jax._src.ad_checkpoint import saved_residuals
+
+    m, n, dv, d = 5, 64, 4, 16
+    p, x, w, _, _ = _case(m, n, dv, d, 0.0, jnp.float32)
+    f = lambda p, x, w: jnp.sum(  # noqa: E731
+        pallas_vsn.weighted_grn_sum(p, x, w, None, 0.0, block_rows=16, interpret=True))
+    biggest = max(np.prod(a.shape) for a, _ in saved_residuals(f, p, x, w))
+    assert biggest <= m * n  # x or w, nothing of m·N·d
+    # hand count: fc1 [4×4] and the GLU's halves [4×16] each, per variable and row, ×2
+    assert pallas_vsn.matmul_flops(m, n, dv, d) == 2 * m * n * (16 + 2 * 64)
