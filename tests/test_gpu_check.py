@@ -34,7 +34,9 @@ def test_bad_stages_exit_2(tmp_path, capsys):
 
 def test_the_targets_come_first():
     names = [name for _, name, _, _ in gpu_check.rows(Path("/o"), dry=False)]
-    assert names[:5] == ["tests", "bf16_off_b256", "f32_off_b64", "f32_off_b256", "bf16_off_b64"]
+    # the targets' order, each precision's Pallas VSN row beside its batch-256 row
+    assert names[:7] == ["tests", "bf16_off_b256", "bf16_off_b256_pallas", "f32_off_b64",
+                         "f32_off_b256", "f32_off_b256_pallas", "bf16_off_b64"]
     assert [s for s, *_ in gpu_check.rows(Path("/o"), dry=False)] == sorted(
         (s for s, *_ in gpu_check.rows(Path("/o"), dry=False)), key=gpu_check.STAGES.index)
 
