@@ -194,3 +194,27 @@ def test_the_pallas_vsn_compiles_for_the_h100_as_two_triton_kernels(dtype):
     assert compiled.memory_analysis().temp_size_in_bytes < m * n * d * 4
     # the census reads the kernels' stated FLOPs: forward once, backward three times
     assert Program(text).census().flops == 4 * pallas_vsn.matmul_flops(m, n, dv, d)
+
+
+@pytest.mark.slow  # a GPU compile of the recurrences alone: a few seconds
+@pytest.mark.skipif(not targets.available(),
+                    reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
+def test_the_pallas_lstm_is_one_triton_kernel_each_way_on_the_h100():
+    from tftjax.models.recurrence import lstm_recurrence
+
+    t, b, f, d = 60, 256, 128, 128  # TFT-225's encoder + decoder steps, batch 256, bf16
+    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    sds = lambda shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dt, sharding=s)  # noqa: E731
+    args = (sds((t, b, f)), sds((f, 4 * d)), sds((4 * d,)), sds((d, 4 * d), jnp.float32),
+            sds((b, d), jnp.float32), sds((b, d)))
+
+    def loss(*a):
+        (c, h), hs = lstm_recurrence(*a, False, False)
+        return jnp.sum(c) + jnp.sum(hs.astype(jnp.float32))
+
+    text = jax.jit(jax.grad(loss, argnums=tuple(range(6)))).lower(*args).compile().as_text()
+    calls = [ln for ln in text.splitlines() if "custom_call_target=\"__gpu$xla.gpu.triton\"" in ln]
+    assert sorted(c.split('name = "')[1].split('"')[0] for c in calls) == ["lstm_bwd", "lstm_fwd"]
+    c = Program(text).census()
+    # no per-step loop is left, and the whole gradient is a few dozen launches, not 7 × 2T
+    assert c.loops == [] and c.kernels < 40, (c.kernels, c.loops)

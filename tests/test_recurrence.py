@@ -98,3 +98,28 @@ def test_the_kernel_gradient_is_one_float32_gemm(dtype):
     dots, carries = walk(jaxpr, [], [])
     assert dots == [((dtype, dtype), jnp.float32)], dots
     assert (D, 4 * D) not in carries
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_pallas_kernels_equal_the_scans(dtype, recompute):
+    """Both recurrences as persistent Pallas kernels (tftjax.models.pallas_lstm; Pallas'
+    interpreter here, Triton on a GPU) against the scans, d = 6 padded to 8 units and B = 5
+    rows to a tile of 16. float32: the same operations but the gates' sum (x + h·W as one
+    float32 sum, not two), a few ulps as above. bfloat16: the kernel adds x and h·W in
+    float32 before one rounding where the scan rounds h·W first, and takes the activations
+    in float32: one bf16 rounding (u = 2⁻⁹) more or less per gate, through T = 7 steps of
+    O(1) gains; 2⁻⁵ of each leaf's scale bounds it (measured: at most 2⁻⁷)."""
+    args = inputs(dtype)
+    tol = 1e-5 if dtype == jnp.float32 else 2 ** -5
+    with jax.default_matmul_precision("highest"):
+        outs = [lstm_recurrence(*args, recompute, p) for p in (True, None)]
+        g, g_ref = (jax.grad(loss(lambda *a, p=p: lstm_recurrence(*a, recompute, p)),
+                             argnums=ALL)(*args) for p in (True, None))
+    for a, b in zip(*(jax.tree.leaves(o) for o in outs)):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert a.shape == b.shape and np.abs(a - b).max() <= tol * np.abs(b).max()
+    for name, a, b in zip(ARGS, g, g_ref):
+        assert a.dtype == b.dtype, name
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert np.any(a != 0) and np.abs(a - b).max() <= tol * np.abs(b).max(), name

@@ -11,7 +11,8 @@ from tftjax.models.tft import TFT, init_params
 
 # "gpu:…": the GPU's plan of the tier (tftjax.remat.GPU_PLANS: the VSNs in checkpointed
 # chunks of batched matmuls), traced and checked here on the CPU
-# "pallas:…": the VSNs through the Pallas kernels (tftjax.models.pallas_vsn), interpreted
+# "pallas:…": the VSNs and LSTMs through the Pallas kernels (tftjax.models.pallas_vsn,
+# pallas_lstm), interpreted
 TIERS = ["minimal", "aggressive", "full", "offload", "pallas:off",
          *(pytest.param(t, marks=pytest.mark.slow)  # the full tier: same mechanisms, GPU plans
            for t in ("gpu:minimal", "gpu:aggressive", "gpu:full"))]
@@ -22,7 +23,7 @@ def config(tier):
     # vsn_chunk=3 chunks every VSN with padding (5 → 2×3, 10 → 4×3, 220 → 74×3).
     platform, _, tier = tier.rpartition(":")
     if platform == "pallas":
-        return preset("tiny", remat=tier, vsn_chunk=3, vsn_kernel="pallas")
+        return preset("tiny", remat=tier, vsn_chunk=3, vsn_kernel="pallas", lstm_kernel="pallas")
     return preset("tiny", remat=tier, vsn_chunk=3, platform=platform or None)
 
 

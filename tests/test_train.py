@@ -140,6 +140,7 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     (["--matmul-precision", "fastest"], "--matmul-precision must be one of default, high, "
                                         "highest, got 'fastest'"),
     (["--vsn-kernel", "cuda"], "--vsn-kernel must be xla or pallas, got 'cuda'"),
+    (["--lstm-kernel", "cudnn"], "--lstm-kernel must be xla or pallas, got 'cudnn'"),
     (["--epochs", "0"], "epochs must be >= 1, got 0"),
     (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),
     (["--hidden-size", "0"], "hidden size must be >= 1, got 0"),

@@ -111,6 +111,11 @@ class TFTConfig:
     Pallas/Triton GPU kernels, forward and recomputing backward, in every tier: nothing
     [m, N, ·] reaches HBM, tftjax.models.pallas_vsn). pallas is for NVIDIA GPUs (and
     --target); on CPU it runs in Pallas' interpreter, for tests only."""
+    lstm_kernel: str = "xla"
+    """How the float LSTMs' recurrences run: xla (lax.scans, about seven kernel launches per
+    step each way on a GPU), or pallas (one persistent Pallas/Triton kernel each way,
+    tftjax.models.pallas_lstm). pallas is for NVIDIA GPUs (and --target); on CPU it runs in
+    Pallas' interpreter, for tests only."""
     platform: tyro.conf.Suppress[str | None] = None
     """The backend the remat plan is for (tftjax.remat.plan): None, the one running; set
     when compiling for another (python -m tftjax.memory --target)."""
@@ -150,7 +155,7 @@ class TFTConfig:
     # Execution settings: they change memory and speed, not the parameters or (beyond
     # float round-off) the results, so a resumed run may change them.
     EXECUTION_FIELDS = ("remat", "vsn_chunk", "precision", "matmul_precision", "platform",
-                        "vsn_kernel")
+                        "vsn_kernel", "lstm_kernel")
     # Settings that change neither the parameters' shapes nor their initial values (how the
     # network runs, what it is fed): models that differ only in these share one init.
     INIT_NEUTRAL_FIELDS = EXECUTION_FIELDS + (
@@ -202,6 +207,8 @@ class TFTConfig:
                 self.precision in PRECISIONS,
             f"--vsn-kernel must be xla or pallas, got {self.vsn_kernel!r}":
                 self.vsn_kernel in ("xla", "pallas"),
+            f"--lstm-kernel must be xla or pallas, got {self.lstm_kernel!r}":
+                self.lstm_kernel in ("xla", "pallas"),
             f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)}, got "
             f"{self.matmul_precision!r}": self.matmul_precision in MATMUL_PRECISIONS,
             "--precision bf16 and --qat do not go together (QAT's observers and fake-quant "

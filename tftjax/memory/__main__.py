@@ -45,6 +45,10 @@ def run(argv: list[str] | None = None) -> int:
                     help="the float VSNs' per-variable GRNs: xla (each tier's plan) or pallas "
                          "(the Pallas/Triton GPU kernels, tftjax.models.pallas_vsn; for a GPU "
                          "or --target)")
+    ap.add_argument("--lstm-kernel", default="xla",
+                    help="the float LSTMs' recurrences: xla (scans) or pallas (one persistent "
+                         "Pallas/Triton kernel each way, tftjax.models.pallas_lstm; for a GPU "
+                         "or --target)")
     ap.add_argument("--target", default=None,
                     help="compile for this GPU on this machine, no GPU needed (h100, h200, "
                          "a100, rtx4090, a4000; the cuda12 extra): compiled bytes, batch plan "
@@ -69,7 +73,8 @@ def run(argv: list[str] | None = None) -> int:
             cfg = TFTConfig.from_json(json.loads(args.point_config.read_text()))
         else:
             cfg = preset(args.preset, precision=args.precision,
-                         matmul_precision=args.matmul_precision, vsn_kernel=args.vsn_kernel)
+                         matmul_precision=args.matmul_precision, vsn_kernel=args.vsn_kernel,
+                         lstm_kernel=args.lstm_kernel)
         tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
         for t in tiers:
             remat.plan(t)

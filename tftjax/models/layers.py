@@ -203,6 +203,9 @@ class LSTM(nn.Module):
     quant: QuantSpec | None = None
     forget_bias: float = 0.0
     """Initial forget-gate bias (gates are laid out i, f, g, o)."""
+    pallas: bool | None = None
+    """Float: both recurrences as persistent Pallas kernels (tftjax.models.pallas_lstm),
+    True in Pallas' interpreter, False compiled (GPU); None: ``lax.scan``s."""
 
     @nn.compact
     def __call__(self, carry: tuple[Array, Array], xs: Array) -> tuple[tuple[Array, Array], Array]:
@@ -220,7 +223,7 @@ class LSTM(nn.Module):
             # step on a GPU); with remat it keeps only the cell states and outputs
             c0, h0 = carry[0].astype(jnp.float32), carry[1].astype(xs.dtype)
             carry, hs = lstm_recurrence(jnp.swapaxes(xs, 0, 1), w_i, b.astype(xs.dtype), w_h,
-                                        c0, h0, self.remat)
+                                        c0, h0, self.remat, self.pallas)
             return carry, jnp.swapaxes(hs, 0, 1)  # [B, T, d]
         xp = jnp.swapaxes(dense(self, "w_i", xs, w_i, self.quant), 0, 1) + b  # [T, B, 4d]
 

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from tftjax.models import pallas_lstm
+
 Array = jax.Array
 F32 = jnp.float32
 
@@ -42,9 +44,19 @@ def _scan(xp: Array, w_h: Array, c0: Array, h0: Array):
     return (c, h), hs, gates, cs
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _recur(xp: Array, w_h: Array, c0: Array, h0: Array, pallas: bool | None):
+    """The forward recurrence: a ``lax.scan`` (``pallas`` None) or one Pallas kernel
+    (``tftjax.models.pallas_lstm``; True: interpreted, False: compiled for a GPU)."""
+    if pallas is None:
+        return _scan(xp, w_h, c0, h0)
+    gates, cs, hs = pallas_lstm.forward(xp, w_h.astype(xp.dtype), c0, h0, interpret=pallas)
+    return (cs[-1], hs[-1]), hs, gates, cs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def lstm_recurrence(xs: Array, w_i: Array, b: Array, w_h: Array, c0: Array, h0: Array,
-                    recompute: bool = False) -> tuple[tuple[Array, Array], Array]:
+                    recompute: bool = False, pallas: bool | None = None
+                    ) -> tuple[tuple[Array, Array], Array]:
     """``((c_T, h_T), h_{1..T})`` of the LSTM over ``xs`` ``[T, B, F]`` (time-major, the
     compute dtype), with input kernel ``w_i`` ``[F, 4d]`` and bias ``b`` ``[4d]``, recurrent
     kernel ``w_h`` ``[d, 4d]`` (any float dtype: cast to the compute dtype inside the step),
@@ -52,8 +64,11 @@ def lstm_recurrence(xs: Array, w_i: Array, b: Array, w_h: Array, c0: Array, h0: 
 
     ``recompute`` (the remat tiers): the backward pass recomputes the input projection and
     the gates from ``xs`` and the saved outputs, so the step keeps only the cell states and
-    outputs (``xs`` is the VSN's output, kept anyway); else it keeps the gates too."""
-    carry, hs, _, _ = _scan(_project(xs, w_i, b), w_h, c0, h0)
+    outputs (``xs`` is the VSN's output, kept anyway); else it keeps the gates too.
+
+    ``pallas`` (not None): both recurrences as persistent Pallas kernels
+    (``tftjax.models.pallas_lstm``), True in Pallas' interpreter, False compiled (GPU)."""
+    carry, hs, _, _ = _recur(_project(xs, w_i, b), w_h, c0, h0, pallas)
     return carry, hs
 
 
@@ -61,12 +76,12 @@ def _project(xs, w_i, b):
     return jnp.einsum("tbf,fg->tbg", xs, w_i) + b
 
 
-def _fwd(xs, w_i, b, w_h, c0, h0, recompute):
-    carry, hs, gates, cs = _scan(_project(xs, w_i, b), w_h, c0, h0)
+def _fwd(xs, w_i, b, w_h, c0, h0, recompute, pallas):
+    carry, hs, gates, cs = _recur(_project(xs, w_i, b), w_h, c0, h0, pallas)
     return (carry, hs), (xs, w_i, b, w_h, c0, h0, None if recompute else gates, cs, hs)
 
 
-def _bwd(recompute, res, ct):
+def _bwd(recompute, pallas, res, ct):
     xs, w_i, b, w_h, c0, h0, gates, cs, hs = res
     (dc_t, dh_t), dhs = ct
     dt = xs.dtype
@@ -91,8 +106,12 @@ def _bwd(recompute, res, ct):
                                   preferred_element_type=F32)
         return (dc * sf, dh_prev), dgates
 
-    (dc0, dh0), dgates = lax.scan(step, (dc_t.astype(F32), dh_t.astype(F32)),
-                                  (gates, cs, c_prev, dhs), reverse=True)
+    if pallas is None:
+        (dc0, dh0), dgates = lax.scan(step, (dc_t.astype(F32), dh_t.astype(F32)),
+                                      (gates, cs, c_prev, dhs), reverse=True)
+    else:
+        dgates, dc0, dh0 = pallas_lstm.backward(gates.astype(dt), cs, c0, dhs, dc_t, dh_t, wd,
+                                                interpret=pallas)
     dw_h = jnp.einsum("tbd,tbg->dg", h_prev, dgates, preferred_element_type=F32)
     dw_i = jnp.einsum("tbf,tbg->fg", xs, dgates, preferred_element_type=F32)
     dxs = jnp.einsum("tbg,fg->tbf", dgates, w_i)

@@ -138,9 +138,12 @@ class TFT(nn.Module):
         xi_dec, fut_w = vsn(cfg.num_known, "decoder_vsn")(known[:, te:], c_s[:, None, :], det)
 
         # 4. LSTM encoder seeded by the static context, decoder from its final state.
-        carry, h_enc = LSTM(d, plan.lstm, plan.policy, quant, cfg.lstm_forget_bias, name="lstm_encoder")(
+        lstm_k = None if cfg.lstm_kernel != "pallas" else not is_gpu(cfg.platform)
+        carry, h_enc = LSTM(d, plan.lstm, plan.policy, quant, cfg.lstm_forget_bias, lstm_k,
+                            name="lstm_encoder")(
             (c_c, c_h), xi_enc)
-        _, h_dec = LSTM(d, plan.lstm, plan.policy, quant, cfg.lstm_forget_bias, name="lstm_decoder")(carry, xi_dec)
+        _, h_dec = LSTM(d, plan.lstm, plan.policy, quant, cfg.lstm_forget_bias, lstm_k,
+                        name="lstm_decoder")(carry, xi_dec)
         phi = checkpoint_name(jnp.concatenate([h_enc, h_dec], axis=1), "lstm_out")  # [B, T, d]
         xi = jnp.concatenate([xi_enc, xi_dec], axis=1)
 
