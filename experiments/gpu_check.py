@@ -62,11 +62,13 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
     r = out / "rows"
     tests = (["tests/test_gpu.py"] if dry else
              ["tests/test_gpu.py", "tests/test_bf16_census.py", "tests/test_precision.py",
-              "tests/test_remat.py", "tests/test_fused.py", "tests/test_pallas_vsn.py"])
+              "tests/test_remat.py", "tests/test_fused.py", "tests/test_pallas_vsn.py",
+              "tests/test_recurrence.py"])
     plan = [("tests", "tests", 150, [PY, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p",
                                      "no:cacheprovider", *tests])]
-    # the Pallas VSN kernels (tftjax.models.pallas_vsn) right after the target's own row:
-    # the design's candidate for it (predicted, compile-only: 10 MB per sample against 94)
+    # the Pallas VSN and LSTM kernels (tftjax.models.pallas_vsn, pallas_lstm) right after the
+    # target's own row: the design's candidate for it (predicted from the compile-only census:
+    # 843 launches and 8.2 MB per sample against 1,752 and 93.7)
     points = [("bf16", "off", big, "xla"), ("bf16", "off", big, "pallas"),
               ("f32", "off", small, "xla"), ("f32", "off", big, "xla"),
               ("f32", "off", big, "pallas"), ("bf16", "off", small, "xla")]
@@ -76,6 +78,7 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
         plan.append(("throughput", name, 45, [
             PY, "experiments/throughput.py", "--preset", preset, "--batch-sizes", str(b),
             "--remat", tier, "--precision", prec, "--steps", steps, "--vsn-kernel", kernel,
+            "--lstm-kernel", kernel,
             "--out", str(r / f"{name}.json")]))
     for prec in ("f32", "bf16"):
         plan.append(("peer", f"peer_{prec}", 60, [

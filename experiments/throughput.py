@@ -29,8 +29,9 @@ from tftjax.provenance import write_result
 
 
 def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data,
-            precision: str = "f32", vsn_kernel: str = "xla") -> dict:
-    cfg = preset(preset_name, remat=remat, precision=precision, vsn_kernel=vsn_kernel)
+            precision: str = "f32", vsn_kernel: str = "xla", lstm_kernel: str = "xla") -> dict:
+    cfg = preset(preset_name, remat=remat, precision=precision, vsn_kernel=vsn_kernel,
+                 lstm_kernel=lstm_kernel)
     tc = TrainConfig(batch_size=batch)
     state = create_train_state(cfg, tc, jax.random.key(0))
     step = make_train_step(cfg)
@@ -44,6 +45,7 @@ def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data,
     times, state, m = timed_steps(compiled, state, data, batches, key)  # the first: warm-up
     med = statistics.median(times)
     return {"preset": preset_name, "remat": remat, "vsn_kernel": vsn_kernel,
+            "lstm_kernel": lstm_kernel,
             "batch_size": batch, "compile_s": compile_s,
             "step_s_median": med, "step_s_min": min(times), "step_s_max": max(times),
             "samples_per_s": batch / med, "temp_bytes": temp,
@@ -59,6 +61,8 @@ def main() -> None:
     ap.add_argument("--precision", default="f32", help="comma-separated: f32, bf16")
     ap.add_argument("--vsn-kernel", default="xla",
                     help="the VSNs: xla, or pallas (tftjax.models.pallas_vsn; a GPU)")
+    ap.add_argument("--lstm-kernel", default="xla",
+                    help="the LSTMs: xla, or pallas (tftjax.models.pallas_lstm; a GPU)")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/throughput.json"))
     args = ap.parse_args()
     cfg = preset(args.preset)
@@ -72,7 +76,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for prec, remat, b in [(p, r, int(b)) for p in args.precision.split(",")
                            for r in args.remat.split(",") for b in args.batch_sizes.split(",")]:
-        r = measure(args.preset, b, remat, args.steps, ds, data, prec, args.vsn_kernel)
+        r = measure(args.preset, b, remat, args.steps, ds, data, prec, args.vsn_kernel,
+                    args.lstm_kernel)
         r["precision"] = prec
         rows.append(r)
         print(f"| {prec} | {remat} | {b} | {r['compile_s']:.1f} s | {r['step_s_median']:.4f} s "
