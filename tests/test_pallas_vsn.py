@@ -107,3 +107,24 @@ def test_pallas_vsn_saves_only_its_inputs_and_states_its_flops():
     assert biggest <= m * n  # x or w, nothing of m·N·d
     # hand count: fc1 [4×4] and the GLU's halves [4×16] each, per variable and row, ×2
     assert pallas_vsn.matmul_flops(m, n, dv, d) == 2 * m * n * (16 + 2 * 64)
+
+
+def test_train_runs_with_both_pallas_kernels_and_says_they_are_interpreted(tmp_path, capsys):
+    # end to end through the CLI: one epoch of the tiny model with the VSNs and LSTMs as
+    # Pallas kernels (interpreted on CPU), a finite loss and a saved final checkpoint
+    import json
+
+    from conftest import call
+    from test_runloop import tiny_tft
+
+    from tftjax import train as train_cli
+
+    wd = tmp_path / "run"
+    assert call(train_cli.main, *tiny_tft("--epochs", "1", "--vsn-kernel", "pallas",
+                                          "--lstm-kernel", "pallas", "--workdir", wd)) == 0
+    out = capsys.readouterr().out
+    assert "--vsn-kernel pallas and --lstm-kernel pallas run(s) in Pallas' interpreter" in out
+    rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss"] for r in rows if "train_loss" in r]
+    assert losses and all(np.isfinite(x) for x in losses)
+    assert (wd / "checkpoints" / "tft_final_epoch1").is_dir()

@@ -135,6 +135,13 @@ class TFTTask:
 
     def describe(self, state) -> str:
         ds, note = self.ds, remat_plan(self.cfg.remat).note
+        pallas = [f"--{f.replace('_', '-')} pallas" for f in ("vsn_kernel", "lstm_kernel")
+                  if getattr(self.cfg, f) == "pallas"]
+        if pallas and jax.default_backend() not in ("gpu", "cuda", "rocm"):
+            note = (note + "\n" if note else "") + (
+                f"note: {' and '.join(pallas)} run(s) in Pallas' interpreter on "
+                f"{jax.default_backend()}: the same numbers, many times slower (the kernels "
+                "are for NVIDIA GPUs)")
         n = sum(x.size for x in jax.tree.leaves(state.params))
         warn = "".join(f"warning: {w}\n" for w in ds.warnings)
         clocks = {}  # each series' own clock (one line when they agree)
