@@ -13,7 +13,7 @@ T, B, D, F = 7, 5, 6, 3
 ARGS = ("xs", "w_i", "b", "w_h", "c0", "h0")
 
 
-def inputs(dtype):
+def inputs(dtype, B=B):
     ks = jax.random.split(jax.random.key(3), 6)
     xs = jax.random.normal(ks[0], (T, B, F)).astype(dtype)
     w_i = jax.random.normal(ks[4], (F, 4 * D)).astype(dtype)
@@ -24,7 +24,7 @@ def inputs(dtype):
     return xs, w_i, b, w_h, c0, h0
 
 
-def loss(fn):
+def loss(fn, B=B):
     # every output is used: the final carry and each step's h, with distinct weights
     wt = jnp.arange(1.0, T * B * D + 1).reshape(T, B, D) / (T * B * D)
 
@@ -100,24 +100,24 @@ def test_the_kernel_gradient_is_one_float32_gemm(dtype):
     assert (D, 4 * D) not in carries
 
 
-@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("recompute,b", [(False, B), (True, B), (False, 37)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_the_pallas_kernels_equal_the_scans(dtype, recompute):
+def test_the_pallas_kernels_equal_the_scans(dtype, recompute, b):
     """Both recurrences as persistent Pallas kernels (tftjax.models.pallas_lstm; Pallas'
-    interpreter here, Triton on a GPU) against the scans, d = 6 padded to 8 units and B = 5
-    rows to a tile of 16. float32: the same operations but the gates' sum (x + h·W as one
+    interpreter here, Triton on a GPU) against the scans, d = 6 padded to 16 units and B = 5
+    rows to a tile of 16 (B = 37: three programs). float32: the same operations but the gates' sum (x + h·W as one
     float32 sum, not two), a few ulps as above. bfloat16: the kernel adds x and h·W in
     float32 before one rounding where the scan rounds h·W first, and takes the activations
     in float32: one bf16 rounding (u = 2⁻⁹) more or less per gate, through T = 7 steps of
     O(1) gains; 2⁻⁵ of each leaf's scale bounds it (measured: at most 2⁻⁷)."""
     from tftjax.remat import is_gpu
 
-    args = inputs(dtype)
+    args = inputs(dtype, b)
     tol = 1e-5 if dtype == jnp.float32 else 2 ** -5
     kernel = not is_gpu()  # interpreted here; compiled where the tests run on a GPU
     with jax.default_matmul_precision("highest"):
         outs = [lstm_recurrence(*args, recompute, p) for p in (kernel, None)]
-        g, g_ref = (jax.grad(loss(lambda *a, p=p: lstm_recurrence(*a, recompute, p)),
+        g, g_ref = (jax.grad(loss(lambda *a, p=p: lstm_recurrence(*a, recompute, p), b),
                              argnums=ALL)(*args) for p in (kernel, None))
     for a, b in zip(*(jax.tree.leaves(o) for o in outs)):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)

@@ -17,9 +17,9 @@ launches per step, compiled for the H100 target. Here each recurrence is one ker
   kernels' gradients stay one GEMM each over all steps after the kernel
   (``tftjax.models.recurrence``).
 
-Triton wants power-of-two sizes: ``d`` is padded with zero units (their gates are 0, so
-``g = tanh 0 = 0`` keeps their ``c`` and ``h`` exactly 0, and their gradients are 0) and the
-rows to whole tiles. On CPU the kernels run in Pallas' interpreter (the tests); compiled for
+Triton wants power-of-two sizes, and dots of at least 16 in every dimension: ``d`` is padded
+with zero units to such a size (their gates are 0, so ``g = tanh 0 = 0`` keeps their ``c``
+and ``h`` exactly 0, and their gradients are 0) and the rows to whole tiles of at least 16. On CPU the kernels run in Pallas' interpreter (the tests); compiled for
 a GPU target each is one ``__gpu$xla.gpu.triton`` call.
 """
 
@@ -40,7 +40,8 @@ BLOCK_ROWS = 16
 
 
 def _p2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
+    """The power of two ≥ ``n`` and ≥ 16 (Triton's smallest dot dimension)."""
+    return max(16, 1 << max(0, n - 1).bit_length())
 
 
 def _params(interpret: bool, num_warps: int = 4):

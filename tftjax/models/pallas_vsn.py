@@ -20,10 +20,12 @@ Matmul operands are in the parameters' dtype (bfloat16 under ``--precision bf16`
 cores) with float32 accumulation (``preferred_element_type``); everything elementwise
 (ELU, sigmoid, LayerNorm statistics, the accumulators) is float32.
 
-Triton wants power-of-two tensor sizes for its loads: the wrapper pads ``d_v`` and ``d``
-with zeros (the padded columns stay exactly 0 through the GRN, and LayerNorm's statistics
-are masked to the real ``d``) and the rows to whole tiles (padded rows carry ``w = 0`` and
-contribute nothing to any gradient). TFT-225 (``d_v`` 8, ``d`` 128) needs no padding.
+Triton wants power-of-two tensor sizes for its loads, and its dots want every dimension
+at least 16 (its own front end refuses smaller ``tl.dot``s; Pallas does not check): the
+wrapper pads ``d_v`` and ``d`` with zeros to a power of two of at least 16 (the padded
+columns stay exactly 0 through the GRN, and LayerNorm's statistics are masked to the real
+``d``) and the rows to whole tiles of at least 16 (padded rows carry ``w = 0`` and
+contribute nothing to any gradient). TFT-225 (``d_v`` 8, ``d`` 128) pads ``d_v`` to 16.
 
 On CPU the kernels run in Pallas' interpreter (``interpret=True``): that is how the tests
 check values and gradients against the reference VSN
@@ -54,8 +56,13 @@ TARGET_PROGRAMS = 264
 """The backward splits rows until m × splits reaches this (2 programs per H100 SM)."""
 
 
+MIN_DOT = 16
+"""Triton's smallest dot dimension: padded sizes are powers of two of at least this."""
+
+
 def _p2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
+    """The power of two ≥ ``n`` and ≥ :data:`MIN_DOT`."""
+    return max(MIN_DOT, 1 << max(0, n - 1).bit_length())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,14 +265,15 @@ def _pad(q: Folded, dv: int, d: int) -> Folded:
 
 def weighted_grn_sum(p: dict, x: Array, w: Array, keep: Array | None, rate: float, *,
                      block_rows: int = BLOCK_ROWS, interpret: bool | None = None,
-                     num_warps: int = 4) -> Array:
+                     num_warps: int = 4, target_programs: int = TARGET_PROGRAMS) -> Array:
     """``Σ_j w_j GRN_j(x_j)`` ``[N, d]`` float32 through the Pallas kernels.
 
     Same arguments as :func:`tftjax.models.fused.weighted_grn_sum`: stacked float
     parameters ``p`` (as in ``VariableSelection``; their dtype is the matmuls' operand
     dtype), inputs ``x`` and weights ``w`` ``[m, N]``, dropout keep-mask ``keep``
     ``[m, N, d_v]`` (bool) or None. ``interpret`` None: the interpreter unless the
-    default backend is a GPU.
+    default backend is a GPU. ``target_programs``: the backward pass splits rows until m ×
+    splits reaches it.
     """
     if interpret is None:
         interpret = jax.default_backend() not in ("gpu", "cuda", "rocm")
@@ -279,7 +287,7 @@ def weighted_grn_sum(p: dict, x: Array, w: Array, keep: Array | None, rate: floa
         q = _pad(q, dv_p, d_p)
     bn = min(_p2(block_rows), _p2(n))
     tiles = -(-n // bn)
-    splits = max(1, min(tiles, -(-TARGET_PROGRAMS // m)))
+    splits = max(1, min(tiles, -(-target_programs // m)))
     tiles = -(-tiles // splits) * splits
     n_p = tiles * bn
     rows = lambda a: jnp.pad(a, [(0, 0), (0, n_p - n)] + [(0, 0)] * (a.ndim - 2))  # noqa: E731

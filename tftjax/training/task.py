@@ -20,6 +20,7 @@ from tftjax.errors import TrainingDiverged
 from tftjax.models.tft import init_variables
 from tftjax.parallel import is_primary, make_parallel
 from tftjax.quant_tree import QUANT_FORMAT, layer_names, unmatched
+from tftjax.remat import is_gpu
 from tftjax.remat import plan as remat_plan
 from tftjax.training.evaluation import format_summary, summarize
 from tftjax.training.restore import OLD_QAT, Initial, quant_format, restore_without_observers
@@ -45,6 +46,12 @@ class TFTTask:
         f = ds.features
         self.par = (par if par is not None else make_parallel()).for_features(
             sum(a.nbytes for a in (f.historical, f.known, f.target, f.future)) + f.target.nbytes)
+        kernels = [f"--{f.replace('_', '-')} pallas" for f in ("vsn_kernel", "lstm_kernel")
+                   if getattr(cfg, f) == "pallas"]
+        if kernels and self.par.size > 1:
+            raise ConfigError(f"{' and '.join(kernels)} run(s) on one device: the Pallas "
+                              f"kernels are not sharded over a mesh, and this run has "
+                              f"{self.par.size} devices (give --devices 1)")
         if cfg.qat:
             shapes = jax.eval_shape(lambda k: init_variables(cfg, k), jax.random.key(0))
             if bad := unmatched(cfg.qat_layers, shapes["params"]):
@@ -137,7 +144,7 @@ class TFTTask:
         ds, note = self.ds, remat_plan(self.cfg.remat).note
         pallas = [f"--{f.replace('_', '-')} pallas" for f in ("vsn_kernel", "lstm_kernel")
                   if getattr(self.cfg, f) == "pallas"]
-        if pallas and jax.default_backend() not in ("gpu", "cuda", "rocm"):
+        if pallas and not is_gpu():
             note = (note + "\n" if note else "") + (
                 f"note: {' and '.join(pallas)} run(s) in Pallas' interpreter on "
                 f"{jax.default_backend()}: the same numbers, many times slower (the kernels "
