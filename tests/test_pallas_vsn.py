@@ -130,3 +130,42 @@ def test_train_runs_with_both_pallas_kernels_and_says_they_are_interpreted(tmp_p
     losses = [r["train_loss"] for r in rows if "train_loss" in r]
     assert losses and all(np.isfinite(x) for x in losses)
     assert (wd / "checkpoints" / "tft_final_epoch1").is_dir()
+
+
+@pytest.mark.skipif(jax.default_backend() not in ("gpu", "cuda", "rocm"),
+                    reason="needs a GPU (the compiled Triton kernels at TFT-225's widths)")
+def test_the_compiled_kernels_at_tft225_widths_on_a_gpu():
+    # What the interpreter cannot show: Triton's code for these shapes (gpu_check runs it).
+    # float32 at the highest precision: sums over up to 2,048 rows, relative error
+    # ≲ n·2⁻²⁴ ≈ 1.2e-4 of a leaf's scale, ×4 for the layers it passes. (bf16 is checked at
+    # small widths above: over thousands of rows its rounding errors no longer stay within a
+    # bound argued per leaf, since some leaves are sums that cancel.)
+    dtype, tol = jnp.float32, 5e-4
+    from tftjax.models.recurrence import _project, _scan, lstm_recurrence
+
+    p, x, w, keep, r = _case(33, 2048, 8, 128, 0.1, dtype, seed=2)
+    (v, g), (v_ref, g_ref) = _both(p, x, w, keep, r, 0.1, pallas_vsn.BLOCK_ROWS)
+    assert abs(float(v) - float(v_ref)) <= tol * abs(float(v_ref))
+    for name, err in leaf_errors(g, g_ref):
+        assert err <= tol, (name, err)
+    ks = jax.random.split(jax.random.key(5), 4)
+    t, b, f, d = 60, 256, 128, 128
+    args = (jax.random.normal(ks[0], (t, b, f)).astype(dtype),
+            (jax.random.normal(ks[1], (f, 4 * d)) / f ** 0.5).astype(dtype),
+            jnp.zeros((4 * d,), dtype), jax.random.normal(ks[2], (d, 4 * d)) / d ** 0.5,
+            jnp.zeros((b, d)), jnp.zeros((b, d), dtype))
+
+    def lstm_loss(pallas):
+        def f(*a):
+            (c, h), hs = lstm_recurrence(*a, False, pallas)
+            return jnp.sum(c) + jnp.sum(jnp.sin(hs.astype(jnp.float32)))
+        return f
+
+    def ref(*a):
+        (c, h), hs, _, _ = _scan(_project(*a[:3]), *a[3:])
+        return jnp.sum(c) + jnp.sum(jnp.sin(hs.astype(jnp.float32)))
+
+    ga = jax.jit(jax.grad(lstm_loss(False), argnums=tuple(range(6))))(*args)
+    gb = jax.jit(jax.grad(ref, argnums=tuple(range(6))))(*args)
+    for name, err in leaf_errors(ga, gb):
+        assert err <= tol, (name, err)
