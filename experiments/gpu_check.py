@@ -64,7 +64,7 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
              ["tests/test_gpu.py", "tests/test_bf16_census.py", "tests/test_precision.py",
               "tests/test_remat.py", "tests/test_fused.py", "tests/test_pallas_vsn.py",
               "tests/test_recurrence.py"])
-    plan = [("tests", "tests", 150, [PY, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p",
+    plan = [("tests", "tests", 200, [PY, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p",
                                      "no:cacheprovider", *tests])]
     # the Pallas VSN and LSTM kernels (tftjax.models.pallas_vsn, pallas_lstm) right after the
     # target's own row: the design's candidate for it (predicted from the compile-only census:
