@@ -68,7 +68,7 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
                                      "no:cacheprovider", *tests])]
     # the Pallas VSN and LSTM kernels (tftjax.models.pallas_vsn, pallas_lstm) right after the
     # target's own row: the design's candidate for it (predicted from the compile-only census:
-    # 843 launches and 8.2 MB per sample against 1,752 and 93.7)
+    # 849 launches and 8.5 MB per sample against 1,752 and 93.7)
     points = [("bf16", "off", big, "xla"), ("bf16", "off", big, "pallas"),
               ("f32", "off", small, "xla"), ("f32", "off", big, "xla"),
               ("f32", "off", big, "pallas"), ("bf16", "off", small, "xla")]
