@@ -32,23 +32,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from tftjax.models.pallas_vsn import dot_size, triton_params
+
 Array = jax.Array
 F32 = jnp.float32
 BLOCK_ROWS = 16
 """Batch rows per program: Triton's smallest dot tile (M ≥ 16); TFT-225 at batch 256 runs
 16 programs, each holding ``c``, ``h`` and four gate blocks of [16, 128] in registers."""
-
-
-def _p2(n: int) -> int:
-    """The power of two ≥ ``n`` and ≥ 16 (Triton's smallest dot dimension)."""
-    return max(16, 1 << max(0, n - 1).bit_length())
-
-
-def _params(interpret: bool, num_warps: int = 4):
-    if interpret:
-        return None
-    from jax.experimental.pallas import triton as plt
-    return plt.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
 def _dot(a, b, ca, cb):
@@ -121,8 +111,8 @@ def _unpad_gates(a: Array, d: int, dp: int) -> Array:
 
 
 def _shape(b: int, d: int, block_rows: int):
-    bn = min(_p2(block_rows), _p2(b))
-    return bn, -(-b // bn) * bn, _p2(d)
+    bn = min(dot_size(block_rows), dot_size(b))
+    return bn, -(-b // bn) * bn, dot_size(d)
 
 
 def forward(xp: Array, w_h: Array, c0: Array, h0: Array, *, interpret: bool,
@@ -143,7 +133,7 @@ def forward(xp: Array, w_h: Array, c0: Array, h0: Array, *, interpret: bool,
                    jax.ShapeDtypeStruct((steps, bp, dp), F32),
                    jax.ShapeDtypeStruct((steps, bp, dp), cd)),
         grid=(bp // bn,), in_specs=[pl.no_block_spec] * 4, out_specs=[pl.no_block_spec] * 3,
-        interpret=interpret, compiler_params=_params(interpret), name="lstm_fwd",
+        interpret=interpret, compiler_params=triton_params(interpret), name="lstm_fwd",
         metadata={"matmul_flops": str(2 * steps * bp * dp * 4 * dp)},
     )(xp_p, wh_p, rows(c0.astype(F32)), rows(h0.astype(cd)))
     return (_unpad_gates(gates[:, :b], d, dp), cs[:, :b, :d], hs[:, :b, :d])
@@ -167,7 +157,7 @@ def backward(gates: Array, cs: Array, c0: Array, dhs: Array, dc: Array, dh: Arra
         out_shape=(jax.ShapeDtypeStruct((steps, bp, 4 * dp), cd),
                    jax.ShapeDtypeStruct((bp, dp), F32), jax.ShapeDtypeStruct((bp, dp), F32)),
         grid=(bp // bn,), in_specs=[pl.no_block_spec] * 7, out_specs=[pl.no_block_spec] * 3,
-        interpret=interpret, compiler_params=_params(interpret), name="lstm_bwd",
+        interpret=interpret, compiler_params=triton_params(interpret), name="lstm_bwd",
         metadata={"matmul_flops": str(2 * steps * bp * dp * 4 * dp)},
     )(g_p, seq(cs.astype(F32)), rows(c0), seq(dhs), rows(dc), rows(dh), wh_p)
     return _unpad_gates(dg[:, :b], d, dp), dc0[:b, :d], dh0[:b, :d]

@@ -60,8 +60,8 @@ MIN_DOT = 16
 """Triton's smallest dot dimension: padded sizes are powers of two of at least this."""
 
 
-def _p2(n: int) -> int:
-    """The power of two ≥ ``n`` and ≥ :data:`MIN_DOT`."""
+def dot_size(n: int) -> int:
+    """The power of two ≥ ``n`` and ≥ :data:`MIN_DOT`: a size Triton's loads and dots take."""
     return max(MIN_DOT, 1 << max(0, n - 1).bit_length())
 
 
@@ -78,11 +78,16 @@ class _Static:
     num_warps: int
 
 
-def _compiler_params(st: _Static):
-    if st.interpret:
+def triton_params(interpret: bool, num_warps: int = 4):
+    """Triton's compiler parameters (None in the interpreter)."""
+    if interpret:
         return None
     from jax.experimental.pallas import triton as plt
-    return plt.CompilerParams(num_warps=st.num_warps, num_stages=1)
+    return plt.CompilerParams(num_warps=num_warps, num_stages=1)
+
+
+def _compiler_params(st: _Static):
+    return triton_params(st.interpret, st.num_warps)
 
 
 def _dot(a: Array, b: Array, ca: int, cb: int, cd) -> Array:
@@ -282,10 +287,10 @@ def weighted_grn_sum(p: dict, x: Array, w: Array, keep: Array | None, rate: floa
     q = Folded(*(a.astype(cd) if a.ndim == 3 else a for a in q))  # matmul kernels in cd
     m, n = x.shape
     dv, d = q.fk.shape[-1], q.sk.shape[-1]
-    dv_p, d_p = _p2(dv), _p2(d)
+    dv_p, d_p = dot_size(dv), dot_size(d)
     if (dv_p, d_p) != (dv, d):
         q = _pad(q, dv_p, d_p)
-    bn = min(_p2(block_rows), _p2(n))
+    bn = min(dot_size(block_rows), dot_size(n))
     tiles = -(-n // bn)
     splits = max(1, min(tiles, -(-target_programs // m)))
     tiles = -(-tiles // splits) * splits
