@@ -78,7 +78,7 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
         plan.append(("throughput", name, 45, [
             PY, "experiments/throughput.py", "--preset", preset, "--batch-sizes", str(b),
             "--remat", tier, "--precision", prec, "--steps", steps, "--vsn-kernel", kernel,
-            "--lstm-kernel", kernel,
+            "--lstm-kernel", kernel, "--optimizer-kernel", kernel,
             "--out", str(r / f"{name}.json")]))
     for prec in ("f32", "bf16"):
         plan.append(("peer", f"peer_{prec}", 60, [

@@ -116,6 +116,12 @@ class TFTConfig:
     step each way on a GPU), or pallas (one persistent Pallas/Triton kernel each way,
     tftjax.models.pallas_lstm). pallas is for NVIDIA GPUs (and --target); on CPU it runs in
     Pallas' interpreter, for tests only."""
+    optimizer_kernel: str = "xla"
+    """How the optimizer step (global-norm clip, AdamW, the update) runs: xla (optax: one
+    reduction and one update kernel per parameter leaf on a GPU), or pallas (one norm kernel
+    and one update kernel per 48 leaves, tftjax.training.pallas_adamw; the same arithmetic and
+    optimizer state). pallas is for NVIDIA GPUs (and --target); on CPU it runs in Pallas'
+    interpreter, for tests only."""
     platform: tyro.conf.Suppress[str | None] = None
     """The backend the remat plan is for (tftjax.remat.plan): None, the one running; set
     when compiling for another (python -m tftjax.memory --target)."""
@@ -154,8 +160,17 @@ class TFTConfig:
 
     # Execution settings: they change memory and speed, not the parameters or (beyond
     # float round-off) the results, so a resumed run may change them.
+    KERNEL_FIELDS = ("vsn_kernel", "lstm_kernel", "optimizer_kernel")
+    """The settings that choose a Pallas kernel (xla or pallas)."""
+
+    def pallas_flags(self) -> str:
+        """The Pallas kernels chosen, as their flags ("--vsn-kernel pallas and …"; "" none)."""
+        on = [f"--{f.replace('_', '-')} pallas" for f in self.KERNEL_FIELDS
+              if getattr(self, f) == "pallas"]
+        return " and ".join(on) if len(on) < 3 else ", ".join(on[:-1]) + " and " + on[-1]
+
     EXECUTION_FIELDS = ("remat", "vsn_chunk", "precision", "matmul_precision", "platform",
-                        "vsn_kernel", "lstm_kernel")
+                        *KERNEL_FIELDS)
     # Settings that change neither the parameters' shapes nor their initial values (how the
     # network runs, what it is fed): models that differ only in these share one init.
     INIT_NEUTRAL_FIELDS = EXECUTION_FIELDS + (
@@ -209,6 +224,8 @@ class TFTConfig:
                 self.vsn_kernel in ("xla", "pallas"),
             f"--lstm-kernel must be xla or pallas, got {self.lstm_kernel!r}":
                 self.lstm_kernel in ("xla", "pallas"),
+            f"--optimizer-kernel must be xla or pallas, got {self.optimizer_kernel!r}":
+                self.optimizer_kernel in ("xla", "pallas"),
             f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)}, got "
             f"{self.matmul_precision!r}": self.matmul_precision in MATMUL_PRECISIONS,
             "--precision bf16 and --qat do not go together (QAT's observers and fake-quant "

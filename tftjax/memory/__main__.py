@@ -49,6 +49,10 @@ def run(argv: list[str] | None = None) -> int:
                     help="the float LSTMs' recurrences: xla (scans) or pallas (one persistent "
                          "Pallas/Triton kernel each way, tftjax.models.pallas_lstm; for a GPU "
                          "or --target)")
+    ap.add_argument("--optimizer-kernel", default="xla",
+                    help="the optimizer step: xla (optax) or pallas (a norm kernel and an "
+                         "update kernel per 48 leaves, tftjax.training.pallas_adamw; for a "
+                         "GPU or --target)")
     ap.add_argument("--target", default=None,
                     help="compile for this GPU on this machine, no GPU needed (h100, h200, "
                          "a100, rtx4090, a4000; the cuda12 extra): compiled bytes, batch plan "
@@ -74,7 +78,8 @@ def run(argv: list[str] | None = None) -> int:
         else:
             cfg = preset(args.preset, precision=args.precision,
                          matmul_precision=args.matmul_precision, vsn_kernel=args.vsn_kernel,
-                         lstm_kernel=args.lstm_kernel)
+                         lstm_kernel=args.lstm_kernel,
+                         optimizer_kernel=args.optimizer_kernel)
         tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
         for t in tiers:
             remat.plan(t)

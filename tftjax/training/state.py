@@ -19,6 +19,7 @@ from flax.training import train_state
 
 from tftjax.config import TFTConfig, TrainConfig
 from tftjax.models.tft import apply_fn, init_variables
+from tftjax.training import pallas_adamw
 
 Array = jax.Array
 
@@ -80,8 +81,11 @@ def _optimizer(lr: float, weight_decay: float, clip: float, schedule: str = "con
                ) -> optax.GradientTransformation:
     rate = _schedule(lr, schedule, warmup, total)
     mask = None if decay_all else decay_mask
-    return optax.chain(optax.clip_by_global_norm(clip),
-                       optax.adamw(rate, weight_decay=weight_decay, mask=mask))
+    tx = optax.chain(optax.clip_by_global_norm(clip),
+                     optax.adamw(rate, weight_decay=weight_decay, mask=mask))
+    # what --optimizer-kernel pallas needs to run the same optimizer as two Pallas kernels
+    pallas_adamw.register(tx, pallas_adamw.AdamW(rate, weight_decay, clip, decay_all))
+    return tx
 
 
 def member_keys(key: Array, n: int) -> Array:

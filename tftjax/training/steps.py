@@ -21,6 +21,8 @@ from tftjax import quant as qt
 from tftjax.config import TFTConfig
 from tftjax.data import DeviceData, gather
 from tftjax.models.tft import apply_fn, quant_spec
+from tftjax.remat import is_gpu
+from tftjax.training import pallas_adamw
 from tftjax.training.state import TrainState, member_keys
 
 Array = jax.Array
@@ -149,6 +151,9 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
     quantiles = np.asarray(cfg.quantiles, np.float32)
     take = _gather_fn(cfg, par)
     spec = quant_spec(cfg)
+    # --optimizer-kernel pallas: compiled for a GPU (running on one or targeting one), run
+    # in Pallas' interpreter elsewhere; None: optax
+    pallas_opt = None if cfg.optimizer_kernel != "pallas" else not is_gpu(cfg.platform)
 
     def grads_of(params, stats, apply_fn, data, idx, fill, dropout_key, denom):
         # a padded row (-1: the last batch of an epoch) is masked out of the loss and gathered
@@ -186,11 +191,19 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
         # every observer moves once, by the whole batch's range, whatever the micro-batches
         stats = (qt.update_observers(state.quant_stats, ranges, spec) if spec is not None
                  else state.quant_stats)
-        new_state = state.apply_gradients(grads=grads, quant_stats=stats)
+        if pallas_opt is None:
+            new_state = state.apply_gradients(grads=grads, quant_stats=stats)
+            grad_norm = optax.global_norm(grads)
+        else:  # --optimizer-kernel pallas: the same optimizer step in two Pallas kernels
+            params, opt_state, grad_norm = pallas_adamw.step(
+                pallas_adamw.hyper(state.tx), state.params, grads, state.opt_state,
+                interpret=pallas_opt)
+            new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                                      quant_stats=stats)
         if ema > 0:  # --ema: the average moves after the optimizer step
             new_state = new_state.replace(ema_params=jax.tree.map(
                 lambda e, p: ema * e + (1.0 - ema) * p, state.ema_params, new_state.params))
-        return new_state, {"loss": loss, "grad_norm": optax.global_norm(grads),
+        return new_state, {"loss": loss, "grad_norm": grad_norm,
                            "count": mask.sum()}
 
     return step

@@ -46,10 +46,9 @@ class TFTTask:
         f = ds.features
         self.par = (par if par is not None else make_parallel()).for_features(
             sum(a.nbytes for a in (f.historical, f.known, f.target, f.future)) + f.target.nbytes)
-        kernels = [f"--{f.replace('_', '-')} pallas" for f in ("vsn_kernel", "lstm_kernel")
-                   if getattr(cfg, f) == "pallas"]
+        kernels = cfg.pallas_flags()
         if kernels and self.par.size > 1:
-            raise ConfigError(f"{' and '.join(kernels)} run(s) on one device: the Pallas "
+            raise ConfigError(f"{kernels} run(s) on one device: the Pallas "
                               f"kernels are not sharded over a mesh, and this run has "
                               f"{self.par.size} devices (give --devices 1)")
         if cfg.qat:
@@ -142,11 +141,10 @@ class TFTTask:
 
     def describe(self, state) -> str:
         ds, note = self.ds, remat_plan(self.cfg.remat).note
-        pallas = [f"--{f.replace('_', '-')} pallas" for f in ("vsn_kernel", "lstm_kernel")
-                  if getattr(self.cfg, f) == "pallas"]
+        pallas = self.cfg.pallas_flags()
         if pallas and not is_gpu():
             note = (note + "\n" if note else "") + (
-                f"note: {' and '.join(pallas)} run(s) in Pallas' interpreter on "
+                f"note: {pallas} run(s) in Pallas' interpreter on "
                 f"{jax.default_backend()}: the same numbers, many times slower (the kernels "
                 "are for NVIDIA GPUs)")
         n = sum(x.size for x in jax.tree.leaves(state.params))
