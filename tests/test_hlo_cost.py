@@ -219,3 +219,36 @@ def test_the_pallas_lstm_is_one_triton_kernel_each_way_on_the_h100():
     c = Program(text).census()
     # no per-step loop is left, and the whole gradient is a few dozen launches, not 7 × 2T
     assert c.loops == [] and c.kernels < 40, (c.kernels, c.loops)
+
+
+@pytest.mark.slow  # a GPU compile of the optimizer alone: a few seconds
+@pytest.mark.skipif(not targets.available(),
+                    reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
+def test_the_pallas_optimizer_is_a_few_triton_kernels_on_the_h100():
+    from tftjax.config import TrainConfig, preset
+    from tftjax.training import pallas_adamw
+    from tftjax.training.state import abstract_train_state
+
+    # the tiny TFT's whole state: 144 leaves, AdamW with its decay mask and a schedule
+    tc = TrainConfig(decay_all=False, lr_schedule="cosine", warmup_steps=2)
+    state = abstract_train_state(preset("tiny"), tc, total_steps=10)
+    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    on = lambda t: jax.tree.map(  # noqa: E731
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), t)
+    h = pallas_adamw.hyper(state.tx)
+    n = len(jax.tree.leaves(state.params))
+
+    def step(p, g, o):
+        return pallas_adamw.step(h, p, g, o, interpret=False)
+
+    compiled = jax.jit(step, donate_argnums=(0, 2)).lower(
+        on(state.params), on(state.params), on(state.opt_state)).compile()
+    text = compiled.as_text()
+    calls = [ln for ln in text.splitlines() if "custom_call_target=\"__gpu$xla.gpu.triton\"" in ln]
+    names = sorted(c.split('name = "')[1].split('"')[0] for c in calls)
+    groups = -(-n // pallas_adamw.GROUP)
+    assert names == ["adamw_grad_norm"] + ["adamw_update"] * groups, names
+    # optax's chain is one reduction and one update fusion per leaf (2 x 144 launches); here
+    # the kernels, the partial sums' reduction and the scalars' fusions: no per-leaf copies
+    # (the updates are in place in the donated buffers)
+    assert Program(text).census().kernels <= len(calls) + 6
