@@ -225,30 +225,31 @@ def test_the_pallas_lstm_is_one_triton_kernel_each_way_on_the_h100():
 @pytest.mark.skipif(not targets.available(),
                     reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
 def test_the_pallas_optimizer_is_a_few_triton_kernels_on_the_h100():
-    from tftjax.config import TrainConfig, preset
+    from tftjax.config import TrainConfig
     from tftjax.training import pallas_adamw
-    from tftjax.training.state import abstract_train_state
+    from tftjax.training.state import make_optimizer
 
-    # the tiny TFT's whole state: 144 leaves, AdamW with its decay mask and a schedule
-    tc = TrainConfig(decay_all=False, lr_schedule="cosine", warmup_steps=2)
-    state = abstract_train_state(preset("tiny"), tc, total_steps=10)
+    # 60 leaves in two update kernels, named as the TFT's (decayed and spared), of one element
+    # to several blocks; AdamW with its decay mask and a schedule
+    tx = make_optimizer(TrainConfig(decay_all=False, lr_schedule="cosine", warmup_steps=2), 10)
     s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
-    on = lambda t: jax.tree.map(  # noqa: E731
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), t)
-    h = pallas_adamw.hyper(state.tx)
-    n = len(jax.tree.leaves(state.params))
+    shapes = [(128, 128), (128,), (7,), (220, 8, 32)] * 15
+    names = ["kernel", "bias", "ln_scale", "glu_k"] * 15
+    params = {f"layer{i}": {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=s)}
+              for i, (k, v) in enumerate(zip(names, shapes))}
+    state = jax.eval_shape(tx.init, params)
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state)
+    h = pallas_adamw.hyper(tx)
 
     def step(p, g, o):
         return pallas_adamw.step(h, p, g, o, interpret=False)
 
-    compiled = jax.jit(step, donate_argnums=(0, 2)).lower(
-        on(state.params), on(state.params), on(state.opt_state)).compile()
+    compiled = jax.jit(step, donate_argnums=(0, 2)).lower(params, params, state).compile()
     text = compiled.as_text()
     calls = [ln for ln in text.splitlines() if "custom_call_target=\"__gpu$xla.gpu.triton\"" in ln]
     names = sorted(c.split('name = "')[1].split('"')[0] for c in calls)
-    groups = -(-n // pallas_adamw.GROUP)
-    assert names == ["adamw_grad_norm"] + ["adamw_update"] * groups, names
-    # optax's chain is one reduction and one update fusion per leaf (2 x 144 launches); here
+    assert names == ["adamw_grad_norm"] + ["adamw_update"] * 2, names
+    # optax's chain is one reduction and one update fusion per leaf (2 x 60 launches); here
     # the kernels, the partial sums' reduction and the scalars' fusions: no per-leaf copies
     # (the updates are in place in the donated buffers)
     assert Program(text).census().kernels <= len(calls) + 6

@@ -24,6 +24,9 @@ from tftjax.training.state import decay_mask, make_optimizer
 # adds ≤ ½ ulp (6e-8) over about ten steps. 1e-5 of the value (plus 1e-6 of the leaf's
 # scale for values that pass near 0) is ≥ 3x the sum of these.
 RTOL, ATOL = 1e-5, 1e-6
+# compiled Triton kernels on a GPU (experiments/gpu_check.py runs this file there), the
+# interpreter elsewhere
+INTERPRET = jax.default_backend() not in ("gpu", "cuda", "rocm")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +80,7 @@ def test_three_steps_match_optax_with_clipping_on_and_off(params, tc):
     if not tc.decay_all:  # the mask decays some leaves and spares others
         assert len(set(jax.tree.leaves(decay_mask(params)))) == 2
 
-    run = jax.jit(lambda p, g, s: pallas_adamw.step(h, p, g, s, interpret=True))
+    run = jax.jit(lambda p, g, s: pallas_adamw.step(h, p, g, s, interpret=INTERPRET))
 
     @jax.jit
     def reference(p, g, s):
@@ -113,4 +116,4 @@ def test_a_non_float32_leaf_is_refused(params):
     tx = make_optimizer(TrainConfig())
     p = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
     with pytest.raises(TypeError, match="float32"):
-        pallas_adamw.step(pallas_adamw.hyper(tx), p, p, tx.init(params), interpret=True)
+        pallas_adamw.step(pallas_adamw.hyper(tx), p, p, tx.init(params), interpret=INTERPRET)

@@ -52,6 +52,7 @@ this map names every module::
   runloop               the one host loop of every trainer: resume, early stop, NaN stop
   cli                   what every entry point shares: errors → exit codes, flags
   data.synthetic        ES-like synthetic bars (python -m tftjax.data.synthetic)
+  training.pallas_adamw --optimizer-kernel pallas: clip, AdamW and update as Pallas kernels
   training.state        the train state and optimizer
   training.steps        the jitted train and eval steps (accumulation, shardings)
   training.trainer      config + device data + compiled steps: train, evaluate, predict

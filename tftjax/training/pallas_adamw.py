@@ -57,8 +57,9 @@ class AdamW:
     """The learning rate, or its schedule of the optimizer step (optax's)."""
     weight_decay: float
     clip: float
-    decay_all: bool
-    """True: decay every leaf; False: only :func:`~tftjax.training.state.decay_mask`'s."""
+    mask: Callable | None
+    """None: decay every leaf; else optax's mask of which leaves to decay
+    (:func:`~tftjax.training.state.decay_mask`)."""
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
@@ -143,10 +144,9 @@ def _update_kernel(*refs, leaves: tuple[_Leaf, ...], h: AdamW):
 
 
 def _decays(h: AdamW, params) -> list[bool]:
-    if h.decay_all:
+    if h.mask is None:
         return [True] * len(jax.tree.leaves(params))
-    from tftjax.training.state import decay_mask
-    return [bool(b) for b in jax.tree.leaves(decay_mask(params))]
+    return [bool(b) for b in jax.tree.leaves(h.mask(params))]
 
 
 def global_norm(grads, *, interpret: bool) -> Array:

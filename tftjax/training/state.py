@@ -84,7 +84,7 @@ def _optimizer(lr: float, weight_decay: float, clip: float, schedule: str = "con
     tx = optax.chain(optax.clip_by_global_norm(clip),
                      optax.adamw(rate, weight_decay=weight_decay, mask=mask))
     # what --optimizer-kernel pallas needs to run the same optimizer as two Pallas kernels
-    pallas_adamw.register(tx, pallas_adamw.AdamW(rate, weight_decay, clip, decay_all))
+    pallas_adamw.register(tx, pallas_adamw.AdamW(rate, weight_decay, clip, mask))
     return tx
 
 
