@@ -3,8 +3,7 @@ interpreter, against optax's ``chain(clip_by_global_norm, adamw)`` and ``apply_u
 (the independent reference): a parameter tree named like the TFT's (decayed and undecayed
 leaves), cut into four update kernels, with leaves of one element to several blocks and
 partial last blocks; clipping on and off, both schedules, decay on every leaf and on the
-weight matrices only. (The train step with the kernels runs end to end in
-tests/test_pallas_vsn.py.)"""
+weight matrices only. And the train step's use of them, traced."""
 
 import jax
 import jax.numpy as jnp
@@ -117,3 +116,36 @@ def test_a_non_float32_leaf_is_refused(params):
     p = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
     with pytest.raises(TypeError, match="float32"):
         pallas_adamw.step(pallas_adamw.hyper(tx), p, p, tx.init(params), interpret=INTERPRET)
+
+
+def test_the_train_step_runs_the_kernels_and_keeps_the_state_as_it_was():
+    # The train step's branch (tftjax.training.steps), traced, not compiled (the interpreted
+    # kernels take ~20 s to compile; their arithmetic is checked above), under bf16 compute:
+    # the kernels are in its program, and the state comes out with the structure, shapes and
+    # dtypes it went in with (float32), which is what a checkpoint holds and --resume
+    # restores, whichever --optimizer-kernel wrote it.
+    from tftjax.config import preset
+    from tftjax.memory.analysis import abstract_inputs
+    from tftjax.training.steps import make_train_step
+
+    cfg = preset("tiny", precision="bf16", optimizer_kernel="pallas")
+    state, data, idx, key = abstract_inputs(cfg, 8, 64)
+    jaxpr, (new, metrics) = jax.make_jaxpr(make_train_step(cfg), return_shape=True)(
+        state, data, idx, key)
+    groups = -(-len(jax.tree.leaves(state.params)) // pallas_adamw.GROUP)
+    assert str(jaxpr).count("name=adamw_grad_norm") == 1
+    assert str(jaxpr).count("name=adamw_update") == groups
+    assert jax.tree.structure(new) == jax.tree.structure(state)
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), new) == jax.tree.map(
+        lambda a: (a.shape, a.dtype), state)
+    assert metrics["grad_norm"].shape == () and metrics["grad_norm"].dtype == jnp.float32
+
+
+def test_the_run_names_the_kernels_it_interprets():
+    from tftjax.config import preset
+
+    assert preset("tiny").pallas_flags() == ""
+    assert preset("tiny", optimizer_kernel="pallas").pallas_flags() == "--optimizer-kernel pallas"
+    three = preset("tiny", vsn_kernel="pallas", lstm_kernel="pallas", optimizer_kernel="pallas")
+    assert three.pallas_flags() == ("--vsn-kernel pallas, --lstm-kernel pallas and "
+                                    "--optimizer-kernel pallas")
