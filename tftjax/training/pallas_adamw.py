@@ -233,4 +233,3 @@ def hyper(tx) -> AdamW:
     except KeyError:
         raise TypeError("--optimizer-kernel pallas runs the optimizer of "
                         "tftjax.training.state.make_optimizer only") from None
-

@@ -83,7 +83,7 @@ def _optimizer(lr: float, weight_decay: float, clip: float, schedule: str = "con
     mask = None if decay_all else decay_mask
     tx = optax.chain(optax.clip_by_global_norm(clip),
                      optax.adamw(rate, weight_decay=weight_decay, mask=mask))
-    # what --optimizer-kernel pallas needs to run the same optimizer as two Pallas kernels
+    # what --optimizer-kernel pallas needs to run the same optimizer as Pallas kernels
     pallas_adamw.register(tx, pallas_adamw.AdamW(rate, weight_decay, clip, mask))
     return tx
 

@@ -194,7 +194,7 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
         if pallas_opt is None:
             new_state = state.apply_gradients(grads=grads, quant_stats=stats)
             grad_norm = optax.global_norm(grads)
-        else:  # --optimizer-kernel pallas: the same optimizer step in two Pallas kernels
+        else:  # --optimizer-kernel pallas: the same optimizer step as Pallas kernels
             params, opt_state, grad_norm = pallas_adamw.step(
                 pallas_adamw.hyper(state.tx), state.params, grads, state.opt_state,
                 interpret=pallas_opt)
