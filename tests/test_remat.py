@@ -23,7 +23,8 @@ def config(tier):
     # vsn_chunk=3 chunks every VSN with padding (5 → 2×3, 10 → 4×3, 220 → 74×3).
     platform, _, tier = tier.rpartition(":")
     if platform == "pallas":
-        return preset("tiny", remat=tier, vsn_chunk=3, vsn_kernel="pallas", lstm_kernel="pallas")
+        return preset("tiny", remat=tier, vsn_chunk=3, vsn_kernel="pallas", lstm_kernel="pallas",
+                      grn_kernel="pallas")
     return preset("tiny", remat=tier, vsn_chunk=3, platform=platform or None)
 
 

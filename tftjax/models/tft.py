@@ -27,7 +27,9 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from tftjax.config import TFTConfig
-from tftjax.models.layers import GRN, LSTM, Dense, GateAddNorm, InterpretableAttention
+from tftjax.models import pallas_grn
+from tftjax.models.layers import (GRN, LSTM, Dense, GateAddNorm, GRNParams,
+                                    InterpretableAttention)
 from tftjax.models.vsn import VariableSelection
 from tftjax.quant import MODES, QuantSpec
 from tftjax.remat import is_gpu
@@ -129,8 +131,17 @@ class TFT(nn.Module):
             zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]
         enc_grn = block(GRN, plan.encoders)
         zeta = zeta.astype(historical.dtype)  # the contexts in the compute dtype (bf16 too)
-        c_s, c_e, c_h, c_c = (enc_grn(d, d, p, name=f"static_{n}")(zeta, None, det)
-                              for n in ("selection", "enrichment", "state_h", "state_c"))
+        contexts = STATIC_CONTEXTS
+        if cfg.grn_kernel == "pallas" and quant is None and pallas_grn.supported(d):
+            # the four GRNs on ζ as two Pallas kernels (forward, recomputing backward), the
+            # parameters and dropout masks where the GRN layers keep and draw them
+            got = [GRNParams(d, p, name=f"static_{n}")(zeta, det) for n in contexts]
+            keeps = None if got[0][1] is None else [keep for _, keep in got]
+            c_s, c_e, c_h, c_c = pallas_grn.grn_stack(
+                [q for q, _ in got], zeta, keeps, p, interpret=not is_gpu(cfg.platform))
+        else:
+            c_s, c_e, c_h, c_c = (enc_grn(d, d, p, name=f"static_{n}")(zeta, None, det)
+                                  for n in contexts)
 
         # 3. Variable selection at every step (context c_s).
         past = jnp.concatenate([historical, known[:, :te]], axis=-1)  # [B, T_e, F_h + F_k]
@@ -180,6 +191,18 @@ FLOAT32_PARAMS = ("w_h",)
 """Parameters bf16 compute passes in float32 and casts where they are used: the LSTMs'
 recurrent kernels, cast inside each step, so that the kernel's gradient is summed over the
 steps in float32 (cast once outside the scan, it would accumulate in bfloat16)."""
+STATIC_CONTEXTS = ("selection", "enrichment", "state_h", "state_c")
+"""The four static context GRNs (``static_<name>``)."""
+
+
+def kernel_cast(cfg: TFTConfig) -> tuple[str, ...]:
+    """Top-level modules whose parameters bf16 compute passes in float32 because a Pallas
+    kernel reads them and casts them itself: the static context GRNs under ``--grn-kernel
+    pallas`` (cast outside, each cast would be a launch of its own, and so would each
+    gradient's conversion back)."""
+    if cfg.grn_kernel == "pallas" and pallas_grn.supported(cfg.hidden):
+        return tuple(f"static_{n}" for n in STATIC_CONTEXTS)
+    return ()
 
 
 @functools.lru_cache(maxsize=None)
@@ -200,8 +223,10 @@ def apply_fn(cfg: TFTConfig, mode: str | None = None):
     def cast_param(path, a):  # the LSTMs' recurrent kernels are cast inside each step
         return a if path and getattr(path[-1], "key", None) in FLOAT32_PARAMS else cast(a)
 
+    keep_f32 = FLOAT32_MODULES + kernel_cast(cfg)
+
     def apply(variables, static, historical, known, *args, **kw):
-        params = {k: v if k in FLOAT32_MODULES else jax.tree_util.tree_map_with_path(
+        params = {k: v if k in keep_f32 else jax.tree_util.tree_map_with_path(
             cast_param, v) for k, v in variables["params"].items()}
         # the statics too (the instrument rides as an int32 index, not in static): their
         # contexts feed every later block, and a float32 context promotes it to float32
