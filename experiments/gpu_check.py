@@ -63,14 +63,14 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
     tests = (["tests/test_gpu.py"] if dry else
              ["tests/test_gpu.py", "tests/test_bf16_census.py", "tests/test_precision.py",
               "tests/test_remat.py", "tests/test_fused.py", "tests/test_pallas_vsn.py",
-              "tests/test_pallas_adamw.py",
+              "tests/test_pallas_adamw.py", "tests/test_pallas_grn.py",
               "tests/test_recurrence.py"])
     plan = [("tests", "tests", 200, [PY, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p",
                                      "no:cacheprovider", *tests])]
-    # the Pallas VSN, LSTM and optimizer kernels (tftjax.models.pallas_vsn, pallas_lstm,
-    # tftjax.training.pallas_adamw) right after the target's own row: the design's candidate
-    # for it (predicted from the compile-only census: 598 launches and 8.6 MB per sample
-    # against 1,752 and 93.7)
+    # the Pallas VSN, LSTM, static-GRN and optimizer kernels (tftjax.models.pallas_vsn,
+    # pallas_lstm, pallas_grn, tftjax.training.pallas_adamw) right after the target's own
+    # row: the design's candidate for it (predicted from the compile-only census: 491
+    # launches and 8.6 MB per sample against 1,752 and 93.7)
     points = [("bf16", "off", big, "xla"), ("bf16", "off", big, "pallas"),
               ("f32", "off", small, "xla"), ("f32", "off", big, "xla"),
               ("f32", "off", big, "pallas"), ("bf16", "off", small, "xla")]
@@ -80,7 +80,7 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
         plan.append(("throughput", name, 45, [
             PY, "experiments/throughput.py", "--preset", preset, "--batch-sizes", str(b),
             "--remat", tier, "--precision", prec, "--steps", steps, "--vsn-kernel", kernel,
-            "--lstm-kernel", kernel, "--optimizer-kernel", kernel,
+            "--lstm-kernel", kernel, "--grn-kernel", kernel, "--optimizer-kernel", kernel,
             "--out", str(r / f"{name}.json")]))
     for prec in ("f32", "bf16"):
         plan.append(("peer", f"peer_{prec}", 60, [

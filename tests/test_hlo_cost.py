@@ -253,3 +253,34 @@ def test_the_pallas_optimizer_is_a_few_triton_kernels_on_the_h100():
     # the kernels, the partial sums' reduction and the scalars' fusions: no per-leaf copies
     # (the updates are in place in the donated buffers)
     assert Program(text).census().kernels <= len(calls) + 6
+
+
+@pytest.mark.slow  # a GPU compile of the four GRNs alone: ~25 s (Triton, 16 backward branches)
+@pytest.mark.skipif(not targets.available(),
+                    reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
+def test_the_static_grns_are_two_triton_kernels_on_the_h100():
+    from tftjax.models import pallas_grn
+
+    # TFT-225's four static context GRNs at batch 256, as bf16 runs them: a bf16 input,
+    # float32 parameters cast inside the kernels, dropout on
+    d, n = 128, 256
+    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    sds = lambda shape, t=jnp.float32: jax.ShapeDtypeStruct(shape, t, sharding=s)  # noqa: E731
+    shapes = dict(fc2_k=(d, d), fc2_b=(d,), fc1_k=(d, d), fc1_b=(d,), glu_k=(d, 2 * d),
+                  glu_b=(2 * d,), ln_scale=(d,), ln_bias=(d,))
+    ps = [{k: sds(v) for k, v in shapes.items()} for _ in range(4)]
+    x, keeps = sds((n, d), jnp.bfloat16), [sds((n, d), jnp.bool_)] * 4
+
+    def loss(ps, x, keeps):
+        outs = pallas_grn.grn_stack(ps, x, keeps, 0.1, interpret=False)
+        return sum(jnp.sum(o.astype(jnp.float32)) for o in outs)
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))  # the loss too: the forward runs
+    text = step.lower(ps, x, keeps).compile().as_text()
+    calls = [ln for ln in text.splitlines() if "custom_call_target=\"__gpu$xla.gpu.triton\"" in ln]
+    assert sorted(c.split('name = "')[1].split('"')[0] for c in calls) == [
+        "grn_stack_bwd", "grn_stack_fwd"]
+    # XLA runs the four GRNs forward and backward as about 80 launches; here the two
+    # kernels, the keep masks' stacking and the K input gradients' sum, and this loss's own
+    # (per output a reduction and its cotangent's broadcast): 14 at jax 0.10.2
+    assert Program(text).census().kernels <= 16
