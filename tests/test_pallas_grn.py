@@ -119,8 +119,21 @@ def test_bfloat16_inputs_with_float32_parameters(case):
     assert max(e for _, e in errs) > 1e-4  # bf16 is in play
 
 
-def test_widths_triton_cannot_take_are_refused():
-    assert pallas_grn.supported(16) and pallas_grn.supported(128)
+def test_widths_the_kernels_cannot_take_run_in_xla():
+    # Triton's dots (powers of two ≥ 16); a d × d weight within 32 KB of shared memory
+    # (compiled for the H100, d = 128 in float32 asks 416 KB: tests/test_hlo_cost.py
+    # compiles the bf16 case)
+    assert pallas_grn.supported(16, jnp.float32) and pallas_grn.supported(128, jnp.bfloat16)
+    assert pallas_grn.supported(64, jnp.float32) and not pallas_grn.supported(128, jnp.float32)
     assert not pallas_grn.supported(8) and not pallas_grn.supported(96)
     with pytest.raises(ValueError, match="power of two"):
         pallas_grn.grn_stack([], jnp.zeros((4, 12)), None, 0.0, interpret=True)
+    from tftjax.config import preset
+    from tftjax.models.tft import grn_kernel, kernel_cast
+
+    assert grn_kernel(preset("tiny", grn_kernel="pallas"))
+    assert not grn_kernel(preset("tft225", grn_kernel="pallas"))  # 128 in float32
+    assert grn_kernel(preset("tft225", grn_kernel="pallas", precision="bf16"))
+    assert kernel_cast(preset("tft225", grn_kernel="pallas", precision="bf16")) == (
+        "static_selection", "static_enrichment", "static_state_h", "static_state_c")
+    assert kernel_cast(preset("tft225", precision="bf16")) == ()

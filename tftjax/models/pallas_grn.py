@@ -47,9 +47,18 @@ PARTS = 4
 the GLU's value half, its gate half."""
 
 
-def supported(d: int) -> bool:
-    """Whether the kernels take GRNs of width ``d`` (Triton's dots: a power of two ≥ 16)."""
-    return d >= MIN_DOT and dot_size(d) == d
+MAX_WEIGHT_BYTES = 32 * 1024
+"""The largest ``d × d`` weight (in the matmuls' dtype) the kernels take: compiled for the
+H100, the backward kernel at d = 128 asks for 416 KB of shared memory in float32 (227 KB
+available) and fits in bfloat16."""
+
+
+def supported(d: int, dtype=jnp.bfloat16) -> bool:
+    """Whether the kernels take GRNs of width ``d`` with matmuls in ``dtype``: Triton's dots
+    want a power of two ≥ 16, and a weight must fit :data:`MAX_WEIGHT_BYTES` (float32: d
+    ≤ 64; bfloat16: d ≤ 128)."""
+    return (d >= MIN_DOT and dot_size(d) == d
+            and d * d * jnp.dtype(dtype).itemsize <= MAX_WEIGHT_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,33 +72,42 @@ class _Static:
     interpret: bool
 
 
-def _load(prm, cd):
-    w2, b2, w1, b1, wp, bp, sc, bi = prm
-    f32 = lambda r: r[...].astype(jnp.float32)  # noqa: E731
-    d = w2.shape[0]
-    return (w2[...].astype(cd), f32(b2), w1[...].astype(cd), f32(b1),
-            wp[:, pl.ds(0, d)].astype(cd), wp[:, pl.ds(d, d)].astype(cd),
-            bp[pl.ds(0, d)].astype(jnp.float32), bp[pl.ds(d, d)].astype(jnp.float32),
-            f32(sc), f32(bi))
+class _Refs:
+    """One GRN's parameter refs, each read where it is used (matmul operands in ``cd``,
+    vectors in float32): a weight held from one use to the next, with its transposed copy,
+    would outgrow the SM's shared memory at d = 128 in float32."""
+
+    def __init__(self, prm, cd):
+        self.r, self.cd = dict(zip(NAMES, prm)), cd
+        self.d = prm[0].shape[0]
+
+    def w(self, name: str, half: int | None = None):
+        r = self.r[name]
+        a = r[...] if half is None else r[:, pl.ds(half * self.d, self.d)]
+        return a.astype(self.cd)
+
+    def v(self, name: str, half: int | None = None):
+        r = self.r[name]
+        a = r[...] if half is None else r[pl.ds(half * self.d, self.d)]
+        return a.astype(jnp.float32)
 
 
-def _forward(x, keep, q, st: _Static):
+def _forward(x, keep, q: _Refs, st: _Static):
     """One GRN on one tile: ``x`` [bn, d] float32, ``keep`` [bn, d] (0/1) or None."""
-    w2, b2, w1, b1, wv, wg, bv, bg, sc, bi = q
     cd = jnp.dtype(st.cd)
-    h2 = _dot(x, w2, 1, 0, cd) + b2[None, :]
+    h2 = _dot(x, q.w("fc2_k"), 1, 0, cd) + q.v("fc2_b")[None, :]
     e = jnp.where(h2 > 0, h2, jnp.expm1(jnp.minimum(h2, 0.0)))
-    h1 = _dot(e, w1, 1, 0, cd) + b1[None, :]
+    h1 = _dot(e, q.w("fc1_k"), 1, 0, cd) + q.v("fc1_b")[None, :]
     if keep is not None:  # flax's nn.Dropout: kept units divided by the keep probability
         h1 = jnp.where(keep != 0, h1 / st.keep_prob, 0.0)
-    v = _dot(h1, wv, 1, 0, cd) + bv[None, :]
-    s = jax.nn.sigmoid(_dot(h1, wg, 1, 0, cd) + bg[None, :])
+    v = _dot(h1, q.w("glu_k", 0), 1, 0, cd) + q.v("glu_b", 0)[None, :]
+    s = jax.nn.sigmoid(_dot(h1, q.w("glu_k", 1), 1, 0, cd) + q.v("glu_b", 1)[None, :])
     y = x + s * v
     mean = jnp.sum(y, axis=-1, keepdims=True) / st.d
     var = jnp.maximum(0.0, jnp.sum(y * y, axis=-1, keepdims=True) / st.d - mean * mean)
     r = lax.rsqrt(var + EPS)
     yh = (y - mean) * r
-    return h2, e, h1, v, s, yh, r, yh * sc[None, :] + bi[None, :]
+    return h2, e, h1, v, s, yh, r, yh * q.v("ln_scale")[None, :] + q.v("ln_bias")[None, :]
 
 
 def _fwd_kernel(*refs, st: _Static, has_keep: bool):
@@ -101,7 +119,7 @@ def _fwd_kernel(*refs, st: _Static, has_keep: bool):
     rows = pl.ds(pl.program_id(0) * st.bn, st.bn)
     x = x_ref[rows, :].astype(jnp.float32)
     for i in range(st.k):
-        q = _load(prm[8 * i:8 * i + 8], cd)
+        q = _Refs(prm[8 * i:8 * i + 8], cd)
         keep = keep_ref[i, rows, :] if has_keep else None
         outs[i][rows, :] = _forward(x, keep, q, st)[-1].astype(outs[i].dtype)
 
@@ -120,17 +138,15 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool):
     def run(i, p):
         g_w2, g_b2, g_w1, g_b1, g_wp, g_bp, g_sc, g_bi = grads[8 * i:8 * i + 8]
 
+        q = _Refs(prm[8 * i:8 * i + 8], cd)
+
         def body(t, acc):
-            # the weights read in the loop (from L2): held across it, they and their
-            # transposed copies would outgrow the SM's shared memory
-            q = _load(prm[8 * i:8 * i + 8], cd)
-            w2, b2, w1, b1, wv, wg, bv, bg, sc, bi = q
             rows = pl.ds(t * st.bn, st.bn)
             x = x_ref[rows, :].astype(jnp.float32)
             keep = keep_ref[i, rows, :] if has_keep else None
             go = go_refs[i][rows, :].astype(jnp.float32)
             h2, e, h1, v, s, yh, r, _ = _forward(x, keep, q, st)
-            gx = go * sc[None, :]
+            gx = go * q.v("ln_scale")[None, :]
             m1 = jnp.sum(gx, axis=-1, keepdims=True) / d
             m2 = jnp.sum(gx * yh, axis=-1, keepdims=True) / d
             dy = r * (gx - m1 - yh * m2)
@@ -140,14 +156,14 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool):
             dg = dy * v * s * (1.0 - s)
             if p == 3:
                 return (acc[0] + _dot(h1, dg, 0, 0, cd), acc[1] + jnp.sum(dg, axis=0))
-            dh1 = _dot(dv, wv, 1, 1, cd) + _dot(dg, wg, 1, 1, cd)
+            dh1 = _dot(dv, q.w("glu_k", 0), 1, 1, cd) + _dot(dg, q.w("glu_k", 1), 1, 1, cd)
             if keep is not None:
                 dh1 = jnp.where(keep != 0, dh1 / st.keep_prob, 0.0)
             if p == 1:
                 return (acc[0] + _dot(e, dh1, 0, 0, cd), acc[1] + jnp.sum(dh1, axis=0),
                         acc[2] + jnp.sum(go * yh, axis=0), acc[3] + jnp.sum(go, axis=0))
-            dh2 = _dot(dh1, w1, 1, 1, cd) * jnp.where(h2 > 0, 1.0, e + 1.0)
-            dx_ref[i, rows, :] = dy + _dot(dh2, w2, 1, 1, cd)
+            dh2 = _dot(dh1, q.w("fc1_k"), 1, 1, cd) * jnp.where(h2 > 0, 1.0, e + 1.0)
+            dx_ref[i, rows, :] = dy + _dot(dh2, q.w("fc2_k"), 1, 1, cd)
             return (acc[0] + _dot(x, dh2, 0, 0, cd), acc[1] + jnp.sum(dh2, axis=0))
 
         mat, vec = jnp.zeros((d, d), jnp.float32), jnp.zeros((d,), jnp.float32)
@@ -233,8 +249,10 @@ def grn_stack(params: list[dict], x: Array, keeps: list[Array] | None, rate: flo
     ``x`` ``[N, d]``; ``keeps``: per GRN the ``[N, d]`` keep mask of the GLU's input
     dropout at ``rate`` (None: no dropout). Returns K ``[N, d]`` outputs in ``x``'s dtype."""
     n, d = x.shape
-    if not supported(d):
-        raise ValueError(f"pallas_grn: width {d} is not a power of two of at least {MIN_DOT}")
+    if not supported(d, x.dtype):
+        raise ValueError(f"pallas_grn: width {d} in {jnp.dtype(x.dtype).name} is not a power "
+                         f"of two of at least {MIN_DOT} whose d × d weight fits "
+                         f"{MAX_WEIGHT_BYTES // 1024} KB")
     bn = min(dot_size(block_rows), dot_size(n))
     tiles = -(-n // bn)
     n_p = tiles * bn

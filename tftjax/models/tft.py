@@ -132,7 +132,7 @@ class TFT(nn.Module):
         enc_grn = block(GRN, plan.encoders)
         zeta = zeta.astype(historical.dtype)  # the contexts in the compute dtype (bf16 too)
         contexts = STATIC_CONTEXTS
-        if cfg.grn_kernel == "pallas" and quant is None and pallas_grn.supported(d):
+        if grn_kernel(cfg) and quant is None:
             # the four GRNs on ζ as two Pallas kernels (forward, recomputing backward), the
             # parameters and dropout masks where the GRN layers keep and draw them
             got = [GRNParams(d, p, name=f"static_{n}")(zeta, det) for n in contexts]
@@ -195,12 +195,20 @@ STATIC_CONTEXTS = ("selection", "enrichment", "state_h", "state_c")
 """The four static context GRNs (``static_<name>``)."""
 
 
+def grn_kernel(cfg: TFTConfig) -> bool:
+    """Whether the static context GRNs run as Pallas kernels: ``--grn-kernel pallas`` where
+    the kernels take the width in the compute dtype (tftjax.models.pallas_grn.supported; the
+    quantized layers always run in XLA)."""
+    return (cfg.grn_kernel == "pallas" and not cfg.qat
+            and pallas_grn.supported(cfg.hidden, COMPUTE_DTYPES[cfg.precision]))
+
+
 def kernel_cast(cfg: TFTConfig) -> tuple[str, ...]:
     """Top-level modules whose parameters bf16 compute passes in float32 because a Pallas
     kernel reads them and casts them itself: the static context GRNs under ``--grn-kernel
     pallas`` (cast outside, each cast would be a launch of its own, and so would each
     gradient's conversion back)."""
-    if cfg.grn_kernel == "pallas" and pallas_grn.supported(cfg.hidden):
+    if grn_kernel(cfg):
         return tuple(f"static_{n}" for n in STATIC_CONTEXTS)
     return ()
 

@@ -17,7 +17,7 @@ from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import Dataset
 from tftjax.data.calendar import format_interval
 from tftjax.errors import TrainingDiverged
-from tftjax.models.tft import init_variables
+from tftjax.models.tft import grn_kernel, init_variables
 from tftjax.parallel import is_primary, make_parallel
 from tftjax.quant_tree import QUANT_FORMAT, layer_names, unmatched
 from tftjax.remat import is_gpu
@@ -142,6 +142,12 @@ class TFTTask:
     def describe(self, state) -> str:
         ds, note = self.ds, remat_plan(self.cfg.remat).note
         pallas = self.cfg.pallas_flags()
+        if self.cfg.grn_kernel == "pallas" and not grn_kernel(self.cfg):
+            note = (note + "\n" if note else "") + (
+                f"note: --grn-kernel pallas does not take hidden size {self.cfg.hidden} at "
+                f"--precision {self.cfg.precision} (tftjax.models.pallas_grn.supported: a power "
+                "of two of at least 16 whose d x d weight fits 32 KB), or a QAT model: the "
+                "static context GRNs run in XLA")
         if pallas and not is_gpu():
             note = (note + "\n" if note else "") + (
                 f"note: {pallas} run(s) in Pallas' interpreter on "
