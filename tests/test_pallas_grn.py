@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from tftjax.models import pallas_grn
-from tftjax.models.layers import GRN, GRNParams
+from tftjax.models.layers import GRN
+from tftjax.models.pallas_grn import GRNParams
 
 K, D, RATE = 2, 16, 0.3
 # compiled Triton kernels on a GPU (gpu_check runs this file there), the interpreter elsewhere

@@ -38,6 +38,7 @@ this map names every module::
   models.fused          the fused, recomputing per-variable GRN kernel (CPU)
   models.pallas_vsn     the same as two Pallas/Triton kernels (GPU; --vsn-kernel pallas)
   models.pallas_lstm    the LSTM recurrences as persistent Pallas kernels (--lstm-kernel)
+  models.pallas_grn     the four static context GRNs as two Pallas kernels (--grn-kernel)
   models.recurrence     the LSTM recurrence with its hand-written backward pass
   models.layers         Dense, GLU, GRN, gated add & norm, LSTM, interpretable attention
   models.folded         the selection GRN with the embeddings folded in (float and int8)

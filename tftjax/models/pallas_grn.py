@@ -20,8 +20,8 @@ the keep masks it is given (drawn where flax's ``nn.Dropout`` draws them, so tha
 paths drop the same units). Sizes: ``d`` a power of two of at least 16 (Triton's dots);
 the rows are padded to whole tiles.
 
-On CPU the kernels run in Pallas' interpreter (the tests check values and gradients
-against the GRN layer); compiled for the H100 target each is one Triton call.
+On CPU the kernels run in Pallas' interpreter (tested against the GRN layer there);
+compiled for the H100 target each is one Triton call.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,7 +37,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from tftjax.models.fused import EPS
-from tftjax.models.pallas_vsn import MIN_DOT, _dot, dot_size, triton_params
+from tftjax.models.pallas_vsn import MIN_DOT, _dot, _meta, dot_size, triton_params
 
 Array = jax.Array
 NAMES = ("fc2_k", "fc2_b", "fc1_k", "fc1_b", "glu_k", "glu_b", "ln_scale", "ln_bias")
@@ -48,9 +49,8 @@ the GLU's value half, its gate half."""
 
 
 MAX_WEIGHT_BYTES = 32 * 1024
-"""The largest ``d × d`` weight (in the matmuls' dtype) the kernels take: compiled for the
-H100, the backward kernel at d = 128 asks for 416 KB of shared memory in float32 (227 KB
-available) and fits in bfloat16."""
+"""The largest ``d × d`` weight (matmul dtype) the kernels take: compiled for the H100, the
+backward kernel at d = 128 asks 416 KB of shared memory in float32 (227 KB there)."""
 
 
 def supported(d: int, dtype=jnp.bfloat16) -> bool:
@@ -74,8 +74,7 @@ class _Static:
 
 class _Refs:
     """One GRN's parameter refs, each read where it is used (matmul operands in ``cd``,
-    vectors in float32): a weight held from one use to the next, with its transposed copy,
-    would outgrow the SM's shared memory at d = 128 in float32."""
+    vectors in float32), so that no weight stays live from one use to the next."""
 
     def __init__(self, prm, cd):
         self.r, self.cd = dict(zip(NAMES, prm)), cd
@@ -185,14 +184,9 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool):
 
 
 def matmul_flops(k: int, rows: int, d: int) -> int:
-    """The K GRNs' forward matmul FLOPs: ``W_2``, ``W_1`` and the GLU's two halves per row.
-    The backward pass recomputes the forward in each of its 4 programs a GRN and adds the
-    gradients' products: about 12 times as much."""
+    """The K GRNs' forward matmul FLOPs (``W_2``, ``W_1``, the GLU's halves); the backward
+    pass, recomputing the forward in each of a GRN's 4 programs, does about 12 times this."""
     return 2 * k * rows * 4 * d * d
-
-
-def _meta(flops: int) -> dict:
-    return {"matmul_flops": str(int(flops))}
 
 
 def _fwd(qs, x, keep, st: _Static):
@@ -268,3 +262,59 @@ def grn_stack(params: list[dict], x: Array, keeps: list[Array] | None, rate: flo
     qs = tuple(tuple(p[name] for name in NAMES) for p in params)
     outs = _grn_stack(qs, x_p, keep, st)
     return [o[:n] for o in outs]
+
+
+# The GRN layer's parameters, declared where tftjax.models.layers.GRN declares them.
+
+class _DenseParams(nn.Module):
+    """:class:`~tftjax.models.layers.Dense`'s parameters (names, shapes, initialisers, order), declared only."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self, fan_in: int) -> tuple[Array, Array]:
+        return (self.param("kernel", nn.initializers.lecun_normal(), (fan_in, self.features)),
+                self.param("bias", nn.initializers.zeros, (self.features,)))
+
+
+class _GLUParams(nn.Module):
+    """:class:`~tftjax.models.layers.GLU`'s parameters and its input dropout's keep mask, drawn where GLU draws it
+    (its ``Dropout_0``: the same units dropped)."""
+
+    features: int
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, shape: tuple, deterministic: bool):
+        kept = nn.Dropout(self.dropout)(jnp.ones(shape, jnp.float32), deterministic=deterministic)
+        keep = None if deterministic or self.dropout == 0 else kept != 0
+        return (*_DenseParams(2 * self.features, name="proj")(shape[-1]), keep)
+
+
+class GRNParams(nn.Module):
+    """A context-free ``GRN(d, d)``'s parameters as :class:`~tftjax.models.layers.GRN` declares them (the same tree
+    and initial values) and its dropout keep mask, for a kernel that runs the layer itself
+    (:func:`grn_stack`). Returns ``({name: parameter}, keep mask or None)``."""
+
+    hidden: int
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, a: Array, deterministic: bool = True):
+        d = self.hidden
+        fc2_k, fc2_b = _DenseParams(d, name="fc2")(a.shape[-1])
+        fc1_k, fc1_b = _DenseParams(d, name="fc1")(d)
+        glu_k, glu_b, keep = _GLUParams(d, self.dropout, name="glu")(a.shape[:-1] + (d,),
+                                                                      deterministic)
+        scale, bias = _LayerNormParams(name="norm")(d)
+        return dict(fc2_k=fc2_k, fc2_b=fc2_b, fc1_k=fc1_k, fc1_b=fc1_b, glu_k=glu_k,
+                    glu_b=glu_b, ln_scale=scale, ln_bias=bias), keep
+
+
+class _LayerNormParams(nn.Module):
+    """:class:`~tftjax.models.layers.LayerNorm`'s parameters, declared only."""
+
+    @nn.compact
+    def __call__(self, d: int) -> tuple[Array, Array]:
+        return (self.param("scale", nn.initializers.ones, (d,)),
+                self.param("bias", nn.initializers.zeros, (d,)))

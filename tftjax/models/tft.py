@@ -28,8 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from tftjax.config import TFTConfig
 from tftjax.models import pallas_grn
-from tftjax.models.layers import (GRN, LSTM, Dense, GateAddNorm, GRNParams,
-                                    InterpretableAttention)
+from tftjax.models.layers import GRN, LSTM, Dense, GateAddNorm, InterpretableAttention
 from tftjax.models.vsn import VariableSelection
 from tftjax.quant import MODES, QuantSpec
 from tftjax.remat import is_gpu
@@ -135,7 +134,7 @@ class TFT(nn.Module):
         if grn_kernel(cfg) and quant is None:
             # the four GRNs on ζ as two Pallas kernels (forward, recomputing backward), the
             # parameters and dropout masks where the GRN layers keep and draw them
-            got = [GRNParams(d, p, name=f"static_{n}")(zeta, det) for n in contexts]
+            got = [pallas_grn.GRNParams(d, p, name=f"static_{n}")(zeta, det) for n in contexts]
             keeps = None if got[0][1] is None else [keep for _, keep in got]
             c_s, c_e, c_h, c_c = pallas_grn.grn_stack(
                 [q for q, _ in got], zeta, keeps, p, interpret=not is_gpu(cfg.platform))
