@@ -130,17 +130,17 @@ class TFT(nn.Module):
             zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]
         enc_grn = block(GRN, plan.encoders)
         zeta = zeta.astype(historical.dtype)  # the contexts in the compute dtype (bf16 too)
-        contexts = STATIC_CONTEXTS
         if grn_kernel(cfg) and quant is None:
             # the four GRNs on ζ as two Pallas kernels (forward, recomputing backward), the
             # parameters and dropout masks where the GRN layers keep and draw them
-            got = [pallas_grn.GRNParams(d, p, name=f"static_{n}")(zeta, det) for n in contexts]
+            got = [pallas_grn.GRNParams(d, p, name=f"static_{n}")(zeta, det)
+                   for n in STATIC_CONTEXTS]
             keeps = None if got[0][1] is None else [keep for _, keep in got]
             c_s, c_e, c_h, c_c = pallas_grn.grn_stack(
                 [q for q, _ in got], zeta, keeps, p, interpret=not is_gpu(cfg.platform))
         else:
             c_s, c_e, c_h, c_c = (enc_grn(d, d, p, name=f"static_{n}")(zeta, None, det)
-                                  for n in contexts)
+                                  for n in STATIC_CONTEXTS)
 
         # 3. Variable selection at every step (context c_s).
         past = jnp.concatenate([historical, known[:, :te]], axis=-1)  # [B, T_e, F_h + F_k]
