@@ -284,3 +284,37 @@ def test_the_static_grns_are_two_triton_kernels_on_the_h100():
     # kernels, the keep masks' stacking and the K input gradients' sum, and this loss's own
     # (per output a reduction and its cotangent's broadcast): 14 at jax 0.10.2
     assert Program(text).census().kernels <= 16
+
+
+@pytest.mark.slow  # a GPU compile of a gate and a GRN alone: ~30 s (Triton)
+@pytest.mark.skipif(not targets.available(),
+                    reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
+def test_a_gate_and_a_grn_are_three_triton_kernels_each_on_the_h100():
+    from tftjax.models import pallas_gated
+
+    # TFT-225's LSTM gate and static enrichment at batch 256 (15,360 rows), as bf16 runs
+    # them: bf16 inputs, float32 parameters cast inside the kernels, dropout on
+    d, n = 128, 256 * 60
+    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    sds = lambda shape, t=jnp.float32: jax.ShapeDtypeStruct(shape, t, sharding=s)  # noqa: E731
+    shapes = dict(fc2_k=(d, d), fc2_b=(d,), fc1_k=(d, d), fc1_b=(d,), glu_k=(d, 2 * d),
+                  glu_b=(2 * d,), ln_scale=(d,), ln_bias=(d,))
+    gate = {k: sds(shapes[k]) for k in pallas_gated.GATE_NAMES}
+    grn = {k: sds(v) for k, v in shapes.items()}
+    a, b, keep = sds((n, d), jnp.bfloat16), sds((n, d), jnp.bfloat16), sds((n, d), jnp.bool_)
+
+    def loss(gate, grn, a, b, keep):
+        y = pallas_gated.gated_rows(gate, a, b, keep, 0.1, grn=False, interpret=False)
+        z = pallas_gated.gated_rows(grn, y, b, keep, 0.1, grn=True, interpret=False)
+        return jnp.sum(z.astype(jnp.float32))
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+    text = step.lower(gate, grn, a, b, keep).compile().as_text()
+    calls = [ln for ln in text.splitlines() if "custom_call_target=\"__gpu$xla.gpu.triton\"" in ln]
+    assert sorted(c.split('name = "')[1].split('"')[0] for c in calls) == [
+        "gated_rows_bwd", "gated_rows_bwd", "gated_rows_fwd", "gated_rows_fwd", "sum_splits",
+        "sum_splits"]
+    # XLA runs the two blocks forward and backward as about 60 launches; here the six
+    # kernels, the keep mask's conversion, the two b gradients' sum, and this loss's own
+    # (the reduction and its cotangent's broadcast)
+    assert Program(text).census().kernels <= 14

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from tftjax.models import multi_tensor
 from tftjax.training import pallas_adamw
 from tftjax.config import TrainConfig
 from tftjax.training.state import decay_mask, make_optimizer
@@ -46,7 +47,7 @@ def params():
 def small_kernels(monkeypatch):
     # 14 leaves in 4 update kernels; blocks of 256: 1 to 12 blocks a leaf, most with a tail
     monkeypatch.setattr(pallas_adamw, "GROUP", 4)
-    monkeypatch.setattr(pallas_adamw, "BLOCK", 256)
+    monkeypatch.setattr(multi_tensor, "BLOCK", 256)
 
 
 def _grads(params, seed: int, scale: float):
@@ -75,7 +76,7 @@ def test_three_steps_match_optax_with_clipping_on_and_off(params, tc):
     tx = make_optimizer(tc, total_steps=10)
     h = pallas_adamw.hyper(tx)
     assert len(jax.tree.leaves(params)) > 3 * pallas_adamw.GROUP  # four update kernels
-    assert max(x.size for x in jax.tree.leaves(params)) > 10 * pallas_adamw.BLOCK
+    assert max(x.size for x in jax.tree.leaves(params)) > 10 * multi_tensor.BLOCK
     if not tc.decay_all:  # the mask decays some leaves and spares others
         assert len(set(jax.tree.leaves(decay_mask(params)))) == 2
 
@@ -102,6 +103,20 @@ def test_three_steps_match_optax_with_clipping_on_and_off(params, tc):
     moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
                 zip(jax.tree.leaves(p_k), jax.tree.leaves(params)))
     assert moved > 100 * ATOL
+
+
+def test_bfloat16_gradients_are_converted_inside_the_kernels(params):
+    # the bf16 step hands the optimizer the gradients of the parameters' bfloat16 copies:
+    # the same step as optax on those gradients converted to float32 (exactly)
+    tx = make_optimizer(TrainConfig(learning_rate=1e-2, weight_decay=0.1, grad_clip=1.0))
+    g = jax.tree.map(lambda a: a.astype(jnp.bfloat16), _grads(params, 5, 1.0))
+    p_k, s_k, n_k = jax.jit(lambda p, g, s: pallas_adamw.step(
+        pallas_adamw.hyper(tx), p, g, s, interpret=INTERPRET))(params, g, tx.init(params))
+    g32 = jax.tree.map(lambda a: a.astype(jnp.float32), g)
+    u, s_r = tx.update(g32, tx.init(params), params)
+    _close(p_k, optax.apply_updates(params, u), "params")
+    _close(s_k, s_r, "optimizer state")
+    assert abs(float(n_k) - float(optax.global_norm(g32))) <= 2e-6 * float(n_k)
 
 
 def test_only_the_projects_optimizer_runs_as_kernels():
@@ -134,6 +149,9 @@ def test_the_train_step_runs_the_kernels_and_keeps_the_state_as_it_was():
         state, data, idx, key)
     groups = -(-len(jax.tree.leaves(state.params)) // pallas_adamw.GROUP)
     assert str(jaxpr).count("name=adamw_grad_norm") == 1
+    # bf16: the parameters' bfloat16 copies made by the cast kernel, and the gradients
+    # with respect to them reach the optimizer in bfloat16 (converted inside its kernels)
+    assert str(jaxpr).count("name=cast_params") >= 1
     assert str(jaxpr).count("name=adamw_update") == groups
     assert jax.tree.structure(new) == jax.tree.structure(state)
     assert jax.tree.map(lambda a: (a.shape, a.dtype), new) == jax.tree.map(

@@ -13,7 +13,7 @@ import pytest
 
 from tftjax.models import pallas_grn
 from tftjax.models.layers import GRN
-from tftjax.models.pallas_grn import GRNParams
+from tftjax.models.kernel_params import GRNParams
 
 K, D, RATE = 2, 16, 0.3
 # compiled Triton kernels on a GPU (gpu_check runs this file there), the interpreter elsewhere
@@ -136,5 +136,6 @@ def test_widths_the_kernels_cannot_take_run_in_xla():
     assert not grn_kernel(preset("tft225", grn_kernel="pallas"))  # 128 in float32
     assert grn_kernel(preset("tft225", grn_kernel="pallas", precision="bf16"))
     assert kernel_cast(preset("tft225", grn_kernel="pallas", precision="bf16")) == (
-        "static_selection", "static_enrichment", "static_state_h", "static_state_c")
+        "static_selection", "static_enrichment", "static_state_h", "static_state_c",
+        "lstm_gate", "enrichment", "attention_gate", "positionwise", "output_gate")
     assert kernel_cast(preset("tft225", precision="bf16")) == ()

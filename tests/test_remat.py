@@ -11,8 +11,8 @@ from tftjax.models.tft import TFT, init_params
 
 # "gpu:…": the GPU's plan of the tier (tftjax.remat.GPU_PLANS: the VSNs in checkpointed
 # chunks of batched matmuls), traced and checked here on the CPU
-# "pallas:…": the VSNs and LSTMs through the Pallas kernels (tftjax.models.pallas_vsn,
-# pallas_lstm), interpreted
+# "pallas:…": the VSNs, LSTMs, GRNs and gates through the Pallas kernels (models.pallas_vsn,
+# pallas_lstm, pallas_grn, pallas_gated), interpreted
 TIERS = ["minimal", "aggressive", "full", "offload", "pallas:off",
          *(pytest.param(t, marks=pytest.mark.slow)  # the full tier: same mechanisms, GPU plans
            for t in ("gpu:minimal", "gpu:aggressive", "gpu:full"))]

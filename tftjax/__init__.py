@@ -34,15 +34,19 @@ this map names every module::
   quant                 fake-quant (a custom_vjp straight-through estimator), observers, int8
   quant_tree            the quantized trees: int8 variables, layer names, observers
   quant_calib           what a PTQ calibration batch records of each tensor, by method
+  models.multi_tensor   element-wise work over many arrays as one Pallas kernel (casts, sums)
   models.dropout        the stacked GRNs' dropout masks
   models.fused          the fused, recomputing per-variable GRN kernel (CPU)
   models.pallas_vsn     the same as two Pallas/Triton kernels (GPU; --vsn-kernel pallas)
   models.pallas_lstm    the LSTM recurrences as persistent Pallas kernels (--lstm-kernel)
   models.pallas_grn     the four static context GRNs as two Pallas kernels (--grn-kernel)
+  models.pallas_gated  the temporal GRNs and gated add & norms as Pallas kernels (--grn-kernel)
+  models.kernel_params  the layers' parameters declared for the kernels that run them
   models.recurrence     the LSTM recurrence with its hand-written backward pass
   models.layers         Dense, GLU, GRN, gated add & norm, LSTM, interpretable attention
   models.folded         the selection GRN with the embeddings folded in (float and int8)
   models.vsn            variable selection networks (stacked per-variable GRNs)
+  models.compute       compute dtypes, float32 islands, kernels in use, the cast parameters
   models.tft            the Temporal Fusion Transformer
   devices               what a device says of its memory
   parallel              device mesh, batch sharding, multi-host start-up

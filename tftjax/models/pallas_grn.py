@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -262,59 +261,3 @@ def grn_stack(params: list[dict], x: Array, keeps: list[Array] | None, rate: flo
     qs = tuple(tuple(p[name] for name in NAMES) for p in params)
     outs = _grn_stack(qs, x_p, keep, st)
     return [o[:n] for o in outs]
-
-
-# The GRN layer's parameters, declared where tftjax.models.layers.GRN declares them.
-
-class _DenseParams(nn.Module):
-    """:class:`~tftjax.models.layers.Dense`'s parameters (names, shapes, initialisers, order), declared only."""
-
-    features: int
-
-    @nn.compact
-    def __call__(self, fan_in: int) -> tuple[Array, Array]:
-        return (self.param("kernel", nn.initializers.lecun_normal(), (fan_in, self.features)),
-                self.param("bias", nn.initializers.zeros, (self.features,)))
-
-
-class _GLUParams(nn.Module):
-    """:class:`~tftjax.models.layers.GLU`'s parameters and its input dropout's keep mask, drawn where GLU draws it
-    (its ``Dropout_0``: the same units dropped)."""
-
-    features: int
-    dropout: float = 0.0
-
-    @nn.compact
-    def __call__(self, shape: tuple, deterministic: bool):
-        kept = nn.Dropout(self.dropout)(jnp.ones(shape, jnp.float32), deterministic=deterministic)
-        keep = None if deterministic or self.dropout == 0 else kept != 0
-        return (*_DenseParams(2 * self.features, name="proj")(shape[-1]), keep)
-
-
-class GRNParams(nn.Module):
-    """A context-free ``GRN(d, d)``'s parameters as :class:`~tftjax.models.layers.GRN` declares them (the same tree
-    and initial values) and its dropout keep mask, for a kernel that runs the layer itself
-    (:func:`grn_stack`). Returns ``({name: parameter}, keep mask or None)``."""
-
-    hidden: int
-    dropout: float = 0.0
-
-    @nn.compact
-    def __call__(self, a: Array, deterministic: bool = True):
-        d = self.hidden
-        fc2_k, fc2_b = _DenseParams(d, name="fc2")(a.shape[-1])
-        fc1_k, fc1_b = _DenseParams(d, name="fc1")(d)
-        glu_k, glu_b, keep = _GLUParams(d, self.dropout, name="glu")(a.shape[:-1] + (d,),
-                                                                      deterministic)
-        scale, bias = _LayerNormParams(name="norm")(d)
-        return dict(fc2_k=fc2_k, fc2_b=fc2_b, fc1_k=fc1_k, fc1_b=fc1_b, glu_k=glu_k,
-                    glu_b=glu_b, ln_scale=scale, ln_bias=bias), keep
-
-
-class _LayerNormParams(nn.Module):
-    """:class:`~tftjax.models.layers.LayerNorm`'s parameters, declared only."""
-
-    @nn.compact
-    def __call__(self, d: int) -> tuple[Array, Array]:
-        return (self.param("scale", nn.initializers.ones, (d,)),
-                self.param("bias", nn.initializers.zeros, (d,)))

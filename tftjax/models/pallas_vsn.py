@@ -45,6 +45,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
+from tftjax.models import multi_tensor
+from tftjax.models.multi_tensor import triton_params
 from tftjax.models.dropout import keep_prob
 from tftjax.models.fused import EPS, Folded, fold
 
@@ -76,14 +78,6 @@ class _Static:
     cd: str  # matmul operand dtype
     interpret: bool
     num_warps: int
-
-
-def triton_params(interpret: bool, num_warps: int = 4):
-    """Triton's compiler parameters (None in the interpreter)."""
-    if interpret:
-        return None
-    from jax.experimental.pallas import triton as plt
-    return plt.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
 def _compiler_params(st: _Static):
@@ -235,7 +229,8 @@ def _bwd(q: Folded, x: Array, w: Array, keep: Array | None, gout: Array, st: _St
         out_specs=_specs(len(outs)), interpret=st.interpret,
         compiler_params=_compiler_params(st), name="vsn_grn_sum_bwd",
         metadata=_meta(3 * matmul_flops(m, n_p, dv, d)))(*args)
-    gq = Folded(*(jnp.sum(g, axis=0).astype(a.dtype) for g, a in zip(gq, q)))
+    # the splits' partial gradients summed in one launch (XLA: one reduction each)
+    gq = Folded(*multi_tensor.sum_splits(gq, [a.dtype for a in q], interpret=st.interpret))
     return gq, dx.astype(x.dtype), dw.astype(w.dtype)
 
 

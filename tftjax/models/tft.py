@@ -27,10 +27,13 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from tftjax.config import TFTConfig
-from tftjax.models import pallas_grn
+from tftjax.models import pallas_gated, pallas_grn
+from tftjax.models.compute import (COMPUTE_DTYPES, FLOAT32_MODULES, FLOAT32_PARAMS,  # noqa: F401
+                                   ROW_BLOCKS, STATIC_CONTEXTS, compute_params, grn_kernel,
+                                   kernel_cast, quant_spec)
+from tftjax.models.kernel_params import GateParams, GRNParams
 from tftjax.models.layers import GRN, LSTM, Dense, GateAddNorm, InterpretableAttention
 from tftjax.models.vsn import VariableSelection
-from tftjax.quant import MODES, QuantSpec
 from tftjax.remat import is_gpu
 from tftjax.remat import plan as remat_plan
 
@@ -48,21 +51,6 @@ def causal_mask(encoder_steps: int, decoder_steps: int) -> Array:
     """``[T_d, T]``: decoder step k (position T_e + k) sees positions ``<= T_e + k``."""
     q = encoder_steps + jnp.arange(decoder_steps)[:, None]
     return jnp.arange(encoder_steps + decoder_steps)[None, :] <= q
-
-
-def quant_spec(cfg: TFTConfig, mode: str | None = None,
-               calibration: str | None = None) -> QuantSpec | None:
-    """How a TFT of ``cfg`` quantizes in ``mode`` (``None``: fake-quant for a QAT config,
-    float otherwise); ``None`` means float. ``calibration``: a PTQ calibration pass
-    (:attr:`tftjax.quant.QuantSpec.calibrate`)."""
-    mode = mode or ("fake" if cfg.qat else "float")
-    if mode not in MODES:
-        raise ValueError(f"unknown quantization mode {mode!r}; choose one of {MODES}")
-    if mode == "float":
-        return None
-    return QuantSpec(mode, tuple(cfg.qat_layers), cfg.qat_freeze_after, calibrate=calibration,
-                     act_symmetric=cfg.act_symmetric, weight_granularity=cfg.weight_granularity,
-                     stacked_scales=cfg.stacked_scales)
 
 
 class TFT(nn.Module):
@@ -133,7 +121,7 @@ class TFT(nn.Module):
         if grn_kernel(cfg) and quant is None:
             # the four GRNs on ζ as two Pallas kernels (forward, recomputing backward), the
             # parameters and dropout masks where the GRN layers keep and draw them
-            got = [pallas_grn.GRNParams(d, p, name=f"static_{n}")(zeta, det)
+            got = [GRNParams(d, p, name=f"static_{n}")(zeta, det)
                    for n in STATIC_CONTEXTS]
             keeps = None if got[0][1] is None else [keep for _, keep in got]
             c_s, c_e, c_h, c_c = pallas_grn.grn_stack(
@@ -158,8 +146,27 @@ class TFT(nn.Module):
         xi = jnp.concatenate([xi_enc, xi_dec], axis=1)
 
         # 5-6. Gated skip over the LSTM, static enrichment.
-        phi_t = block(GateAddNorm, plan.encoders)(d, p, name="lstm_gate")(xi, phi, det)
-        theta = enc_grn(d, d, p, name="enrichment")(phi_t, c_e[:, None, :], det)
+        rows = grn_kernel(cfg) and quant is None  # the row-wise blocks as Pallas kernels
+        interpret_k = not is_gpu(cfg.platform)
+
+        def gate(name, a, b, rate, layer):
+            if not rows:
+                return layer(d, rate, name=name)(a, b, det)
+            prm, keep = GateParams(d, rate, name=name)(b, det)
+            return pallas_gated.gated_rows(prm, a, b, keep, rate, grn=False, interpret=interpret_k)
+
+        def grn(name, a, context):
+            if not rows:
+                return enc_grn(d, d, p, name=name)(a, context, det)
+            prm, keep = GRNParams(d, p, context is not None, name=name)(a, det)
+            ctx = None
+            if context is not None:  # its projection per window, broadcast to the rows
+                ctx = jnp.broadcast_to(context @ prm["ctx_k"].astype(context.dtype),
+                                       a.shape)
+            return pallas_gated.gated_rows(prm, a, ctx, keep, p, grn=True, interpret=interpret_k)
+
+        phi_t = gate("lstm_gate", xi, phi, p, block(GateAddNorm, plan.encoders))
+        theta = grn("enrichment", phi_t, c_e[:, None, :])
 
         # 7. Causal interpretable attention, queries at the decoder steps.
         attn, attn_w = block(InterpretableAttention, plan.attention)(
@@ -167,9 +174,9 @@ class TFT(nn.Module):
         attn = checkpoint_name(attn, "attention_out")
 
         # 8-9. Gates, position-wise GRN, quantile head.
-        delta = GateAddNorm(d, p, quant, name="attention_gate")(theta[:, te:], attn, det)
-        psi = enc_grn(d, d, p, name="positionwise")(delta, None, det)
-        psi_t = GateAddNorm(d, 0.0, quant, name="output_gate")(phi_t[:, te:], psi, det)
+        delta = gate("attention_gate", theta[:, te:], attn, p, block(GateAddNorm, False))
+        psi = grn("positionwise", delta, None)
+        psi_t = gate("output_gate", phi_t[:, te:], psi, 0.0, block(GateAddNorm, False))
         # float32 head (bf16: its parameters are not cast, see apply_fn) and outputs
         # [B, T_d, Q]; anchored (--anchor): Δ [.., Q] and s [.., 1] from a zero-initialised
         # head, turned into quantiles around the anchor by tftjax.training.steps.anchored
@@ -183,42 +190,14 @@ class TFT(nn.Module):
         return pred, jax.tree.map(lambda a: a.astype(jnp.float32), interp)
 
 
-COMPUTE_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
-FLOAT32_MODULES = ("quantiles",)
-"""Top-level modules whose parameters bf16 compute keeps in float32 (the quantile head)."""
-FLOAT32_PARAMS = ("w_h",)
-"""Parameters bf16 compute passes in float32 and casts where they are used: the LSTMs'
-recurrent kernels, cast inside each step, so that the kernel's gradient is summed over the
-steps in float32 (cast once outside the scan, it would accumulate in bfloat16)."""
-STATIC_CONTEXTS = ("selection", "enrichment", "state_h", "state_c")
-"""The four static context GRNs (``static_<name>``)."""
-
-
-def grn_kernel(cfg: TFTConfig) -> bool:
-    """Whether the static context GRNs run as Pallas kernels: ``--grn-kernel pallas`` where
-    the kernels take the width in the compute dtype (tftjax.models.pallas_grn.supported; the
-    quantized layers always run in XLA)."""
-    return (cfg.grn_kernel == "pallas" and not cfg.qat
-            and pallas_grn.supported(cfg.hidden, COMPUTE_DTYPES[cfg.precision]))
-
-
-def kernel_cast(cfg: TFTConfig) -> tuple[str, ...]:
-    """Top-level modules whose parameters bf16 compute passes in float32 because a Pallas
-    kernel reads them and casts them itself: the static context GRNs under ``--grn-kernel
-    pallas`` (cast outside, each cast would be a launch of its own, and so would each
-    gradient's conversion back)."""
-    if grn_kernel(cfg):
-        return tuple(f"static_{n}" for n in STATIC_CONTEXTS)
-    return ()
-
-
 @functools.lru_cache(maxsize=None)
 def apply_fn(cfg: TFTConfig, mode: str | None = None):
     """``TFT(cfg, mode).apply`` at ``cfg.precision``. bf16: the float32 parameters are cast to
-    bfloat16 copies for the step (their gradients come back float32 through the cast) and so
-    are the inputs, so that matmuls and stored activations are bfloat16; the layers keep
-    their LayerNorm statistics, softmaxes and LSTM cell state in float32, and the quantile
-    head and the outputs are float32. Quantized arithmetic (fake-quant, int8) is float32."""
+    bfloat16 copies for the step (:func:`compute_params`; their gradients come back float32
+    through the cast, or bfloat16 when the caller passes the copies) and so are the inputs,
+    so that matmuls and stored activations are bfloat16; the layers keep their LayerNorm
+    statistics, softmaxes and LSTM cell state in float32, and the quantile head and the
+    outputs are float32. Quantized arithmetic (fake-quant, int8) is float32."""
     model = TFT(cfg, mode)
     if cfg.precision == "f32" or quant_spec(cfg, mode) is not None:  # quantized: float32
         return model.apply
@@ -227,14 +206,8 @@ def apply_fn(cfg: TFTConfig, mode: str | None = None):
     def cast(a):
         return a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a
 
-    def cast_param(path, a):  # the LSTMs' recurrent kernels are cast inside each step
-        return a if path and getattr(path[-1], "key", None) in FLOAT32_PARAMS else cast(a)
-
-    keep_f32 = FLOAT32_MODULES + kernel_cast(cfg)
-
     def apply(variables, static, historical, known, *args, **kw):
-        params = {k: v if k in keep_f32 else jax.tree_util.tree_map_with_path(
-            cast_param, v) for k, v in variables["params"].items()}
+        params = compute_params(cfg, variables["params"], mode=mode)
         # the statics too (the instrument rides as an int32 index, not in static): their
         # contexts feed every later block, and a float32 context promotes it to float32
         return model.apply({**variables, "params": params}, cast(static), cast(historical),

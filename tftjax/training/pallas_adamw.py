@@ -37,13 +37,11 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
-from tftjax.models.pallas_vsn import triton_params
+from tftjax.models import multi_tensor as mt
+from tftjax.models.multi_tensor import triton_params
 
 Array = jax.Array
-BLOCK = 1024
-"""Elements of one leaf per program (float32: 4 KB per operand)."""
 GROUP = 48
 """Leaves per update kernel: 7 pointers each, 2.7 KB of the 4 KB a CUDA kernel may take."""
 
@@ -66,69 +64,32 @@ class AdamW:
     eps_root: float = 0.0
 
 
-@dataclasses.dataclass(frozen=True)
-class _Leaf:
-    size: int
-    start: int  # its first program in the kernel's grid
-    blocks: int
-    decay: bool
-
-
-def _layout(sizes: list[int], decays: list[bool]) -> tuple[tuple[_Leaf, ...], int]:
-    leaves, start = [], 0
-    for n, dec in zip(sizes, decays):
-        b = -(-n // BLOCK)
-        leaves.append(_Leaf(n, start, b, dec))
-        start += b
-    return tuple(leaves), start
-
-
-def _block(i, leaf: _Leaf):
-    """Program ``i``'s block of ``leaf``: (its slice, the mask of real elements)."""
-    k = i - leaf.start
-    offs = k * BLOCK + jnp.arange(BLOCK)
-    return pl.ds(k * BLOCK, BLOCK), offs < leaf.size
-
-
-def _mine(i, leaf: _Leaf):
-    return (i >= leaf.start) & (i < leaf.start + leaf.blocks)
-
-
-def _load(ref, sl, mask):
-    """A masked load: the elements past the leaf's end read as 0 (the last block's tail)."""
-    return plt.load(ref.at[sl], mask=mask, other=0.0)
-
-
-def _store(ref, sl, val, mask):
-    plt.store(ref.at[sl], val, mask=mask)
-
-
-def _norm_kernel(*refs, leaves: tuple[_Leaf, ...]):
+def _norm_kernel(*refs, leaves: tuple[mt.Leaf, ...]):
     *g_refs, out_ref = refs
     i = pl.program_id(0)  # read here: the interpreter cannot read it inside a branch
     for leaf, g_ref in zip(leaves, g_refs):
-        @pl.when(_mine(i, leaf))
+        @pl.when(mt.mine(i, leaf))
         def _(leaf=leaf, g_ref=g_ref):
-            sl, mask = _block(i, leaf)
-            g = _load(g_ref, sl, mask)
+            sl, mask = mt.block(i, leaf)
+            g = mt.load(g_ref, sl, mask).astype(jnp.float32)
             out_ref[i] = jnp.sum(g * g)
 
 
-def _update_kernel(*refs, leaves: tuple[_Leaf, ...], h: AdamW):
+def _update_kernel(*refs, leaves: tuple[mt.Leaf, ...], h: AdamW):
     n = len(leaves)
     s_ref = refs[0]
     p_in, g_in, mu_in, nu_in = (refs[1 + k * n:1 + (k + 1) * n] for k in range(4))
     p_out, mu_out, nu_out = (refs[1 + 4 * n + k * n:1 + 4 * n + (k + 1) * n] for k in range(3))
     pid = pl.program_id(0)  # read here: the interpreter cannot read it inside a branch
     for i, leaf in enumerate(leaves):
-        @pl.when(_mine(pid, leaf))
+        @pl.when(mt.mine(pid, leaf))
         def _(i=i, leaf=leaf):
             g_norm, trigger, bc1, bc2, step_size = (s_ref[k] for k in range(5))
-            sl, mask = _block(pid, leaf)
-            p = _load(p_in[i], sl, mask)
-            g = _load(g_in[i], sl, mask)
-            mu = _load(mu_in[i], sl, mask)
-            nu = _load(nu_in[i], sl, mask)
+            sl, mask = mt.block(pid, leaf)
+            p = mt.load(p_in[i], sl, mask)
+            g = mt.load(g_in[i], sl, mask).astype(jnp.float32)  # bf16 gradients too
+            mu = mt.load(mu_in[i], sl, mask)
+            nu = mt.load(nu_in[i], sl, mask)
             # optax.clip_by_global_norm
             g = jnp.where(trigger > 0, g, (g / g_norm) * h.clip)
             # optax.scale_by_adam (update_moment, update_moment_per_elem_norm, bias_correction)
@@ -138,9 +99,9 @@ def _update_kernel(*refs, leaves: tuple[_Leaf, ...], h: AdamW):
             if leaf.decay:  # optax.add_decayed_weights (masked)
                 u = u + h.weight_decay * p
             u = step_size * u  # optax.scale_by_learning_rate
-            _store(p_out[i], sl, p + u, mask)  # optax.apply_updates
-            _store(mu_out[i], sl, mu, mask)
-            _store(nu_out[i], sl, nu, mask)
+            mt.store(p_out[i], sl, p + u, mask)  # optax.apply_updates
+            mt.store(mu_out[i], sl, mu, mask)
+            mt.store(nu_out[i], sl, nu, mask)
 
 
 def _decays(h: AdamW, params) -> list[bool]:
@@ -152,7 +113,7 @@ def _decays(h: AdamW, params) -> list[bool]:
 def global_norm(grads, *, interpret: bool) -> Array:
     """``optax.global_norm(grads)`` through the norm kernel (one launch and one reduction)."""
     flat = [g.reshape(-1) for g in jax.tree.leaves(grads)]
-    leaves, total = _layout([g.size for g in flat], [False] * len(flat))
+    leaves, total = mt.layout([g.size for g in flat], [False] * len(flat))
     partial = pl.pallas_call(
         functools.partial(_norm_kernel, leaves=leaves),
         out_shape=jax.ShapeDtypeStruct((total,), jnp.float32), grid=(total,),
@@ -179,10 +140,12 @@ def step(h: AdamW, params, grads, opt_state, *, interpret: bool
     leaves_p, tree = jax.tree.flatten(params)
     leaves_g = tree.flatten_up_to(grads)
     leaves_mu, leaves_nu = tree.flatten_up_to(adam.mu), tree.flatten_up_to(adam.nu)
-    for p in leaves_p + leaves_g + leaves_mu + leaves_nu:
+    for p in leaves_p + leaves_mu + leaves_nu:
         if p.dtype != jnp.float32:
-            raise TypeError(f"pallas_adamw: float32 parameters, gradients and moments only, "
-                            f"got {p.dtype}")
+            raise TypeError(f"pallas_adamw: float32 parameters and moments only, got {p.dtype}")
+    for g in leaves_g:
+        if g.dtype not in (jnp.float32, jnp.bfloat16):
+            raise TypeError(f"pallas_adamw: float32 or bfloat16 gradients only, got {g.dtype}")
     g_norm = global_norm(leaves_g, interpret=interpret)
     trigger = g_norm < h.clip
     count_inc = optax.safe_increment(adam.count)
@@ -201,7 +164,7 @@ def step(h: AdamW, params, grads, opt_state, *, interpret: bool
         sl = slice(lo, lo + GROUP)
         flat = [[a.reshape(-1) for a in xs[sl]]
                 for xs in (leaves_p, leaves_g, leaves_mu, leaves_nu)]
-        leaves, total = _layout([a.size for a in flat[0]], decays[sl])
+        leaves, total = mt.layout([a.size for a in flat[0]], decays[sl])
         n = len(leaves)
         outs = pl.pallas_call(
             functools.partial(_update_kernel, leaves=leaves, h=h),

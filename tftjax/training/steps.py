@@ -20,8 +20,9 @@ from tftjax import losses
 from tftjax import quant as qt
 from tftjax.config import TFTConfig
 from tftjax.data import DeviceData, gather
-from tftjax.models.tft import apply_fn, quant_spec
+from tftjax.models.tft import apply_fn, compute_params, quant_spec
 from tftjax.remat import is_gpu
+from tftjax.models import multi_tensor
 from tftjax.training import pallas_adamw
 from tftjax.training.state import TrainState, member_keys
 
@@ -154,6 +155,11 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
     # --optimizer-kernel pallas: compiled for a GPU (running on one or targeting one), run
     # in Pallas' interpreter elsewhere; None: optax
     pallas_opt = None if cfg.optimizer_kernel != "pallas" else not is_gpu(cfg.platform)
+    # bf16: the step differentiates with respect to the parameters' bfloat16 copies (the
+    # gradients come back in their dtype: what the cast's transpose would convert leaf by
+    # leaf, the optimizer converts), cast in a few launches under the Pallas optimizer
+    cast_leaves = None if pallas_opt is None else functools.partial(
+        multi_tensor.cast, dtype=jnp.bfloat16, interpret=pallas_opt)
 
     def grads_of(params, stats, apply_fn, data, idx, fill, dropout_key, denom):
         # a padded row (-1: the last batch of an epoch) is masked out of the loss and gathered
@@ -166,8 +172,9 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
         mask = batch_idx >= 0
         fill = jnp.maximum(batch_idx[0], 0)  # padding is at the end: row 0 is real
         dropout_key = jax.random.fold_in(key, state.step)
+        params = compute_params(cfg, state.params, cast_leaves)
         if k_acc == 1:
-            (loss, ranges), grads = grads_of(state.params, state.quant_stats, state.apply_fn,
+            (loss, ranges), grads = grads_of(params, state.quant_stats, state.apply_fn,
                                              data, batch_idx, fill, dropout_key, None)
         else:
             denom = jnp.maximum(mask.sum(), 1).astype(jnp.float32)
@@ -178,7 +185,7 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
             def body(carry, xs):
                 g_sum, l_sum, seen = carry
                 idx, k = xs
-                (l, ranges), g = grads_of(state.params, state.quant_stats, state.apply_fn, data,
+                (l, ranges), g = grads_of(params, state.quant_stats, state.apply_fn, data,
                                           idx, fill, jax.random.fold_in(dropout_key, k), denom)
                 g_sum = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g)
                 return (g_sum, l_sum + l, jax.tree.map(qt.merge_ranges, seen, ranges)), None
@@ -187,11 +194,11 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
             (grads, loss, ranges), _ = jax.lax.scan(
                 body, (zeros, jnp.zeros((), jnp.float32), no_ranges(state.quant_stats)),
                 (micro, jnp.arange(k_acc)))
-            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         # every observer moves once, by the whole batch's range, whatever the micro-batches
         stats = (qt.update_observers(state.quant_stats, ranges, spec) if spec is not None
                  else state.quant_stats)
         if pallas_opt is None:
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
             new_state = state.apply_gradients(grads=grads, quant_stats=stats)
             grad_norm = optax.global_norm(grads)
         else:  # --optimizer-kernel pallas: the same optimizer step as Pallas kernels
