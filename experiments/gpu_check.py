@@ -64,7 +64,8 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
              ["tests/test_gpu.py", "tests/test_bf16_census.py", "tests/test_precision.py",
               "tests/test_remat.py", "tests/test_fused.py", "tests/test_pallas_vsn.py",
               "tests/test_pallas_adamw.py", "tests/test_pallas_grn.py",
-              "tests/test_recurrence.py"])
+              "tests/test_pallas_gated.py", "tests/test_pallas_attention.py",
+              "tests/test_multi_tensor.py", "tests/test_recurrence.py"])
     plan = [("tests", "tests", 200, [PY, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p",
                                      "no:cacheprovider", *tests])]
     # the Pallas VSN, LSTM, static-GRN and optimizer kernels (tftjax.models.pallas_vsn,
@@ -80,7 +81,8 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
         plan.append(("throughput", name, 45, [
             PY, "experiments/throughput.py", "--preset", preset, "--batch-sizes", str(b),
             "--remat", tier, "--precision", prec, "--steps", steps, "--vsn-kernel", kernel,
-            "--lstm-kernel", kernel, "--grn-kernel", kernel, "--optimizer-kernel", kernel,
+            "--lstm-kernel", kernel, "--grn-kernel", kernel, "--attention-kernel", kernel,
+            "--optimizer-kernel", kernel,
             "--out", str(r / f"{name}.json")]))
     for prec in ("f32", "bf16"):
         plan.append(("peer", f"peer_{prec}", 60, [

@@ -30,10 +30,11 @@ from tftjax.provenance import write_result
 
 def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data,
             precision: str = "f32", vsn_kernel: str = "xla", lstm_kernel: str = "xla",
-            optimizer_kernel: str = "xla", grn_kernel: str = "xla") -> dict:
+            optimizer_kernel: str = "xla", grn_kernel: str = "xla",
+            attention_kernel: str = "xla") -> dict:
     cfg = preset(preset_name, remat=remat, precision=precision, vsn_kernel=vsn_kernel,
                  lstm_kernel=lstm_kernel, optimizer_kernel=optimizer_kernel,
-                 grn_kernel=grn_kernel)
+                 grn_kernel=grn_kernel, attention_kernel=attention_kernel)
     tc = TrainConfig(batch_size=batch)
     state = create_train_state(cfg, tc, jax.random.key(0))
     step = make_train_step(cfg)
@@ -48,7 +49,7 @@ def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data,
     med = statistics.median(times)
     return {"preset": preset_name, "remat": remat, "vsn_kernel": vsn_kernel,
             "lstm_kernel": lstm_kernel, "optimizer_kernel": optimizer_kernel,
-            "grn_kernel": grn_kernel,
+            "grn_kernel": grn_kernel, "attention_kernel": attention_kernel,
             "batch_size": batch, "compile_s": compile_s,
             "step_s_median": med, "step_s_min": min(times), "step_s_max": max(times),
             "samples_per_s": batch / med, "temp_bytes": temp,
@@ -67,8 +68,10 @@ def main() -> None:
     ap.add_argument("--lstm-kernel", default="xla",
                     help="the LSTMs: xla, or pallas (tftjax.models.pallas_lstm; a GPU)")
     ap.add_argument("--grn-kernel", default="xla",
-                    help="the static context GRNs: xla, or pallas (tftjax.models.pallas_grn; "
-                         "a GPU)")
+                    help="the GRNs and gates outside the VSNs: xla, or pallas "
+                         "(tftjax.models.pallas_grn and pallas_gated; a GPU)")
+    ap.add_argument("--attention-kernel", default="xla",
+                    help="the attention: xla, or pallas (tftjax.models.pallas_attention; a GPU)")
     ap.add_argument("--optimizer-kernel", default="xla",
                     help="the optimizer: xla, or pallas (tftjax.training.pallas_adamw; a GPU)")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/throughput.json"))
@@ -85,7 +88,8 @@ def main() -> None:
     for prec, remat, b in [(p, r, int(b)) for p in args.precision.split(",")
                            for r in args.remat.split(",") for b in args.batch_sizes.split(",")]:
         r = measure(args.preset, b, remat, args.steps, ds, data, prec, args.vsn_kernel,
-                    args.lstm_kernel, args.optimizer_kernel, args.grn_kernel)
+                    args.lstm_kernel, args.optimizer_kernel, args.grn_kernel,
+                    args.attention_kernel)
         r["precision"] = prec
         rows.append(r)
         print(f"| {prec} | {remat} | {b} | {r['compile_s']:.1f} s | {r['step_s_median']:.4f} s "

@@ -318,3 +318,33 @@ def test_a_gate_and_a_grn_are_three_triton_kernels_each_on_the_h100():
     # kernels, the keep mask's conversion, the two b gradients' sum, and this loss's own
     # (the reduction and its cotangent's broadcast)
     assert Program(text).census().kernels <= 14
+
+
+@pytest.mark.slow  # a GPU compile of the attention alone: ~10 s (Triton)
+@pytest.mark.skipif(not targets.available(),
+                    reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
+def test_the_attention_is_two_triton_kernels_on_the_h100():
+    from tftjax.models import pallas_attention
+    from tftjax.models.tft import causal_mask
+
+    # TFT-225's attention at batch 256 in bf16: 10 queries over 60 keys, 4 heads of 32,
+    # dropout on the weights
+    b, h, dh, te, td = 256, 4, 32, 50, 10
+    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    sds = lambda shape, t=jnp.bfloat16: jax.ShapeDtypeStruct(shape, t, sharding=s)  # noqa: E731
+    q, k, v = sds((b, td, h * dh)), sds((b, te + td, h * dh)), sds((b, te + td, dh))
+    keep = sds((b, h, td, te + td), jnp.bool_)
+
+    def loss(q, k, v, keep):
+        out = pallas_attention.attend(q, k, v, causal_mask(te, td), keep, 0.1, heads=h,
+                                      interpret=False)
+        return jnp.sum(out.astype(jnp.float32))
+
+    text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(
+        q, k, v, keep).compile().as_text()
+    calls = [ln for ln in text.splitlines() if "custom_call_target=\"__gpu$xla.gpu.triton\"" in ln]
+    assert sorted(c.split('name = "')[1].split('"')[0] for c in calls) == [
+        "attention_bwd", "attention_fwd"]
+    # XLA runs it forward and backward as about 25 launches; here the two kernels, the keep
+    # mask's conversion, and this loss's own (the reduction and its cotangent's broadcast)
+    assert Program(text).census().kernels <= 6

@@ -90,7 +90,7 @@ def test_settings_that_do_not_touch_the_parameters_share_one_init(model):
                                     # compiled Pallas kernels at platform gpu need a GPU; the
                                     # interpreted ones train from off's init in test_remat
                                     "vsn_kernel", "lstm_kernel", "grn_kernel",
-                                    "optimizer_kernel"}
+                                    "attention_kernel", "optimizer_kernel"}
     direct = jax.jit(TFT(variant).init)(jax.random.key(0), *dummy_inputs(variant, 2))["params"]
     shared = init_params(variant, jax.random.key(0))
     assert jax.tree.structure(direct) == jax.tree.structure(shared)

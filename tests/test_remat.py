@@ -24,7 +24,7 @@ def config(tier):
     platform, _, tier = tier.rpartition(":")
     if platform == "pallas":
         return preset("tiny", remat=tier, vsn_chunk=3, vsn_kernel="pallas", lstm_kernel="pallas",
-                      grn_kernel="pallas")
+                      grn_kernel="pallas", attention_kernel="pallas")
     return preset("tiny", remat=tier, vsn_chunk=3, platform=platform or None)
 
 

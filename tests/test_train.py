@@ -142,6 +142,7 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     (["--vsn-kernel", "cuda"], "--vsn-kernel must be xla or pallas, got 'cuda'"),
     (["--lstm-kernel", "cudnn"], "--lstm-kernel must be xla or pallas, got 'cudnn'"),
     (["--grn-kernel", "cuda"], "--grn-kernel must be xla or pallas, got 'cuda'"),
+    (["--attention-kernel", "flash"], "--attention-kernel must be xla or pallas, got 'flash'"),
     (["--optimizer-kernel", "apex"], "--optimizer-kernel must be xla or pallas, got 'apex'"),
     (["--epochs", "0"], "epochs must be >= 1, got 0"),
     (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),

@@ -41,6 +41,7 @@ this map names every module::
   models.pallas_lstm    the LSTM recurrences as persistent Pallas kernels (--lstm-kernel)
   models.pallas_grn     the four static context GRNs as two Pallas kernels (--grn-kernel)
   models.pallas_gated  the temporal GRNs and gated add & norms as Pallas kernels (--grn-kernel)
+  models.pallas_attention  the attention's softmax and mix as two Pallas kernels (--attention-kernel)
   models.kernel_params  the layers' parameters declared for the kernels that run them
   models.recurrence     the LSTM recurrence with its hand-written backward pass
   models.layers         Dense, GLU, GRN, gated add & norm, LSTM, interpretable attention

@@ -117,11 +117,13 @@ class TFTConfig:
     tftjax.models.pallas_lstm). pallas is for NVIDIA GPUs (and --target); on CPU it runs in
     Pallas' interpreter, for tests only."""
     grn_kernel: str = "xla"
-    """How the float model's four static context GRNs run: xla (each tier's plan: about 80
-    kernel launches forward and backward on a GPU), or pallas (one Pallas/Triton kernel
-    forward and one recomputing backward for all four, tftjax.models.pallas_grn; hidden
-    sizes that are powers of two of at least 16). pallas is for NVIDIA GPUs (and --target);
-    on CPU it runs in Pallas' interpreter, for tests only."""
+    """How the float GRNs and gates outside the VSNs run: xla (about 200 GPU launches), or
+    pallas (Pallas/Triton kernels: tftjax.models.pallas_grn for the four static context
+    GRNs, pallas_gated for the rest; widths as pallas_grn.supported)."""
+    attention_kernel: str = "xla"
+    """How the attention's softmax and mix run: xla (about 25 GPU launches), or pallas (one
+    Pallas/Triton kernel each way, tftjax.models.pallas_attention). Every pallas kernel is
+    for NVIDIA GPUs (and --target); on CPU it runs in Pallas' interpreter, for tests only."""
     optimizer_kernel: str = "xla"
     """How the optimizer step (global-norm clip, AdamW, the update) runs: xla (optax: one
     reduction and one update kernel per parameter leaf on a GPU), or pallas (one norm kernel
@@ -166,7 +168,8 @@ class TFTConfig:
 
     # Execution settings: they change memory and speed, not the parameters or (beyond
     # float round-off) the results, so a resumed run may change them.
-    KERNEL_FIELDS = ("vsn_kernel", "lstm_kernel", "grn_kernel", "optimizer_kernel")
+    KERNEL_FIELDS = ("vsn_kernel", "lstm_kernel", "grn_kernel", "attention_kernel",
+                     "optimizer_kernel")
     """The settings that choose a Pallas kernel (xla or pallas)."""
 
     def pallas_flags(self) -> str:
@@ -232,6 +235,8 @@ class TFTConfig:
                 self.lstm_kernel in ("xla", "pallas"),
             f"--grn-kernel must be xla or pallas, got {self.grn_kernel!r}":
                 self.grn_kernel in ("xla", "pallas"),
+            f"--attention-kernel must be xla or pallas, got {self.attention_kernel!r}":
+                self.attention_kernel in ("xla", "pallas"),
             f"--optimizer-kernel must be xla or pallas, got {self.optimizer_kernel!r}":
                 self.optimizer_kernel in ("xla", "pallas"),
             f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)}, got "

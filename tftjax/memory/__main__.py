@@ -50,9 +50,13 @@ def run(argv: list[str] | None = None) -> int:
                          "Pallas/Triton kernel each way, tftjax.models.pallas_lstm; for a GPU "
                          "or --target)")
     ap.add_argument("--grn-kernel", default="xla",
-                    help="the float model's four static context GRNs: xla or pallas (one "
-                         "Pallas/Triton kernel each way for all four, "
-                         "tftjax.models.pallas_grn; for a GPU or --target)")
+                    help="the float model's GRNs and gates outside the VSNs: xla or pallas "
+                         "(Pallas/Triton kernels, tftjax.models.pallas_grn and pallas_gated; "
+                         "for a GPU or --target)")
+    ap.add_argument("--attention-kernel", default="xla",
+                    help="the attention's softmax and mix: xla or pallas (one Pallas/Triton "
+                         "kernel each way, tftjax.models.pallas_attention; for a GPU or "
+                         "--target)")
     ap.add_argument("--optimizer-kernel", default="xla",
                     help="the optimizer step: xla (optax) or pallas (a norm kernel and an "
                          "update kernel per 48 leaves, tftjax.training.pallas_adamw; for a "
@@ -83,6 +87,7 @@ def run(argv: list[str] | None = None) -> int:
             cfg = preset(args.preset, precision=args.precision,
                          matmul_precision=args.matmul_precision, vsn_kernel=args.vsn_kernel,
                          lstm_kernel=args.lstm_kernel, grn_kernel=args.grn_kernel,
+                         attention_kernel=args.attention_kernel,
                          optimizer_kernel=args.optimizer_kernel)
         tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
         for t in tiers:

@@ -27,6 +27,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from tftjax import quant as qt
+from tftjax.models import pallas_attention
 from tftjax.models.recurrence import lstm_recurrence
 from tftjax.quant import QuantSpec
 from tftjax.quant_calib import calibration_record, calibration_stats
@@ -285,6 +286,9 @@ class InterpretableAttention(nn.Module):
     features: int
     dropout: float = 0.0
     quant: QuantSpec | None = None
+    kernel: bool | None = None
+    """The attention itself as Pallas kernels (tftjax.models.pallas_attention): True in
+    Pallas' interpreter, False compiled (GPU); None: XLA."""
 
     @nn.compact
     def __call__(self, q_in: Array, kv: Array, mask: Array,
@@ -292,15 +296,23 @@ class InterpretableAttention(nn.Module):
         H = self.heads
         dh = self.features // H
         dense = functools.partial(Dense, quant=self.quant)
-        q = dense(H * dh, name="query")(q_in).reshape(q_in.shape[:-1] + (H, dh))  # [B, Tq, H, dh]
+        qf = dense(H * dh, name="query")(q_in)
+        q = qf.reshape(q_in.shape[:-1] + (H, dh))  # [B, Tq, H, dh]
         # No key bias: q·b_k is the same for every key, and softmax ignores it.
-        k = dense(H * dh, use_bias=False, name="key")(kv).reshape(kv.shape[:-1] + (H, dh))
+        kf = dense(H * dh, use_bias=False, name="key")(kv)
+        k = kf.reshape(kv.shape[:-1] + (H, dh))
         v = dense(dh, name="value")(kv)  # [B, T, dh], shared by all heads
         # bf16 operands, float32 products and softmax (bf16 compute too)
         logits = einsum_f32("bqhd,bkhd->bhqk", q, k)
         logits = logits / jnp.sqrt(dh).astype(jnp.float32)
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
         attn = checkpoint_name(nn.softmax(logits, axis=-1), "attention_weights")  # [B, H, Tq, T]
-        attn_d = nn.Dropout(self.dropout)(attn.astype(v.dtype), deterministic=deterministic)
-        mixed = jnp.einsum("bhqk,bkd->bqd", attn_d, v) / H  # mean over heads [B, Tq, dh]
+        if self.kernel is None:
+            attn_d = nn.Dropout(self.dropout)(attn.astype(v.dtype), deterministic=deterministic)
+            mixed = jnp.einsum("bhqk,bkd->bqd", attn_d, v) / H  # mean over heads [B, Tq, dh]
+        else:  # the weights above only for the interpretation (unused in training: removed)
+            kept = nn.Dropout(self.dropout)(jnp.ones(attn.shape, jnp.float32), deterministic)
+            keep = None if deterministic or self.dropout == 0 else kept != 0  # the same units
+            mixed = pallas_attention.attend(qf, kf, v, mask, keep, self.dropout, heads=H,
+                                            interpret=self.kernel)
         return dense(self.features, name="out")(mixed), attn.mean(axis=1)

@@ -49,8 +49,8 @@ class Interpretation(NamedTuple):
 
 def causal_mask(encoder_steps: int, decoder_steps: int) -> Array:
     """``[T_d, T]``: decoder step k (position T_e + k) sees positions ``<= T_e + k``."""
-    q = encoder_steps + jnp.arange(decoder_steps)[:, None]
-    return jnp.arange(encoder_steps + decoder_steps)[None, :] <= q
+    q = encoder_steps + np.arange(decoder_steps)[:, None]  # numpy: a constant of the program
+    return jnp.asarray(np.arange(encoder_steps + decoder_steps)[None, :] <= q)
 
 
 class TFT(nn.Module):
@@ -169,8 +169,10 @@ class TFT(nn.Module):
         theta = grn("enrichment", phi_t, c_e[:, None, :])
 
         # 7. Causal interpretable attention, queries at the decoder steps.
+        attn_k = None if cfg.attention_kernel != "pallas" else interpret_k
         attn, attn_w = block(InterpretableAttention, plan.attention)(
-            cfg.heads, d, p, name="attention")(theta[:, te:], theta, causal_mask(te, td), det)
+            cfg.heads, d, p, kernel=attn_k, name="attention")(theta[:, te:], theta,
+                                                              causal_mask(te, td), det)
         attn = checkpoint_name(attn, "attention_out")
 
         # 8-9. Gates, position-wise GRN, quantile head.
