@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tftjax.models import pallas_gated
+from tftjax.models.triton_util import row_splits
 from tftjax.models.kernel_params import GateParams, GRNParams
 from tftjax.models.layers import GRN, GateAddNorm
 
@@ -149,10 +150,10 @@ def test_bfloat16_inputs_with_float32_parameters(cases, kind):
 
 
 def test_row_splits_avoid_padding_where_a_divisor_allows():
-    assert pallas_gated._splits(480, 64) == 60  # TFT-225's 15,360 rows in tiles of 32
-    assert pallas_gated._splits(80, 64) == 40
-    assert pallas_gated._splits(5, 64) == 5  # fewer tiles than splits: one each
-    assert pallas_gated._splits(67, 64) == 64  # a prime: padded to 64 × 2 tiles
+    assert row_splits(480, 64) == 60  # TFT-225's 15,360 rows in tiles of 32
+    assert row_splits(80, 64) == 40
+    assert row_splits(5, 64) == 5  # fewer tiles than splits: one each
+    assert row_splits(67, 64) == 64  # a prime: padded to 64 × 2 tiles
 
 
 def test_bad_widths_and_a_gate_without_its_input_are_refused():

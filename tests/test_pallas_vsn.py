@@ -62,7 +62,7 @@ def _both(p, x, w, keep, r, dropout, block_rows, target_programs=pallas_vsn.TARG
 @pytest.mark.parametrize("m,n,dv,d,dropout,block_rows,programs", [
     (5, 45, 4, 16, 0.0, 16, 264),  # d_v padded 4 → 16; 3 row tiles, padded rows, R = 3
     (7, 45, 4, 12, 0.3, 8, 264),   # d padded 12 → 16 (LayerNorm masked); dropout
-    (3, 100, 3, 8, 0.3, 16, 4),    # 7 tiles → 8 in 2 backward splits of 4 tiles each
+    (3, 100, 3, 8, 0.3, 16, 12),   # 7 tiles (prime) → 8 in 4 backward splits of 2 tiles each
 ])
 def test_pallas_vsn_value_and_every_gradient_equal_autodiff_float32(m, n, dv, d, dropout,
                                                                    block_rows, programs):

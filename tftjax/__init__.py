@@ -34,9 +34,11 @@ this map names every module::
   quant                 fake-quant (a custom_vjp straight-through estimator), observers, int8
   quant_tree            the quantized trees: int8 variables, layer names, observers
   quant_calib           what a PTQ calibration batch records of each tensor, by method
+  models.triton_util   what the Pallas/Triton kernels share (sizes, dots, row splits)
   models.multi_tensor   element-wise work over many arrays as one Pallas kernel (casts, sums)
   models.dropout        the stacked GRNs' dropout masks
   models.fused          the fused, recomputing per-variable GRN kernel (CPU)
+  models.vsn_tiles     the VSN's parameters as the Pallas kernels read and write them
   models.pallas_vsn     the same as two Pallas/Triton kernels (GPU; --vsn-kernel pallas)
   models.pallas_lstm    the LSTM recurrences as persistent Pallas kernels (--lstm-kernel)
   models.pallas_grn     the four static context GRNs as two Pallas kernels (--grn-kernel)

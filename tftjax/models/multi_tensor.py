@@ -28,19 +28,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from tftjax.models.triton_util import triton_params
+
 Array = jax.Array
 BLOCK = 1024
 """Elements of one array per program (float32: 4 KB per operand)."""
 GROUP = 96
 """Arrays per kernel when each takes two pointers (an input and an output)."""
-
-
-def triton_params(interpret: bool, num_warps: int = 4):
-    """Triton's compiler parameters (None in the interpreter)."""
-    if interpret:
-        return None
-    from jax.experimental.pallas import triton as plt
-    return plt.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from tftjax.models.pallas_vsn import _dot, _meta, dot_size, triton_params
+from tftjax.models.triton_util import dot, dot_size, meta, plt, start, triton_params
 
 Array = jax.Array
 NEG = float(np.finfo(np.float32).min)
@@ -58,11 +58,6 @@ class _Static:
         return dot_size(self.dh)
 
 
-def _plt():
-    from jax.experimental.pallas import triton as plt
-    return plt
-
-
 def _masks(st: _Static):
     """Real queries, keys and head columns of the padded tiles."""
     return (jnp.arange(st.pq) < st.tq, jnp.arange(st.pk) < st.tk,
@@ -70,25 +65,25 @@ def _masks(st: _Static):
 
 
 def _load(ref, rows_mask, *idx):
-    return _plt().load(ref.at[idx], mask=rows_mask, other=0)
+    return plt().load(ref.at[idx], mask=rows_mask, other=0)
 
 
 def _weights(b, h, q_ref, k_ref, mask_ref, keep_ref, st: _Static):
     """Head ``h`` of window ``b``: its queries and keys (compute dtype), the softmax ``p``
     [pq, pk] float32 and the dropped weights ``pd`` (float32, or None: no dropout)."""
     rq, rk, rc = _masks(st)
-    cols = pl.ds(jnp.int32(h * st.dh), st.pd)  # dynamic: padded past the end, masked
+    cols = pl.ds(start(h * st.dh), st.pd)  # dynamic: padded past the end, masked
     qh = _load(q_ref, rq[:, None] & rc[None, :], b, pl.ds(0, st.pq), cols)
     kh = _load(k_ref, rk[:, None] & rc[None, :], b, pl.ds(0, st.pk), cols)
     both = rq[:, None] & rk[None, :]
     allowed = _load(mask_ref, both, pl.ds(0, st.pq), pl.ds(0, st.pk)) != 0
-    logits = _dot(qh, kh, 1, 1, jnp.dtype(st.cd)) / np.sqrt(st.dh).astype(np.float32)
+    logits = dot(qh, kh, 1, 1, jnp.dtype(st.cd)) / np.sqrt(st.dh).astype(np.float32)
     logits = jnp.where(allowed, logits, NEG)
     e = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     p = e / jnp.sum(e, axis=-1, keepdims=True)
     pd = None
     if keep_ref is not None:  # flax's nn.Dropout: kept weights divided by the keep probability
-        keep = _load(keep_ref, both, b, jnp.int32(h), pl.ds(0, st.pq), pl.ds(0, st.pk))
+        keep = _load(keep_ref, both, b, start(h), pl.ds(0, st.pq), pl.ds(0, st.pk))
         pd = jnp.where(keep != 0, p / st.keep_prob, 0.0)
     return qh, kh, p, pd
 
@@ -103,8 +98,8 @@ def _fwd_kernel(*refs, st: _Static, has_keep: bool):
     acc = jnp.zeros((st.pq, st.pd), jnp.float32)
     for h in range(st.heads):
         _, _, p, pd = _weights(b, h, q_ref, k_ref, mask_ref, keep_ref, st)
-        acc += _dot(p if pd is None else pd, v, 1, 0, jnp.dtype(st.cd))
-    _plt().store(out_ref.at[b, pl.ds(0, st.pq), pl.ds(0, st.pd)],
+        acc += dot(p if pd is None else pd, v, 1, 0, jnp.dtype(st.cd))
+    plt().store(out_ref.at[b, pl.ds(0, st.pq), pl.ds(0, st.pd)],
                  (acc / st.heads).astype(out_ref.dtype), mask=rq[:, None] & rc[None, :])
 
 
@@ -122,18 +117,18 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool):
     dv = jnp.zeros((st.pk, st.pd), jnp.float32)
     for h in range(st.heads):
         qh, kh, p, pd = _weights(b, h, q_ref, k_ref, mask_ref, keep_ref, st)
-        dv += _dot(p if pd is None else pd, g, 0, 0, cd)
-        dp = _dot(g, v, 1, 1, cd)  # [pq, pk]
+        dv += dot(p if pd is None else pd, g, 0, 0, cd)
+        dp = dot(g, v, 1, 1, cd)  # [pq, pk]
         if pd is not None:
             dp = jnp.where(pd != 0, dp / st.keep_prob, 0.0)
         ds = p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True))
         ds = ds / np.sqrt(st.dh).astype(np.float32)
-        cols = pl.ds(jnp.int32(h * st.dh), st.pd)  # dynamic: padded past the end, masked
-        _plt().store(dq_ref.at[b, pl.ds(0, st.pq), cols], _dot(ds, kh, 1, 0, cd).astype(
+        cols = pl.ds(start(h * st.dh), st.pd)  # dynamic: padded past the end, masked
+        plt().store(dq_ref.at[b, pl.ds(0, st.pq), cols], dot(ds, kh, 1, 0, cd).astype(
             dq_ref.dtype), mask=qmask)
-        _plt().store(dk_ref.at[b, pl.ds(0, st.pk), cols], _dot(ds, qh, 0, 0, cd).astype(
+        plt().store(dk_ref.at[b, pl.ds(0, st.pk), cols], dot(ds, qh, 0, 0, cd).astype(
             dk_ref.dtype), mask=kmask)
-    _plt().store(dv_ref.at[b, pl.ds(0, st.pk), pl.ds(0, st.pd)], dv.astype(dv_ref.dtype),
+    plt().store(dv_ref.at[b, pl.ds(0, st.pk), pl.ds(0, st.pd)], dv.astype(dv_ref.dtype),
                  mask=kmask)
 
 
@@ -148,7 +143,7 @@ def _call(kernel, name, args, outs, batch, flops, st, has_keep):
         functools.partial(kernel, st=st, has_keep=has_keep), out_shape=outs, grid=(batch,),
         in_specs=[pl.no_block_spec] * len(args), out_specs=[pl.no_block_spec] * len(outs),
         interpret=st.interpret, compiler_params=triton_params(st.interpret, 4), name=name,
-        metadata=_meta(flops))(*args)
+        metadata=meta(flops))(*args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))

@@ -36,7 +36,7 @@ from jax.experimental import pallas as pl
 from tftjax.models import multi_tensor
 from tftjax.models.fused import EPS
 from tftjax.models.pallas_grn import MAX_WEIGHT_BYTES, supported
-from tftjax.models.pallas_vsn import MIN_DOT, _dot, _meta, dot_size, triton_params
+from tftjax.models.triton_util import MIN_DOT, dot, dot_size, meta, row_splits, triton_params
 
 Array = jax.Array
 GRN_NAMES = ("fc2_k", "fc2_b", "fc1_k", "fc1_b", "glu_k", "glu_b", "ln_scale", "ln_bias")
@@ -88,17 +88,17 @@ def _forward(a, b, keep, w: _W, st: _Static):
     cd = w.cd
     h2 = e = None
     if st.grn:
-        h2 = _dot(a, w.m("fc2_k"), 1, 0, cd) + w.v("fc2_b")[None, :]
+        h2 = dot(a, w.m("fc2_k"), 1, 0, cd) + w.v("fc2_b")[None, :]
         if b is not None:
             h2 = h2 + b
         e = jnp.where(h2 > 0, h2, jnp.expm1(jnp.minimum(h2, 0.0)))
-        g_in = _dot(e, w.m("fc1_k"), 1, 0, cd) + w.v("fc1_b")[None, :]
+        g_in = dot(e, w.m("fc1_k"), 1, 0, cd) + w.v("fc1_b")[None, :]
     else:
         g_in = b
     if keep is not None:  # flax's nn.Dropout: kept units divided by the keep probability
         g_in = jnp.where(keep != 0, g_in / st.keep_prob, 0.0)
-    v = _dot(g_in, w.m("glu_k", 0), 1, 0, cd) + w.v("glu_b", 0)[None, :]
-    s = jax.nn.sigmoid(_dot(g_in, w.m("glu_k", 1), 1, 0, cd) + w.v("glu_b", 1)[None, :])
+    v = dot(g_in, w.m("glu_k", 0), 1, 0, cd) + w.v("glu_b", 0)[None, :]
+    s = jax.nn.sigmoid(dot(g_in, w.m("glu_k", 1), 1, 0, cd) + w.v("glu_b", 1)[None, :])
     y = a + s * v
     mean = jnp.sum(y, axis=-1, keepdims=True) / st.d
     var = jnp.maximum(0.0, jnp.sum(y * y, axis=-1, keepdims=True) / st.d - mean * mean)
@@ -156,25 +156,25 @@ def _bwd_kernel(*refs, st: _Static, has_b: bool, has_keep: bool):
             ln = (jnp.sum(go * yh, axis=0), jnp.sum(go, axis=0))
             if p == 0 and not st.grn:  # the gate's value half, the inputs, the LayerNorm
                 _inputs(dy, dv, dy * v * s * (1.0 - s), keep, rows)
-                return (acc[0] + _dot(g_in, dv, 0, 0, cd), acc[1] + jnp.sum(dv, axis=0),
+                return (acc[0] + dot(g_in, dv, 0, 0, cd), acc[1] + jnp.sum(dv, axis=0),
                         acc[2] + ln[0], acc[3] + ln[1])
             if p == (2 if st.grn else None):
-                return acc[0] + _dot(g_in, dv, 0, 0, cd), acc[1] + jnp.sum(dv, axis=0)
+                return acc[0] + dot(g_in, dv, 0, 0, cd), acc[1] + jnp.sum(dv, axis=0)
             dg = dy * v * s * (1.0 - s)
             if p == (3 if st.grn else 1):
-                return acc[0] + _dot(g_in, dg, 0, 0, cd), acc[1] + jnp.sum(dg, axis=0)
+                return acc[0] + dot(g_in, dg, 0, 0, cd), acc[1] + jnp.sum(dg, axis=0)
             dh1 = _glu_input_grad(dv, dg, keep)
             if p == 1:
-                return (acc[0] + _dot(e, dh1, 0, 0, cd), acc[1] + jnp.sum(dh1, axis=0),
+                return (acc[0] + dot(e, dh1, 0, 0, cd), acc[1] + jnp.sum(dh1, axis=0),
                         acc[2] + ln[0], acc[3] + ln[1])
-            dh2 = _dot(dh1, w.m("fc1_k"), 1, 1, cd) * jnp.where(h2 > 0, 1.0, e + 1.0)
-            da_ref[rows, :] = dy + _dot(dh2, w.m("fc2_k"), 1, 1, cd)
+            dh2 = dot(dh1, w.m("fc1_k"), 1, 1, cd) * jnp.where(h2 > 0, 1.0, e + 1.0)
+            da_ref[rows, :] = dy + dot(dh2, w.m("fc2_k"), 1, 1, cd)
             if has_b:
                 db_ref[rows, :] = dh2
-            return acc[0] + _dot(a, dh2, 0, 0, cd), acc[1] + jnp.sum(dh2, axis=0)
+            return acc[0] + dot(a, dh2, 0, 0, cd), acc[1] + jnp.sum(dh2, axis=0)
 
         def _glu_input_grad(dv, dg, keep):
-            dgi = _dot(dv, w.m("glu_k", 0), 1, 1, cd) + _dot(dg, w.m("glu_k", 1), 1, 1, cd)
+            dgi = dot(dv, w.m("glu_k", 0), 1, 1, cd) + dot(dg, w.m("glu_k", 1), 1, 1, cd)
             if keep is not None:
                 dgi = jnp.where(keep != 0, dgi / st.keep_prob, 0.0)
             return dgi
@@ -219,7 +219,7 @@ def _fwd(prm, a, b, keep, st: _Static):
         out_shape=[jax.ShapeDtypeStruct(a.shape, a.dtype)], grid=(n_p // st.bn,),
         in_specs=[pl.no_block_spec] * len(args), out_specs=[pl.no_block_spec],
         interpret=st.interpret, compiler_params=triton_params(st.interpret, 8),
-        name="gated_rows_fwd", metadata=_meta(matmul_flops(st.grn, n_p, st.d)))(*args)[0]
+        name="gated_rows_fwd", metadata=meta(matmul_flops(st.grn, n_p, st.d)))(*args)[0]
 
 
 def _bwd(prm, a, b, keep, go, st: _Static):
@@ -234,7 +234,7 @@ def _bwd(prm, a, b, keep, go, st: _Static):
         in_specs=[pl.no_block_spec] * len(args), out_specs=[pl.no_block_spec] * len(rows + parts),
         interpret=st.interpret, compiler_params=triton_params(st.interpret, 8),
         name="gated_rows_bwd",
-        metadata=_meta((st.parts + 2) * matmul_flops(st.grn, n_p, st.d)))(*args)
+        metadata=meta((st.parts + 2) * matmul_flops(st.grn, n_p, st.d)))(*args)
     da, db, partial = out[0], out[1] if b is not None else None, out[len(rows):]
     grads = multi_tensor.sum_splits(partial, [p.dtype for p in prm], interpret=st.interpret)
     return tuple(grads), da.astype(a.dtype), None if b is None else db.astype(b.dtype)
@@ -259,16 +259,6 @@ def _gated_bwd(st, res, go):
 _gated.defvjp(_gated_fwd, _gated_bwd)
 
 
-def _splits(tiles: int, most: int) -> int:
-    """Row splits for the backward grid: at most ``most``, the largest that divides the
-    tiles if it is at least half of that (no padded rows: padding and slicing back are
-    launches of their own), else ``most`` (the rows padded)."""
-    if tiles <= most:
-        return tiles
-    best = max(s for s in range(1, most + 1) if tiles % s == 0)
-    return best if 2 * best >= most else most
-
-
 def gated_rows(params: dict, a: Array, b: Array | None, keep: Array | None, rate: float, *,
                grn: bool, interpret: bool, block_rows: int = BLOCK_ROWS,
                target_programs: int = TARGET_PROGRAMS) -> Array:
@@ -290,7 +280,7 @@ def gated_rows(params: dict, a: Array, b: Array | None, keep: Array | None, rate
     bn = min(dot_size(block_rows), dot_size(n))
     tiles = -(-n // bn)
     parts = 4 if grn else 2
-    splits = _splits(tiles, max(1, target_programs // parts))
+    splits = row_splits(tiles, max(1, target_programs // parts))
     per = -(-tiles // splits)
     n_p = splits * per * bn
     pad = lambda x: x if x is None or n_p == n else jnp.pad(x, [(0, n_p - n), (0, 0)])  # noqa: E731

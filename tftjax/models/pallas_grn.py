@@ -36,7 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from tftjax.models.fused import EPS
-from tftjax.models.pallas_vsn import MIN_DOT, _dot, _meta, dot_size, triton_params
+from tftjax.models.triton_util import MIN_DOT, dot, dot_size, meta, triton_params
 
 Array = jax.Array
 NAMES = ("fc2_k", "fc2_b", "fc1_k", "fc1_b", "glu_k", "glu_b", "ln_scale", "ln_bias")
@@ -93,13 +93,13 @@ class _Refs:
 def _forward(x, keep, q: _Refs, st: _Static):
     """One GRN on one tile: ``x`` [bn, d] float32, ``keep`` [bn, d] (0/1) or None."""
     cd = jnp.dtype(st.cd)
-    h2 = _dot(x, q.w("fc2_k"), 1, 0, cd) + q.v("fc2_b")[None, :]
+    h2 = dot(x, q.w("fc2_k"), 1, 0, cd) + q.v("fc2_b")[None, :]
     e = jnp.where(h2 > 0, h2, jnp.expm1(jnp.minimum(h2, 0.0)))
-    h1 = _dot(e, q.w("fc1_k"), 1, 0, cd) + q.v("fc1_b")[None, :]
+    h1 = dot(e, q.w("fc1_k"), 1, 0, cd) + q.v("fc1_b")[None, :]
     if keep is not None:  # flax's nn.Dropout: kept units divided by the keep probability
         h1 = jnp.where(keep != 0, h1 / st.keep_prob, 0.0)
-    v = _dot(h1, q.w("glu_k", 0), 1, 0, cd) + q.v("glu_b", 0)[None, :]
-    s = jax.nn.sigmoid(_dot(h1, q.w("glu_k", 1), 1, 0, cd) + q.v("glu_b", 1)[None, :])
+    v = dot(h1, q.w("glu_k", 0), 1, 0, cd) + q.v("glu_b", 0)[None, :]
+    s = jax.nn.sigmoid(dot(h1, q.w("glu_k", 1), 1, 0, cd) + q.v("glu_b", 1)[None, :])
     y = x + s * v
     mean = jnp.sum(y, axis=-1, keepdims=True) / st.d
     var = jnp.maximum(0.0, jnp.sum(y * y, axis=-1, keepdims=True) / st.d - mean * mean)
@@ -150,19 +150,19 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool):
             dy = r * (gx - m1 - yh * m2)
             dv = dy * s
             if p == 2:
-                return (acc[0] + _dot(h1, dv, 0, 0, cd), acc[1] + jnp.sum(dv, axis=0))
+                return (acc[0] + dot(h1, dv, 0, 0, cd), acc[1] + jnp.sum(dv, axis=0))
             dg = dy * v * s * (1.0 - s)
             if p == 3:
-                return (acc[0] + _dot(h1, dg, 0, 0, cd), acc[1] + jnp.sum(dg, axis=0))
-            dh1 = _dot(dv, q.w("glu_k", 0), 1, 1, cd) + _dot(dg, q.w("glu_k", 1), 1, 1, cd)
+                return (acc[0] + dot(h1, dg, 0, 0, cd), acc[1] + jnp.sum(dg, axis=0))
+            dh1 = dot(dv, q.w("glu_k", 0), 1, 1, cd) + dot(dg, q.w("glu_k", 1), 1, 1, cd)
             if keep is not None:
                 dh1 = jnp.where(keep != 0, dh1 / st.keep_prob, 0.0)
             if p == 1:
-                return (acc[0] + _dot(e, dh1, 0, 0, cd), acc[1] + jnp.sum(dh1, axis=0),
+                return (acc[0] + dot(e, dh1, 0, 0, cd), acc[1] + jnp.sum(dh1, axis=0),
                         acc[2] + jnp.sum(go * yh, axis=0), acc[3] + jnp.sum(go, axis=0))
-            dh2 = _dot(dh1, q.w("fc1_k"), 1, 1, cd) * jnp.where(h2 > 0, 1.0, e + 1.0)
-            dx_ref[i, rows, :] = dy + _dot(dh2, q.w("fc2_k"), 1, 1, cd)
-            return (acc[0] + _dot(x, dh2, 0, 0, cd), acc[1] + jnp.sum(dh2, axis=0))
+            dh2 = dot(dh1, q.w("fc1_k"), 1, 1, cd) * jnp.where(h2 > 0, 1.0, e + 1.0)
+            dx_ref[i, rows, :] = dy + dot(dh2, q.w("fc2_k"), 1, 1, cd)
+            return (acc[0] + dot(x, dh2, 0, 0, cd), acc[1] + jnp.sum(dh2, axis=0))
 
         mat, vec = jnp.zeros((d, d), jnp.float32), jnp.zeros((d,), jnp.float32)
         zero = (mat, vec, vec, vec) if p == 1 else (mat, vec)
@@ -197,7 +197,7 @@ def _fwd(qs, x, keep, st: _Static):
         grid=(st.tiles,), in_specs=[pl.no_block_spec] * len(args),
         out_specs=[pl.no_block_spec] * st.k, interpret=st.interpret,
         compiler_params=triton_params(st.interpret, 8), name="grn_stack_fwd",
-        metadata=_meta(matmul_flops(st.k, n_p, st.d)))(*args))
+        metadata=meta(matmul_flops(st.k, n_p, st.d)))(*args))
 
 
 def _bwd(qs, x, keep, gouts, st: _Static):
@@ -211,7 +211,7 @@ def _bwd(qs, x, keep, gouts, st: _Static):
         out_shape=outs, grid=(st.k, PARTS), in_specs=[pl.no_block_spec] * len(args),
         out_specs=[pl.no_block_spec] * len(outs), interpret=st.interpret,
         compiler_params=triton_params(st.interpret, 8), name="grn_stack_bwd",
-        metadata=_meta(12 * matmul_flops(st.k, n_p, st.d)))(*args)
+        metadata=meta(12 * matmul_flops(st.k, n_p, st.d)))(*args)
     gq = tuple(tuple(g[8 * i:8 * i + 8]) for i in range(st.k))
     return gq, jnp.sum(dx, axis=0).astype(x.dtype)
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from tftjax.models.pallas_vsn import dot_size, triton_params
+from tftjax.models.triton_util import dot_size, triton_params
 
 Array = jax.Array
 F32 = jnp.float32
@@ -41,7 +41,7 @@ BLOCK_ROWS = 16
 16 programs, each holding ``c``, ``h`` and four gate blocks of [16, 128] in registers."""
 
 
-def _dot(a, b, ca, cb):
+def dot(a, b, ca, cb):
     return lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), preferred_element_type=F32)
 
 
@@ -54,7 +54,7 @@ def _fwd_kernel(xp_ref, wh_ref, c0_ref, h0_ref, g_ref, cs_ref, hs_ref, *, steps,
         gates = []
         for k in range(4):  # i, f, g, o
             cols = pl.ds(k * d, d)
-            gk = (xp_ref[t, rows, cols].astype(F32) + _dot(h, wh_ref[:, cols], 1, 0)).astype(cd)
+            gk = (xp_ref[t, rows, cols].astype(F32) + dot(h, wh_ref[:, cols], 1, 0)).astype(cd)
             g_ref[t, rows, cols] = gk
             gates.append(gk.astype(F32))
         i, f, g, o = gates
@@ -90,7 +90,7 @@ def _bwd_kernel(g_ref, cs_ref, c0_ref, dhs_ref, dc_ref, dh_ref, wh_ref, dg_ref, 
             cols = pl.ds(k * d, d)
             dgk = dgk.astype(cd)
             dg_ref[t, rows, cols] = dgk
-            dh_prev = dh_prev + _dot(dgk, wh_ref[:, cols], 1, 1)
+            dh_prev = dh_prev + dot(dgk, wh_ref[:, cols], 1, 1)
         return dc * sf, dh_prev
 
     dc, dh = lax.fori_loop(0, steps, body, (dc_ref[rows, :], dh_ref[rows, :]))

@@ -2,36 +2,32 @@
 
 The GPU twin of :mod:`tftjax.models.fused`: the same function, ``Σ_j w_j GRN_j(x_j)``
 over m variables with the embedding folded in, and the same recomputing backward pass,
-but laid out for a GPU instead of a CPU's caches.
+laid out for a GPU.
 
-* **Forward**: one program per tile of ``block_rows`` rows. It loops over the m
-  variables inside the kernel, loads each variable's parameters (a few KB, from L2),
-  runs its GRN on the tile and adds ``w_j ⊙ GRN_j`` to an accumulator held in registers.
-  Only ``x``, ``w`` (and the dropout mask) are read and the ``[N, d]`` sum written: none
-  of the ``[m, N, ·]`` tensors that the XLA program passes through HBM 30-40 times per
-  step exists outside the kernel.
-* **Backward**: one program per variable (times ``R`` row splits where m alone cannot
-  fill the GPU). It loops over its rows' tiles, recomputes the variable's GRN from the
-  saved inputs, and accumulates that variable's parameter gradients in registers; the
-  ``R`` partial sums are added by XLA afterwards (one small reduction). ``dx`` and ``dw``
-  are written tile by tile.
+* **Forward**: one program per tile of ``block_rows`` rows, looping over the m variables
+  inside the kernel: it reads each variable's parameters (a few KB, from L2), folds the
+  embedding into them, runs the GRN on the tile and adds ``w_j ⊙ GRN_j`` to an accumulator
+  in registers. None of the ``[m, N, ·]`` tensors that the XLA program passes through HBM
+  30-40 times per step exists outside the kernel.
+* **Backward**: one program per variable (times ``R`` row splits where m alone cannot fill
+  the GPU), looping over its rows' tiles: it recomputes the variable's GRN, accumulates the
+  folded parameters' gradients in registers, unfolds them into the stacked parameters' and
+  writes its split's share; one more launch sums the splits
+  (:func:`tftjax.models.multi_tensor.sum_splits`). ``dx`` and ``dw`` are written tile by
+  tile.
 
-Matmul operands are in the parameters' dtype (bfloat16 under ``--precision bf16``: tensor
-cores) with float32 accumulation (``preferred_element_type``); everything elementwise
-(ELU, sigmoid, LayerNorm statistics, the accumulators) is float32.
+The kernels read ``VariableSelection``'s parameters as they are: the fold, the padding and
+the casts happen in registers, so nothing else runs per step. Matmul operands are in the
+parameters' dtype (bfloat16 under ``--precision bf16``) with float32 sums; everything
+element-wise is float32. Triton wants power-of-two tiles and dots of at least 16 a side
+(Pallas does not check): ``d_v`` and ``d`` are padded in registers by masked loads (zeros,
+which stay zero through the GRN; LayerNorm's statistics are masked to the real ``d``), and
+rows to whole tiles (padded rows carry ``w = 0``). TFT-225 (``d_v`` 8, ``d`` 128) pads
+``d_v`` to 16.
 
-Triton wants power-of-two tensor sizes for its loads, and its dots want every dimension
-at least 16 (its own front end refuses smaller ``tl.dot``s; Pallas does not check): the
-wrapper pads ``d_v`` and ``d`` with zeros to a power of two of at least 16 (the padded
-columns stay exactly 0 through the GRN, and LayerNorm's statistics are masked to the real
-``d``) and the rows to whole tiles of at least 16 (padded rows carry ``w = 0`` and
-contribute nothing to any gradient). TFT-225 (``d_v`` 8, ``d`` 128) pads ``d_v`` to 16.
-
-On CPU the kernels run in Pallas' interpreter (``interpret=True``): that is how the tests
-check values and gradients against the reference VSN
-(:func:`tftjax.models.vsn.stacked_grn`). Compiled for the H100 target without a GPU
-(``tftjax.memory.targets``), each kernel is one ``__gpu$xla.gpu.triton`` custom call.
-Its speed needs a GPU (``experiments/gpu_check.py``).
+On CPU the kernels run in Pallas' interpreter: that is how the tests check values and
+gradients against the reference VSN (:func:`tftjax.models.vsn.stacked_grn`). Compiled for
+the H100 target without a GPU (``tftjax.memory.targets``), each is one Triton call.
 """
 
 from __future__ import annotations
@@ -46,9 +42,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from tftjax.models import multi_tensor
-from tftjax.models.multi_tensor import triton_params
+from tftjax.models.triton_util import (dot, dot_size, meta, plt, row_splits, start,
+                                       triton_params)
 from tftjax.models.dropout import keep_prob
-from tftjax.models.fused import EPS, Folded, fold
+from tftjax.models.fused import EPS, Folded
+from tftjax.models.vsn_tiles import PARAMS, ParamTiles
 
 Array = jax.Array
 BLOCK_ROWS = 64
@@ -58,64 +56,55 @@ TARGET_PROGRAMS = 264
 """The backward splits rows until m × splits reaches this (2 programs per H100 SM)."""
 
 
-MIN_DOT = 16
-"""Triton's smallest dot dimension: padded sizes are powers of two of at least this."""
-
-
-def dot_size(n: int) -> int:
-    """The power of two ≥ ``n`` and ≥ :data:`MIN_DOT`: a size Triton's loads and dots take."""
-    return max(MIN_DOT, 1 << max(0, n - 1).bit_length())
-
-
 @dataclasses.dataclass(frozen=True)
 class _Static:
     m: int
+    dv: int  # real per-variable embedding size
     d: int  # real hidden size (LayerNorm's statistics are over these columns)
-    rows: int  # real rows N
     bn: int  # rows per tile
     splits: int  # backward row splits R
+    per: int  # tiles per split
     scale: float  # dropout's 1 / keep probability (1.0 without dropout)
     cd: str  # matmul operand dtype
     interpret: bool
     num_warps: int
+
+    @property
+    def dvp(self) -> int:  # the tiles' padded sizes
+        return dot_size(self.dv)
+
+    @property
+    def dp(self) -> int:
+        return dot_size(self.d)
 
 
 def _compiler_params(st: _Static):
     return triton_params(st.interpret, st.num_warps)
 
 
-def _dot(a: Array, b: Array, ca: int, cb: int, cd) -> Array:
-    """``a`` contracted on axis ``ca`` with ``b`` on ``cb``: operands in ``cd``, float32 sum."""
-    return lax.dot_general(a.astype(cd), b.astype(cd), (((ca,), (cb,)), ((), ())),
-                           preferred_element_type=jnp.float32)
-
-
-def _load(refs, j):
-    """Variable ``j``'s parameters (float32 but the matmul kernels, kept in their dtype)."""
-    q = Folded(*(r[j] for r in refs))
-    f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
-    return q._replace(fk=f32(q.fk), fb=f32(q.fb), b1=f32(q.b1), vb=f32(q.vb), gb=f32(q.gb),
-                      sk=f32(q.sk), sb=f32(q.sb), ln_g=f32(q.ln_g), ln_b=f32(q.ln_b))
-
-
 def _grn(q: Folded, x: Array, keep: Array | None, st: _Static, cd):
     """One variable on one tile: ``x`` [bn] float32, ``keep`` [bn, d_v] (0/1) or None."""
     a = x[:, None] * q.fk[None, :] + q.fb[None, :]  # [bn, d_v]
     h = jnp.where(a > 0, a, jnp.expm1(jnp.minimum(a, 0.0)))
-    eta = _dot(h, q.w1, 1, 0, cd) + q.b1[None, :]
+    eta = dot(h, q.w1, 1, 0, cd) + q.b1[None, :]
     if keep is not None:
         eta = eta * (keep.astype(jnp.float32) * st.scale)
-    v = _dot(eta, q.vk, 1, 0, cd) + q.vb[None, :]  # [bn, d]
-    s = jax.nn.sigmoid(_dot(eta, q.gk, 1, 0, cd) + q.gb[None, :])
+    v = dot(eta, q.vk, 1, 0, cd) + q.vb[None, :]  # [bn, d]
+    s = jax.nn.sigmoid(dot(eta, q.gk, 1, 0, cd) + q.gb[None, :])
     y = x[:, None] * q.sk[None, :] + q.sb[None, :] + s * v
-    dp = y.shape[-1]
     mask = None
-    if dp != st.d:  # padded columns: y is 0 there, but y - mean is not
-        mask = (lax.broadcasted_iota(jnp.int32, (1, dp), 1) < st.d).astype(jnp.float32)
+    if st.dp != st.d:  # padded columns: y is 0 there, but y - mean is not
+        mask = (lax.broadcasted_iota(jnp.int32, (1, st.dp), 1) < st.d).astype(jnp.float32)
     mu = jnp.sum(y, axis=-1, keepdims=True) / st.d
     yc = y - mu if mask is None else (y - mu) * mask
     r = lax.rsqrt(jnp.sum(yc * yc, axis=-1, keepdims=True) / st.d + EPS)
     return a, h, eta, v, s, yc * r, r, mask
+
+
+def _keep(keep_ref, j, rows, st: _Static):
+    mask = jnp.arange(st.dvp) < st.dv
+    return plt().load(keep_ref.at[j, rows, pl.ds(start(), st.dvp)], mask=mask[None, :],
+                       other=0)
 
 
 def _fwd_kernel(*refs, st: _Static, has_keep: bool):
@@ -127,36 +116,42 @@ def _fwd_kernel(*refs, st: _Static, has_keep: bool):
     rows = pl.ds(pl.program_id(0) * st.bn, st.bn)
 
     def body(j, acc):
-        q = _load(prm, j)
+        raw = ParamTiles(prm, j, st.dv, st.d)
+        q = raw.folded()
         x = x_ref[j, rows].astype(jnp.float32)
-        keep = keep_ref[j, rows, :] if has_keep else None
+        keep = _keep(keep_ref, j, rows, st) if has_keep else None
         *_, yh, _, _ = _grn(q, x, keep, st, cd)
         o = yh * q.ln_g[None, :] + q.ln_b[None, :]
         return acc + w_ref[j, rows].astype(jnp.float32)[:, None] * o
 
-    out_ref[...] = lax.fori_loop(0, st.m, body, jnp.zeros(out_ref.shape, jnp.float32))
+    acc = lax.fori_loop(0, st.m, body, jnp.zeros((st.bn, st.dp), jnp.float32))
+    plt().store(out_ref.at[rows, pl.ds(start(), st.dp)], acc,
+                 mask=(jnp.arange(st.dp) < st.d)[None, :])
 
 
-def _bwd_kernel(*refs, st: _Static, has_keep: bool, tiles: int):
+def _bwd_kernel(*refs, st: _Static, has_keep: bool):
     x_ref, w_ref = refs[:2]
     keep_ref = refs[2] if has_keep else None
     go_ref = refs[2 + has_keep]
-    prm = refs[3 + has_keep:3 + has_keep + 12]
-    dx_ref, dw_ref, *gq_refs = refs[3 + has_keep + 12:]
+    n = len(PARAMS)
+    prm = refs[3 + has_keep:3 + has_keep + n]
+    dx_ref, dw_ref, *g_refs = refs[3 + has_keep + n:]
     cd = jnp.dtype(st.cd)
     j, r_ = pl.program_id(0), pl.program_id(1)
-    q = _load(prm, j)
-    per = tiles // st.splits
+    raw = ParamTiles(prm, j, st.dv, st.d)
+    q = raw.folded()
+    hmask = jnp.arange(st.dp) < st.d
 
     def body(t, g: Folded):
-        rows = pl.ds((r_ * per + t) * st.bn, st.bn)
+        rows = pl.ds((r_ * st.per + t) * st.bn, st.bn)
         x = x_ref[j, rows].astype(jnp.float32)
         w = w_ref[j, rows].astype(jnp.float32)
-        keep = keep_ref[j, rows, :] if has_keep else None
-        go = go_ref[rows, :].astype(jnp.float32)  # [bn, d]
+        keep = _keep(keep_ref, j, rows, st) if has_keep else None
+        go = plt().load(go_ref.at[rows, pl.ds(start(), st.dp)], mask=hmask[None, :],
+                         other=0).astype(jnp.float32)  # [bn, d]
         a, h, eta, v, s, yh, r, mask = _grn(q, x, keep, st, cd)
         o = yh * q.ln_g[None, :] + q.ln_b[None, :]
-        dw_ref[j, rows] = jnp.sum(go * o, axis=-1)
+        dw_ref[j, rows] = jnp.sum(go * o, axis=-1).astype(dw_ref.dtype)
         wg = w[:, None] * go
         dyh = wg * q.ln_g[None, :]
         m1 = jnp.sum(dyh, axis=-1, keepdims=True) / st.d
@@ -166,25 +161,23 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool, tiles: int):
             dy = dy * mask
         dv = dy * s
         dg = dy * v * s * (1.0 - s)
-        deta = _dot(dv, q.vk, 1, 1, cd) + _dot(dg, q.gk, 1, 1, cd)  # [bn, d_v]
+        deta = dot(dv, q.vk, 1, 1, cd) + dot(dg, q.gk, 1, 1, cd)  # [bn, d_v]
         if keep is not None:
             deta = deta * (keep.astype(jnp.float32) * st.scale)
-        da = _dot(deta, q.w1, 1, 1, cd) * jnp.where(a > 0, 1.0, h + 1.0)
-        dx_ref[j, rows] = jnp.sum(dy * q.sk[None, :], axis=-1) + jnp.sum(da * q.fk[None, :],
-                                                                          axis=-1)
+        da = dot(deta, q.w1, 1, 1, cd) * jnp.where(a > 0, 1.0, h + 1.0)
+        dx = jnp.sum(dy * q.sk[None, :], axis=-1) + jnp.sum(da * q.fk[None, :], axis=-1)
+        dx_ref[j, rows] = dx.astype(dx_ref.dtype)
         xs = x[:, None]
         return Folded(
             fk=g.fk + jnp.sum(xs * da, axis=0), fb=g.fb + jnp.sum(da, axis=0),
-            w1=g.w1 + _dot(h, deta, 0, 0, cd), b1=g.b1 + jnp.sum(deta, axis=0),
-            vk=g.vk + _dot(eta, dv, 0, 0, cd), vb=g.vb + jnp.sum(dv, axis=0),
-            gk=g.gk + _dot(eta, dg, 0, 0, cd), gb=g.gb + jnp.sum(dg, axis=0),
+            w1=g.w1 + dot(h, deta, 0, 0, cd), b1=g.b1 + jnp.sum(deta, axis=0),
+            vk=g.vk + dot(eta, dv, 0, 0, cd), vb=g.vb + jnp.sum(dv, axis=0),
+            gk=g.gk + dot(eta, dg, 0, 0, cd), gb=g.gb + jnp.sum(dg, axis=0),
             sk=g.sk + jnp.sum(xs * dy, axis=0), sb=g.sb + jnp.sum(dy, axis=0),
             ln_g=g.ln_g + jnp.sum(wg * yh, axis=0), ln_b=g.ln_b + jnp.sum(wg, axis=0))
 
-    zero = Folded(*(jnp.zeros(ref.shape[2:], jnp.float32) for ref in gq_refs))
-    g = lax.fori_loop(0, per, body, zero)
-    for ref, val in zip(gq_refs, g):
-        ref[r_, j] = val
+    g = lax.fori_loop(0, st.per, body, Folded(*(jnp.zeros_like(a) for a in q)))
+    raw.store_grads(g_refs, r_, raw.unfold(g))
 
 
 def _specs(n: int):
@@ -198,69 +191,51 @@ def matmul_flops(m: int, rows: int, dv: int, d: int) -> int:
     return 2 * m * rows * (dv * dv + 2 * dv * d)
 
 
-def _meta(flops: int) -> dict:
-    """The kernel's matmul FLOPs, serialised into the compiled HLO (tftjax.memory.hlo_cost
-    reads them: XLA does not look inside a Triton call)."""
-    return {"matmul_flops": str(int(flops))}
-
-
-def _fwd(q: Folded, x: Array, w: Array, keep: Array | None, st: _Static) -> Array:
+def _fwd(prm: tuple, x: Array, w: Array, keep: Array | None, st: _Static) -> Array:
     n_p = x.shape[1]
-    dv, d = q.fk.shape[-1], q.sk.shape[-1]
-    args = (x, w) + ((keep,) if keep is not None else ()) + tuple(q)
+    args = (x, w) + ((keep,) if keep is not None else ()) + tuple(prm)
     return pl.pallas_call(
         functools.partial(_fwd_kernel, st=st, has_keep=keep is not None),
-        out_shape=jax.ShapeDtypeStruct((n_p, q.sk.shape[-1]), jnp.float32),
-        grid=(n_p // st.bn,), in_specs=_specs(len(args)),
-        out_specs=pl.BlockSpec((st.bn, q.sk.shape[-1]), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((n_p, st.d), jnp.float32),
+        grid=(n_p // st.bn,), in_specs=_specs(len(args)), out_specs=pl.no_block_spec,
         interpret=st.interpret, compiler_params=_compiler_params(st),
-        name="vsn_grn_sum_fwd", metadata=_meta(matmul_flops(st.m, n_p, dv, d)))(*args)
+        name="vsn_grn_sum_fwd",
+        metadata=meta(matmul_flops(st.m, n_p, st.dvp, st.dp)))(*args)
 
 
-def _bwd(q: Folded, x: Array, w: Array, keep: Array | None, gout: Array, st: _Static):
+def _bwd(prm: tuple, x: Array, w: Array, keep: Array | None, gout: Array, st: _Static):
     m, n_p = x.shape
-    dv, d = q.fk.shape[-1], q.sk.shape[-1]
-    args = (x, w) + ((keep,) if keep is not None else ()) + (gout,) + tuple(q)
-    outs = (jax.ShapeDtypeStruct((m, n_p), jnp.float32),) * 2 + tuple(
-        jax.ShapeDtypeStruct((st.splits,) + a.shape, jnp.float32) for a in q)
-    dx, dw, *gq = pl.pallas_call(
-        functools.partial(_bwd_kernel, st=st, has_keep=keep is not None, tiles=n_p // st.bn),
+    args = (x, w) + ((keep,) if keep is not None else ()) + (gout,) + tuple(prm)
+    outs = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(w.shape, w.dtype)
+            ) + tuple(jax.ShapeDtypeStruct((st.splits,) + a.shape, jnp.float32) for a in prm)
+    dx, dw, *partial = pl.pallas_call(
+        functools.partial(_bwd_kernel, st=st, has_keep=keep is not None),
         out_shape=outs, grid=(m, st.splits), in_specs=_specs(len(args)),
         out_specs=_specs(len(outs)), interpret=st.interpret,
         compiler_params=_compiler_params(st), name="vsn_grn_sum_bwd",
-        metadata=_meta(3 * matmul_flops(m, n_p, dv, d)))(*args)
+        metadata=meta(3 * matmul_flops(m, n_p, st.dvp, st.dp)))(*args)
     # the splits' partial gradients summed in one launch (XLA: one reduction each)
-    gq = Folded(*multi_tensor.sum_splits(gq, [a.dtype for a in q], interpret=st.interpret))
-    return gq, dx.astype(x.dtype), dw.astype(w.dtype)
+    grads = multi_tensor.sum_splits(partial, [a.dtype for a in prm], interpret=st.interpret)
+    return tuple(grads), dx, dw
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _vsn_sum(q: Folded, x: Array, w: Array, keep: Array | None, st: _Static) -> Array:
-    return _fwd(q, x, w, keep, st)
+def _vsn_sum(prm: tuple, x: Array, w: Array, keep: Array | None, st: _Static) -> Array:
+    return _fwd(prm, x, w, keep, st)
 
 
-def _vsn_sum_fwd(q, x, w, keep, st):
-    return _fwd(q, x, w, keep, st), (q, x, w, keep)
+def _vsn_sum_fwd(prm, x, w, keep, st):
+    return _fwd(prm, x, w, keep, st), (prm, x, w, keep)
 
 
 def _vsn_sum_bwd(st, res, gout):
-    q, x, w, keep = res
-    gq, dx, dw = _bwd(q, x, w, keep, gout, st)
+    prm, x, w, keep = res
+    gp, dx, dw = _bwd(prm, x, w, keep, gout, st)
     dkeep = None if keep is None else np.zeros(keep.shape, jax.dtypes.float0)
-    return gq, dx, dw, dkeep
+    return gp, dx, dw, dkeep
 
 
 _vsn_sum.defvjp(_vsn_sum_fwd, _vsn_sum_bwd)
-
-
-def _pad(q: Folded, dv: int, d: int) -> Folded:
-    """Zero-pad the d_v and d axes of every parameter to ``dv`` and ``d``."""
-    def to(a, *sizes):  # pad the trailing axes to sizes
-        lead = a.ndim - len(sizes)
-        return jnp.pad(a, [(0, 0)] * lead + [(0, s - n) for s, n in zip(sizes, a.shape[lead:])])
-    return Folded(fk=to(q.fk, dv), fb=to(q.fb, dv), w1=to(q.w1, dv, dv), b1=to(q.b1, dv),
-                  vk=to(q.vk, dv, d), vb=to(q.vb, d), gk=to(q.gk, dv, d), gb=to(q.gb, d),
-                  sk=to(q.sk, d), sb=to(q.sb, d), ln_g=to(q.ln_g, d), ln_b=to(q.ln_b, d))
 
 
 def weighted_grn_sum(p: dict, x: Array, w: Array, keep: Array | None, rate: float, *,
@@ -274,29 +249,26 @@ def weighted_grn_sum(p: dict, x: Array, w: Array, keep: Array | None, rate: floa
     ``[m, N, d_v]`` (bool) or None. ``interpret`` None: the interpreter unless the
     default backend is a GPU. ``target_programs``: the backward pass splits rows until m ×
     splits reaches it.
+
+    The kernels read the parameters as they are (padded and folded in registers) and write
+    their gradients whole, so that nothing but the kernels and the splits' sum runs per
+    step.
     """
     if interpret is None:
         interpret = jax.default_backend() not in ("gpu", "cuda", "rocm")
-    cd = jnp.result_type(*(v.dtype for v in p.values()))
-    q = fold(jax.tree.map(lambda a: a.astype(jnp.float32), p))
-    q = Folded(*(a.astype(cd) if a.ndim == 3 else a for a in q))  # matmul kernels in cd
+    cd = jnp.result_type(*(p[k].dtype for k in ("fc1_k", "glu_k")))
     m, n = x.shape
-    dv, d = q.fk.shape[-1], q.sk.shape[-1]
-    dv_p, d_p = dot_size(dv), dot_size(d)
-    if (dv_p, d_p) != (dv, d):
-        q = _pad(q, dv_p, d_p)
+    dv, d = p["fc1_k"].shape[-1], p["skip_k"].shape[-1]
     bn = min(dot_size(block_rows), dot_size(n))
     tiles = -(-n // bn)
-    splits = max(1, min(tiles, -(-target_programs // m)))
-    tiles = -(-tiles // splits) * splits
-    n_p = tiles * bn
-    rows = lambda a: jnp.pad(a, [(0, 0), (0, n_p - n)] + [(0, 0)] * (a.ndim - 2))  # noqa: E731
-    x_p, w_p = rows(x.astype(jnp.float32)), rows(w.astype(jnp.float32))
-    keep_p = None
-    if keep is not None:
-        keep_p = rows(jnp.pad(keep.astype(jnp.int8), [(0, 0), (0, 0), (0, dv_p - dv)]))
-    st = _Static(m=m, d=d, rows=n, bn=bn, splits=splits,
+    splits = row_splits(tiles, max(1, -(-target_programs // m)))
+    per = -(-tiles // splits)
+    n_p = splits * per * bn
+    rows = lambda a: a if n_p == n else jnp.pad(  # noqa: E731
+        a, [(0, 0), (0, n_p - n)] + [(0, 0)] * (a.ndim - 2))
+    keep_p = None if keep is None else rows(keep.astype(jnp.int8))
+    st = _Static(m=m, dv=dv, d=d, bn=bn, splits=splits, per=per,
                  scale=1.0 / keep_prob(rate) if keep is not None else 1.0,
                  cd=jnp.dtype(cd).name, interpret=bool(interpret), num_warps=num_warps)
-    out = _vsn_sum(q, x_p, w_p, keep_p, st)
-    return out[:n, :d]
+    out = _vsn_sum(tuple(p[k] for k in PARAMS), rows(x), rows(w), keep_p, st)
+    return out if n_p == n else out[:n]

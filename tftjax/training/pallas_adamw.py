@@ -39,7 +39,7 @@ import optax
 from jax.experimental import pallas as pl
 
 from tftjax.models import multi_tensor as mt
-from tftjax.models.multi_tensor import triton_params
+from tftjax.models.triton_util import triton_params
 
 Array = jax.Array
 GROUP = 48
