@@ -123,3 +123,20 @@ def test_keep_mask_is_bernoulli_with_its_stated_probability(impl):
     other = np.asarray(keep_mask(jax.random.key(4, impl=impl), rate, (101, 37, 9)))
     assert (mask != other).mean() > 0.1
     assert keep_mask(jax.random.key(0), 0.5, (3, 5, 1)).shape == (3, 5, 1)
+
+
+def test_keep_mask_units_are_independent_of_their_neighbours_and_of_the_key():
+    # The hash of consecutive indices (models.dropout): neighbours along each axis agree as
+    # often as independent draws would (p² + (1-p)², within 5 standard deviations), and
+    # so do the masks of two keys; every row and column keeps about p of its units.
+    rate, shape = 0.3, (257, 129)
+    p = keep_prob(rate)
+    mask = np.asarray(keep_mask(jax.random.key(5, impl="rbg"), rate, shape))
+    other = np.asarray(keep_mask(jax.random.key(6, impl="rbg"), rate, shape))
+    agree = p * p + (1 - p) * (1 - p)
+    for a, b in ((mask[1:], mask[:-1]), (mask[:, 1:], mask[:, :-1]), (mask, other)):
+        n = a.size
+        assert abs((a == b).mean() - agree) <= 5 * np.sqrt(agree * (1 - agree) / n)
+    for axis, n in ((0, shape[0]), (1, shape[1])):
+        worst = np.abs(mask.mean(axis=axis) - p).max()
+        assert worst <= 5 * np.sqrt(p * (1 - p) / n)

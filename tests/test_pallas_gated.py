@@ -149,6 +149,23 @@ def test_bfloat16_inputs_with_float32_parameters(cases, kind):
     assert max(e for _, e in errs) > 1e-4  # bf16 is in play
 
 
+@pytest.mark.parametrize("kind", ["grn", "grn-context"])
+def test_a_grn_too_wide_for_one_kernel_runs_as_its_mlp_then_its_gate(cases, kind,
+                                                                     monkeypatch):
+    # float32 at d = 128 does not fit one kernel (pallas_gated.MAX_WEIGHTS): the GRN runs
+    # as two row blocks. Forced here at d = 16 by a smaller budget (a gate's two weights
+    # fit, a GRN's four do not); the same tolerance as the one-kernel case.
+    monkeypatch.setattr(pallas_gated, "MAX_WEIGHTS", 2 * D * D * 4)
+    assert pallas_gated.fits("gate", D, jnp.float32)
+    assert not pallas_gated.fits("grn", D, jnp.float32)
+    params, a, r = cases[kind]
+    (v, g), (v_ref, g_ref) = (_run(kind, True, params, a, r, False),
+                              _run(kind, False, params, a, r, False))
+    assert abs(float(v) - float(v_ref)) <= 3e-5 * abs(float(v_ref))
+    for name, err in _errors(g, g_ref):
+        assert err <= 3e-5, (name, err)
+
+
 def test_row_splits_avoid_padding_where_a_divisor_allows():
     assert row_splits(480, 64) == 60  # TFT-225's 15,360 rows in tiles of 32
     assert row_splits(80, 64) == 40
@@ -160,6 +177,8 @@ def test_bad_widths_and_a_gate_without_its_input_are_refused():
     with pytest.raises(ValueError, match="power of two"):
         pallas_gated.gated_rows({}, jnp.zeros((4, 12)), jnp.zeros((4, 12)), None, 0.0,
                                 grn=False, interpret=True)
+    assert pallas_gated.supported(128, jnp.float32)  # a gate's two weights: 128 KB
+    assert not pallas_gated.supported(256, jnp.float32)
     with pytest.raises(ValueError, match="GLU input"):
         pallas_gated.gated_rows({}, jnp.zeros((4, 16)), None, None, 0.0, grn=False,
                                 interpret=True)

@@ -130,11 +130,14 @@ def test_widths_the_kernels_cannot_take_run_in_xla():
     with pytest.raises(ValueError, match="power of two"):
         pallas_grn.grn_stack([], jnp.zeros((4, 12)), None, 0.0, interpret=True)
     from tftjax.config import preset
-    from tftjax.models.tft import grn_kernel, kernel_cast
+    from tftjax.models.tft import grn_kernel, kernel_cast, static_stack
 
     assert grn_kernel(preset("tiny", grn_kernel="pallas"))
-    assert not grn_kernel(preset("tft225", grn_kernel="pallas"))  # 128 in float32
-    assert grn_kernel(preset("tft225", grn_kernel="pallas", precision="bf16"))
+    assert static_stack(preset("tiny", grn_kernel="pallas"))
+    # 128 in float32: the four static GRNs each through the row kernels (pallas_gated)
+    assert grn_kernel(preset("tft225", grn_kernel="pallas"))
+    assert not static_stack(preset("tft225", grn_kernel="pallas"))
+    assert static_stack(preset("tft225", grn_kernel="pallas", precision="bf16"))
     assert kernel_cast(preset("tft225", grn_kernel="pallas", precision="bf16")) == (
         "static_selection", "static_enrichment", "static_state_h", "static_state_c",
         "lstm_gate", "enrichment", "attention_gate", "positionwise", "output_gate")

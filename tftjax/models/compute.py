@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from tftjax.config import TFTConfig
-from tftjax.models import pallas_grn
+from tftjax.models import pallas_gated, pallas_grn
 from tftjax.quant import MODES, QuantSpec
 
 
@@ -44,9 +44,16 @@ def grn_kernel(cfg: TFTConfig) -> bool:
     """Whether the GRNs and gates outside the VSNs run as Pallas kernels (the static context
     GRNs, tftjax.models.pallas_grn; the row-wise blocks, tftjax.models.pallas_gated):
     ``--grn-kernel pallas`` where the kernels take the width in the compute dtype
-    (tftjax.models.pallas_grn.supported; the quantized layers always run in XLA)."""
+    (tftjax.models.pallas_gated.supported; the quantized layers always run in XLA)."""
     return (cfg.grn_kernel == "pallas" and not cfg.qat
-            and pallas_grn.supported(cfg.hidden, COMPUTE_DTYPES[cfg.precision]))
+            and pallas_gated.supported(cfg.hidden, COMPUTE_DTYPES[cfg.precision]))
+
+
+def static_stack(cfg: TFTConfig) -> bool:
+    """Under :func:`grn_kernel`: whether the four static context GRNs run as one stacked
+    kernel each way (tftjax.models.pallas_grn, where the width fits it), else each through
+    the row kernels (tftjax.models.pallas_gated)."""
+    return grn_kernel(cfg) and pallas_grn.supported(cfg.hidden, COMPUTE_DTYPES[cfg.precision])
 
 
 def kernel_cast(cfg: TFTConfig) -> tuple[str, ...]:

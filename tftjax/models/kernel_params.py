@@ -10,6 +10,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tftjax.models.dropout import Dropout
+
 Array = jax.Array
 
 
@@ -37,8 +39,8 @@ class _GLUParams(nn.Module):
 
     @nn.compact
     def __call__(self, shape: tuple, deterministic: bool):
-        kept = nn.Dropout(self.dropout)(jnp.ones(shape, jnp.float32), deterministic=deterministic)
-        keep = None if deterministic or self.dropout == 0 else kept != 0
+        keep = Dropout(self.dropout)(jax.ShapeDtypeStruct(shape, jnp.float32), deterministic,
+                                     mask_only=True)
         return (*_DenseParams(2 * self.features, name="proj")(shape[-1]), keep)
 
 

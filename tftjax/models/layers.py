@@ -28,6 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from tftjax import quant as qt
 from tftjax.models import pallas_attention
+from tftjax.models.dropout import Dropout
 from tftjax.models.recurrence import lstm_recurrence
 from tftjax.quant import QuantSpec
 from tftjax.quant_calib import calibration_record, calibration_stats
@@ -141,7 +142,7 @@ class GLU(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, deterministic: bool = True) -> Array:
-        x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+        x = Dropout(self.dropout)(x, deterministic)
         value, gate = jnp.split(Dense(2 * self.features, quant=self.quant, name="proj")(x), 2,
                                 axis=-1)
         return nn.sigmoid(gate) * value
@@ -308,11 +309,10 @@ class InterpretableAttention(nn.Module):
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
         attn = checkpoint_name(nn.softmax(logits, axis=-1), "attention_weights")  # [B, H, Tq, T]
         if self.kernel is None:
-            attn_d = nn.Dropout(self.dropout)(attn.astype(v.dtype), deterministic=deterministic)
+            attn_d = Dropout(self.dropout)(attn.astype(v.dtype), deterministic)
             mixed = jnp.einsum("bhqk,bkd->bqd", attn_d, v) / H  # mean over heads [B, Tq, dh]
         else:  # the weights above only for the interpretation (unused in training: removed)
-            kept = nn.Dropout(self.dropout)(jnp.ones(attn.shape, jnp.float32), deterministic)
-            keep = None if deterministic or self.dropout == 0 else kept != 0  # the same units
+            keep = Dropout(self.dropout)(attn, deterministic, mask_only=True)  # the same units
             mixed = pallas_attention.attend(qf, kf, v, mask, keep, self.dropout, heads=H,
                                             interpret=self.kernel)
         return dense(self.features, name="out")(mixed), attn.mean(axis=1)

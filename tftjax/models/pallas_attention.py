@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
+from tftjax.models.dropout import keep_prob
 from tftjax.models.triton_util import dot, dot_size, meta, plt, start, triton_params
 
 Array = jax.Array
@@ -82,7 +83,7 @@ def _weights(b, h, q_ref, k_ref, mask_ref, keep_ref, st: _Static):
     e = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     p = e / jnp.sum(e, axis=-1, keepdims=True)
     pd = None
-    if keep_ref is not None:  # flax's nn.Dropout: kept weights divided by the keep probability
+    if keep_ref is not None:  # models.dropout: kept weights divided by the keep probability
         keep = _load(keep_ref, both, b, start(h), pl.ds(0, st.pq), pl.ds(0, st.pk))
         pd = jnp.where(keep != 0, p / st.keep_prob, 0.0)
     return qh, kh, p, pd
@@ -187,7 +188,7 @@ def attend(q: Array, k: Array, v: Array, mask: Array, keep: Array | None, rate: 
         raise ValueError(f"pallas_attention: queries and keys of {heads} heads of {dh} "
                          f"columns, got {q.shape[-1]} and {k.shape[-1]}")
     st = _Static(heads=heads, dh=dh, tq=q.shape[1], tk=k.shape[1],
-                 keep_prob=1.0 - rate if keep is not None else 1.0,
+                 keep_prob=keep_prob(rate) if keep is not None else 1.0,
                  cd=jnp.dtype(v.dtype).name, interpret=bool(interpret))
     keep = None if keep is None else keep.astype(jnp.int8)
     mask = (np.asarray(mask).astype(np.int8) if not isinstance(mask, jax.core.Tracer)

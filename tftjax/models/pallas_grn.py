@@ -36,6 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from tftjax.models.fused import EPS
+from tftjax.models.dropout import keep_prob
 from tftjax.models.triton_util import MIN_DOT, dot, dot_size, meta, triton_params
 
 Array = jax.Array
@@ -96,7 +97,7 @@ def _forward(x, keep, q: _Refs, st: _Static):
     h2 = dot(x, q.w("fc2_k"), 1, 0, cd) + q.v("fc2_b")[None, :]
     e = jnp.where(h2 > 0, h2, jnp.expm1(jnp.minimum(h2, 0.0)))
     h1 = dot(e, q.w("fc1_k"), 1, 0, cd) + q.v("fc1_b")[None, :]
-    if keep is not None:  # flax's nn.Dropout: kept units divided by the keep probability
+    if keep is not None:  # models.dropout: kept units divided by the keep probability
         h1 = jnp.where(keep != 0, h1 / st.keep_prob, 0.0)
     v = dot(h1, q.w("glu_k", 0), 1, 0, cd) + q.v("glu_b", 0)[None, :]
     s = jax.nn.sigmoid(dot(h1, q.w("glu_k", 1), 1, 0, cd) + q.v("glu_b", 1)[None, :])
@@ -256,7 +257,7 @@ def grn_stack(params: list[dict], x: Array, keeps: list[Array] | None, rate: flo
         if n_p != n:
             keep = jnp.pad(keep, [(0, 0), (0, n_p - n), (0, 0)])
     st = _Static(k=len(params), d=d, bn=bn, tiles=tiles,
-                 keep_prob=1.0 - rate if keeps is not None else 1.0,
+                 keep_prob=keep_prob(rate) if keeps is not None else 1.0,
                  cd=jnp.dtype(x.dtype).name, interpret=bool(interpret))
     qs = tuple(tuple(p[name] for name in NAMES) for p in params)
     outs = _grn_stack(qs, x_p, keep, st)

@@ -30,7 +30,7 @@ from tftjax.config import TFTConfig
 from tftjax.models import pallas_gated, pallas_grn
 from tftjax.models.compute import (COMPUTE_DTYPES, FLOAT32_MODULES, FLOAT32_PARAMS,  # noqa: F401
                                    ROW_BLOCKS, STATIC_CONTEXTS, compute_params, grn_kernel,
-                                   kernel_cast, quant_spec)
+                                   kernel_cast, quant_spec, static_stack)
 from tftjax.models.kernel_params import GateParams, GRNParams
 from tftjax.models.layers import GRN, LSTM, Dense, GateAddNorm, InterpretableAttention
 from tftjax.models.vsn import VariableSelection
@@ -118,14 +118,19 @@ class TFT(nn.Module):
             zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]
         enc_grn = block(GRN, plan.encoders)
         zeta = zeta.astype(historical.dtype)  # the contexts in the compute dtype (bf16 too)
+        interpret_k = not is_gpu(cfg.platform)
         if grn_kernel(cfg) and quant is None:
-            # the four GRNs on ζ as two Pallas kernels (forward, recomputing backward), the
+            # the four GRNs on ζ as Pallas kernels (forward, recomputing backward), the
             # parameters and dropout masks where the GRN layers keep and draw them
             got = [GRNParams(d, p, name=f"static_{n}")(zeta, det)
                    for n in STATIC_CONTEXTS]
-            keeps = None if got[0][1] is None else [keep for _, keep in got]
-            c_s, c_e, c_h, c_c = pallas_grn.grn_stack(
-                [q for q, _ in got], zeta, keeps, p, interpret=not is_gpu(cfg.platform))
+            if static_stack(cfg):  # all four in one kernel each way
+                keeps = None if got[0][1] is None else [keep for _, keep in got]
+                c_s, c_e, c_h, c_c = pallas_grn.grn_stack(
+                    [q for q, _ in got], zeta, keeps, p, interpret=interpret_k)
+            else:  # too wide for that: each through the row kernels
+                c_s, c_e, c_h, c_c = (pallas_gated.gated_rows(
+                    q, zeta, None, keep, p, grn=True, interpret=interpret_k) for q, keep in got)
         else:
             c_s, c_e, c_h, c_c = (enc_grn(d, d, p, name=f"static_{n}")(zeta, None, det)
                                   for n in STATIC_CONTEXTS)
@@ -147,7 +152,6 @@ class TFT(nn.Module):
 
         # 5-6. Gated skip over the LSTM, static enrichment.
         rows = grn_kernel(cfg) and quant is None  # the row-wise blocks as Pallas kernels
-        interpret_k = not is_gpu(cfg.platform)
 
         def gate(name, a, b, rate, layer):
             if not rows:
