@@ -111,6 +111,8 @@ def test_pallas_vsn_saves_only_its_inputs_and_states_its_flops():
     assert pallas_vsn.matmul_flops(m, n, dv, d) == 2 * m * n * (16 + 2 * 64)
 
 
+@pytest.mark.slow  # ~30 s: one epoch through two interpreted kernels (their values and
+# gradients are checked in the quick tier above)
 def test_train_runs_with_both_pallas_kernels_and_says_they_are_interpreted(tmp_path, capsys):
     # end to end through the CLI: one epoch of the tiny model with the VSNs and LSTMs as
     # Pallas kernels (interpreted on CPU), a finite loss and a saved final checkpoint

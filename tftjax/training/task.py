@@ -145,9 +145,9 @@ class TFTTask:
         if self.cfg.grn_kernel == "pallas" and not grn_kernel(self.cfg):
             note = (note + "\n" if note else "") + (
                 f"note: --grn-kernel pallas does not take hidden size {self.cfg.hidden} at "
-                f"--precision {self.cfg.precision} (tftjax.models.pallas_grn.supported: a power "
-                "of two of at least 16 whose d x d weight fits 32 KB), or a QAT model: the "
-                "static context GRNs run in XLA")
+                f"--precision {self.cfg.precision} (tftjax.models.pallas_gated.supported: a "
+                "power of two of at least 16 whose two d x d weights fit 128 KB), or a QAT "
+                "model: the GRNs and gates run in XLA")
         if pallas and not is_gpu():
             note = (note + "\n" if note else "") + (
                 f"note: {pallas} run(s) in Pallas' interpreter on "
