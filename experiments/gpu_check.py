@@ -68,10 +68,10 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
               "tests/test_multi_tensor.py", "tests/test_recurrence.py"])
     plan = [("tests", "tests", 200, [PY, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p",
                                      "no:cacheprovider", *tests])]
-    # the Pallas VSN, LSTM, static-GRN and optimizer kernels (tftjax.models.pallas_vsn,
-    # pallas_lstm, pallas_grn, tftjax.training.pallas_adamw) right after the target's own
-    # row: the design's candidate for it (predicted from the compile-only census: 491
-    # launches and 8.3 MB per sample against 1,752 and 93.7)
+    # the six Pallas kernels (tftjax.models.pallas_vsn, pallas_lstm, pallas_grn and
+    # pallas_gated, pallas_attention, tftjax.training.pallas_adamw) right after the
+    # target's own row: the design's candidate for it (predicted from the compile-only
+    # census at 78ba504: 262 launches and 5.6 MB per sample against 1,690 and 93.0)
     points = [("bf16", "off", big, "xla"), ("bf16", "off", big, "pallas"),
               ("f32", "off", small, "xla"), ("f32", "off", big, "xla"),
               ("f32", "off", big, "pallas"), ("bf16", "off", small, "xla")]
