@@ -1,7 +1,7 @@
 """The layers' parameters declared for the Pallas kernels that run the layers themselves
 (:mod:`tftjax.models.pallas_grn`, :mod:`tftjax.models.pallas_gated`): the same names,
 shapes, initialisers and tree as :mod:`tftjax.models.layers` declares them, and the GLU's
-dropout keep mask drawn where the layer's ``nn.Dropout`` draws it (the same units dropped),
+dropout keep mask drawn where the layer's ``Dropout`` draws it (the same units dropped),
 so that checkpoints, initial values and masks are the layers' whichever path runs."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ way, with the whole row of keys in one tile).
 
 Matmul operands are in the compute dtype with float32 sums; the logits and the softmax are
 float32 (as :class:`tftjax.models.layers.InterpretableAttention` computes them); dropout
-takes the keep mask the layer's ``nn.Dropout`` draws. Query and key counts need not be
+takes the keep mask the layer's ``Dropout`` draws (tftjax.models.dropout). Query and key counts need not be
 powers of two, nor the head width: the tiles are padded to Triton's sizes by masked loads
 and stores, and the padded keys get no weight. On CPU the kernels run in Pallas' interpreter (tested against
 the layer there); compiled for the H100 target each is one Triton call.

@@ -15,8 +15,8 @@ GRN), over every row of the batch (15,360 at TFT-225), all of width ``d``. XLA r
 A GRN whose weights do not fit one kernel (:data:`MAX_WEIGHTS`: float32 at d = 128) runs as
 two such blocks, its MLP then its gate. Matmul operands are in the compute dtype (the
 parameters may arrive float32: cast in the kernel), with float32 sums; everything
-element-wise is float32. Dropout on the GLU's input takes the keep mask drawn where flax's
-``nn.Dropout`` draws it. On CPU the kernels run in Pallas' interpreter (tested against the
+element-wise is float32. Dropout on the GLU's input takes the keep mask the layer's
+:class:`~tftjax.models.dropout.Dropout` draws. On CPU the kernels run in Pallas' interpreter (tested against the
 layers there).
 """
 

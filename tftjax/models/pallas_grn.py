@@ -16,8 +16,8 @@ computes it. On a GPU, XLA runs each one as about 8 launches forward and 12 back
 
 Matmul operands are in the parameters' dtype (bfloat16 under ``--precision bf16``) with
 float32 accumulation; everything element-wise is float32. Dropout on the GLU's input uses
-the keep masks it is given (drawn where flax's ``nn.Dropout`` draws them, so that both
-paths drop the same units). Sizes: ``d`` a power of two of at least 16 (Triton's dots);
+the keep masks it is given (drawn where the layers' :class:`~tftjax.models.dropout.Dropout`
+draws them, so that both paths drop the same units). Sizes: ``d`` a power of two of at least 16 (Triton's dots);
 the rows are padded to whole tiles.
 
 On CPU the kernels run in Pallas' interpreter (tested against the GRN layer there);
