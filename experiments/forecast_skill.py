@@ -64,11 +64,11 @@ def parse_variant(text: str) -> tuple[str, ...]:
 
 def with_hygiene(cfg, tc, items, total_steps):
     # forget bias 1 is the library's default since this comparison: set it either way
-    cfg = dataclasses.replace(cfg, lstm_forget_bias=1.0 if "forget" in items else 0.0)
+    cfg = cfg.override(lstm_forget_bias=1.0 if "forget" in items else 0.0)
     if "monotone" in items:
-        cfg = dataclasses.replace(cfg, monotone_quantiles=True)
+        cfg = cfg.override(monotone_quantiles=True)
     if "vol" in items:
-        cfg = dataclasses.replace(cfg, vol_target=True)
+        cfg = cfg.override(vol_target=True)
     if "nodecay" in items:
         tc = dataclasses.replace(tc, decay_all=False)
     if "cosine" in items:
@@ -132,7 +132,7 @@ def run_dataset(name: str, args, work: Path, log) -> dict:
         items = parse_variant(variant)
         per_seed = []
         for seed in range(args.seeds):
-            cfg = dataclasses.replace(preset(pname), calendar=CALENDARS[name], remat=args.remat)
+            cfg = preset(pname, calendar=CALENDARS[name], remat=args.remat)
             tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, patience=args.patience,
                              seed=seed, max_steps_per_epoch=args.max_steps, eval_batch_size=512)
             cfg, tc = with_hygiene(cfg, tc, items, args.epochs * args.max_steps)
@@ -146,7 +146,7 @@ def run_dataset(name: str, args, work: Path, log) -> dict:
             variables = restore_checkpoint(ck).variables()
             pred, _ = Trainer(cfg, tc, to_device(ds.features)).predict(variables, ds.splits.test)
             y = window_targets(ds, ds.splits.test)
-            per_seed.append(window_sums(y, pred, cfg.quantiles))
+            per_seed.append(window_sums(y, pred, cfg.head.quantiles))
             log(f"{key} seed {seed}: epoch {ck.meta['weights_epoch']}, "
                 f"{time.perf_counter() - t0:.0f} s, test {from_sums(per_seed[-1])}")
         sums = np.mean(per_seed, axis=0)
@@ -166,23 +166,23 @@ def run_dataset(name: str, args, work: Path, log) -> dict:
                 "variant": args.variants[0], **paired_delta(
                     sums, tft_sums[ref], args.bootstrap, args.block or 2 * cfg.data.window)}
     # baselines, on the last preset's windows (the same test windows when E, D agree)
-    cfg = dataclasses.replace(preset(args.presets[-1]), calendar=CALENDARS[name])
+    cfg = preset(args.presets[-1], calendar=CALENDARS[name])
     ds = load_dataset(parquet, cfg.data)
-    starts, origins = ds.splits.test, ds.splits.test + cfg.encoder_steps - 1
+    starts, origins = ds.splits.test, ds.splits.test + cfg.data.encoder_steps - 1
     y = window_targets(ds, starts)
-    preds = baselines.forecasts(ds.features.target, origins, cfg.decoder_steps, cfg.quantiles,
+    preds = baselines.forecasts(ds.features.target, origins, cfg.data.decoder_steps, cfg.head.quantiles,
                                 ds.splits.train_rows)
     try:
-        preds["garch"] = garch_forecasts(ds.features.target, origins, cfg.decoder_steps,
-                                         cfg.quantiles, ds.splits.train_rows)
+        preds["garch"] = garch_forecasts(ds.features.target, origins, cfg.data.decoder_steps,
+                                         cfg.head.quantiles, ds.splits.train_rows)
     except ImportError:
         log("arch is not installed: no GARCH baseline (pip install -e '.[experiments]')")
     for k, p in preds.items():
-        s = base_sums[k] = window_sums(y, p, cfg.quantiles)
+        s = base_sums[k] = window_sums(y, p, cfg.head.quantiles)
         out["baselines"][k] = {"metrics": {m: float(v) for m, v in from_sums(s).items()},
                                "ci95": bootstrap(s, args.bootstrap,
                                                  args.block or 2 * cfg.data.window)}
-        check = losses.numpy_metrics(y, p, cfg.quantiles)  # the library's own metric code
+        check = losses.numpy_metrics(y, p, cfg.head.quantiles)  # the library's own metric code
         assert abs(check["loss"] - out["baselines"][k]["metrics"]["loss"]) < 1e-9
     best = min(out["baselines"], key=lambda k: out["baselines"][k]["metrics"]["q_risk_90"])
     for pname, sums in tft_sums.items():

@@ -37,7 +37,7 @@ def main() -> None:
     from tftjax.training import SavedModel
 
     cfg = preset(a.preset)
-    cfg = dataclasses.replace(cfg, calendar=a.calendar)
+    cfg = cfg.override(calendar=a.calendar)
     path = bundled_path(a.dataset)
     t0 = time.perf_counter()
     ds = load_dataset(path, cfg.data)

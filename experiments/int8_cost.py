@@ -27,10 +27,10 @@ from tftjax.quant_tree import int8_variables  # noqa: E402
 
 def random_inputs(cfg, batch: int, key):
     k = jax.random.split(key, 3)
-    te, td = cfg.encoder_steps, cfg.decoder_steps
-    return (jax.random.normal(k[0], (batch, cfg.num_static)),
-            jax.random.normal(k[1], (batch, te, cfg.num_historical)),
-            jax.random.normal(k[2], (batch, te + td, cfg.num_known)))
+    te, td = cfg.data.encoder_steps, cfg.data.decoder_steps
+    return (jax.random.normal(k[0], (batch, cfg.model.num_static)),
+            jax.random.normal(k[1], (batch, te, cfg.model.num_historical)),
+            jax.random.normal(k[2], (batch, te + td, cfg.model.num_known)))
 
 
 def main() -> None:

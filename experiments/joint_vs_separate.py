@@ -43,7 +43,7 @@ def test_sums(run: Path, cfg, tc, ds) -> tuple[np.ndarray, int]:
     model = ck.cfg
     variables = restore_checkpoint(ck).variables()
     pred, _ = Trainer(model, tc, to_device(ds.features)).predict(variables, ds.splits.test)
-    return scoring.window_sums(window_targets(ds, ds.splits.test), pred, cfg.quantiles), \
+    return scoring.window_sums(window_targets(ds, ds.splits.test), pred, cfg.head.quantiles), \
         ck.meta["weights_epoch"]
 
 
@@ -63,7 +63,7 @@ def main() -> None:
 
     names = args.datasets.split(",")
     paths = [bundled_path(n) for n in names]
-    cfg = dataclasses.replace(preset(args.preset), remat="full")
+    cfg = preset(args.preset, remat="full")
     joint_ds = load_dataset(paths, cfg.data)
     sep_ds = {n: load_dataset(p, cfg.data, cuts=joint_ds.cuts) for n, p in zip(names, paths)}
     for i, n in enumerate(names):  # the same windows and targets in both
@@ -112,7 +112,7 @@ def main() -> None:
                            - scoring.from_sums(x[:, 6:])["q_risk_90"])
         both = np.concatenate([j, s], axis=1)
         ci = scoring.bootstrap_interval(delta, both, block, args.bootstrap)
-        dm = scoring.diebold_mariano(j[:, 2], s[:, 2], cfg.decoder_steps)
+        dm = scoring.diebold_mariano(j[:, 2], s[:, 2], cfg.data.decoder_steps)
         row = {"windows": int(j.shape[0]), "block": block,
                "joint_seeds": [scoring.from_sums(x)["q_risk_90"] for x in per[n]["joint"]],
                "separate_seeds": [scoring.from_sums(x)["q_risk_90"] for x in per[n]["separate"]],

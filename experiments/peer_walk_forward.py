@@ -53,10 +53,10 @@ def peer_fold(ds, cfg, tc, seed: int) -> tuple[dict, dict]:
 
     if len(ds.series) != 1:
         raise DataError("the peer row takes one series (a panel: one run per series)")
-    if cfg.target != "bar":
+    if cfg.data.target != "bar":
         raise DataError("the peer trains on each row's own return: --target bar only")
     torch.manual_seed(seed)
-    E, D, f = cfg.encoder_steps, cfg.decoder_steps, ds.features
+    E, D, f = cfg.data.encoder_steps, cfg.data.decoder_steps, ds.features
     hist = [f"h{i}" for i in range(f.historical.shape[1])]
     known = [f"k{i}" for i in range(f.known.shape[1])]
     static = [f"s{i}" for i in range(f.static.size)]
@@ -79,9 +79,9 @@ def peer_fold(ds, cfg, tc, seed: int) -> tuple[dict, dict]:
             raise DataError(f"the peer's {name} set holds {len(sets[name])} windows, the "
                             f"fold's {starts.size}")
     model = TemporalFusionTransformer.from_dataset(
-        train, hidden_size=cfg.hidden, attention_head_size=cfg.heads, dropout=cfg.dropout,
-        hidden_continuous_size=cfg.d_v, lstm_layers=1, output_size=len(cfg.quantiles),
-        loss=QuantileLoss(quantiles=list(cfg.quantiles)), learning_rate=tc.learning_rate,
+        train, hidden_size=cfg.model.hidden, attention_head_size=cfg.model.heads, dropout=cfg.model.dropout,
+        hidden_continuous_size=cfg.model.d_v, lstm_layers=1, output_size=len(cfg.head.quantiles),
+        loss=QuantileLoss(quantiles=list(cfg.head.quantiles)), learning_rate=tc.learning_rate,
         optimizer="adam")
     best = ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=1,
                            dirpath=tempfile.mkdtemp(prefix="peer-ckpt-"))
@@ -121,20 +121,21 @@ def main(argv: list[str] | None = None) -> int:
     from tftjax import backtest as bt
     from tftjax import scoring, verdict
     from tftjax.baselines import NAMES
-    from tftjax.cli import data_files, parse
+    from tftjax.cli import data_files, tft_configs
     from tftjax.data import default_parquet, load_dataset
     from tftjax.data.bars import read_series
     from tftjax.data.windows import walk_forward_times
     from tftjax.training.evaluation import baselines_forecasts, window_targets
 
-    args = parse(bt.Args, rest, bt.defaults(rest), "experiments/peer_walk_forward.py",
-                 __doc__.split("\n\n")[0])
-    cfg, tc = args.model, args.train
+    parsed = bt.COMMAND_LINE.parse(rest)
+    args = parsed.options(bt.BacktestOptions)
+    cfg, tc = tft_configs(parsed, args.preset, train_defaults=bt.TRAIN_DEFAULTS,
+                          settings=args.config)
     files = data_files(args.parquet_file, args.dataset)
     files = files if isinstance(files, list) else [files] if files is not None else [
         default_parquet()]
     ts = [b.ts for p in files for b in read_series(p)]
-    qs = cfg.quantiles
+    qs = cfg.head.quantiles
     folds, runs = [], []
     for k, fold in enumerate(walk_forward_times(ts, cfg.data, args.folds, args.test_fraction), 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fold {k}/{args.folds}: best epoch {run['best_epoch']} of {run['epochs_run']} "
               f"({run['fit_s']:.0f} s): peer P90 "
               f"{scoring.from_sums(f.test[verdict.MODEL])['q_risk_90']:.4f}", file=sys.stderr)
-    out = verdict.summarize(folds, qs, cfg.decoder_steps, args.bootstrap)
+    out = verdict.summarize(folds, qs, cfg.data.decoder_steps, args.bootstrap)
     out["folds"] = runs
     out["settings"] = {"peer": f"pytorch-forecasting {pytorch_forecasting.__version__}, torch "
                        f"{torch.__version__}", "preset": args.preset,

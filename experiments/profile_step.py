@@ -128,8 +128,8 @@ def main() -> None:
     t_step = statistics.median(whole)
 
     gathered = jax.jit(gather, static_argnums=(2, 3))
-    batch = gathered(data, batch_idx, cfg.encoder_steps, cfg.decoder_steps)
-    t_gather = timeit(gathered, data, batch_idx, cfg.encoder_steps, cfg.decoder_steps,
+    batch = gathered(data, batch_idx, cfg.data.encoder_steps, cfg.data.decoder_steps)
+    t_gather = timeit(gathered, data, batch_idx, cfg.data.encoder_steps, cfg.data.decoder_steps,
                       repeat=args.repeat)
     inputs = (batch.static, batch.historical, batch.known)
 

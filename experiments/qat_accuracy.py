@@ -58,7 +58,7 @@ def one_dataset(name: str, parquet: Path, args, work: Path) -> dict:
     qat_tc = dataclasses.replace(tc, epochs=args.qat_epochs, learning_rate=args.qat_lr,
                                  init_from=str(float_dir))
     qat_dir = work / f"{name}_qat"
-    train_and_evaluate(dataclasses.replace(cfg, qat=True), qat_tc, qat_dir, parquet_file=parquet,
+    train_and_evaluate(cfg.override(qat=True), qat_tc, qat_dir, parquet_file=parquet,
                        progress=False, log=log)
     train_s = time.perf_counter() - t0
 
@@ -83,7 +83,7 @@ def one_dataset(name: str, parquet: Path, args, work: Path) -> dict:
             rows[f"{row}, fake-quant"] = metrics(qtrainer.evaluate(ptq_vars, test, "fake"))
         rows[f"{row}, int8"] = {**metrics(qtrainer.evaluate(ptq_vars, test, "int8")),
                                  "int8_weight_bytes": int8_bytes(qcfg, float_vars["params"])}
-    qtrainer = Trainer(dataclasses.replace(cfg, qat=True), tc, data)
+    qtrainer = Trainer(cfg.override(qat=True), tc, data)
     rows["QAT fake-quant"] = metrics(qtrainer.evaluate(qat_vars, test, "fake"))
     rows["QAT weights, float"] = metrics(qtrainer.evaluate(qat_vars, test, "float"))
     rows["QAT int8"] = metrics(qtrainer.evaluate(qat_vars, test, "int8"))
@@ -113,8 +113,8 @@ def inference_speed(preset_name: str, batch: int, repeats: int, data, starts) ->
     """Test windows/s of the float model and the int8 path, interleaved passes."""
     cfg = preset(preset_name)
     tc = TrainConfig(eval_batch_size=batch)
-    state = create_train_state(dataclasses.replace(cfg, qat=True), tc, jax.random.key(0))
-    trainer = Trainer(dataclasses.replace(cfg, qat=True), tc, data)
+    state = create_train_state(cfg.override(qat=True), tc, jax.random.key(0))
+    trainer = Trainer(cfg.override(qat=True), tc, data)
     # observers from a few calibration batches, so that the int8 path is well defined
     _, stats = calibrate(cfg, state.params, data, starts, 2, 64)
     v = {"params": state.params, "quant_stats": stats}

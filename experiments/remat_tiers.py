@@ -28,12 +28,12 @@ from tftjax.provenance import write_result
 def residual_share(cfg, batch: int) -> dict:
     """Bytes of saved residuals under ``off``: in the VSNs vs elsewhere (arguments excluded)."""
     s, h, k = dummy_inputs(cfg, batch)
-    y = jax.numpy.zeros((batch, cfg.decoder_steps))
+    y = jax.numpy.zeros((batch, cfg.data.decoder_steps))
     params = init_params(cfg, jax.random.key(0))
 
     def loss(p):
         pred, _ = TFT(cfg).apply({"params": p}, s, h, k, True)
-        return losses.quantile_loss(y, pred, cfg.quantiles)
+        return losses.quantile_loss(y, pred, cfg.head.quantiles)
 
     vsn = other = 0
     for aval, src in saved_residuals(loss, params):

@@ -47,7 +47,7 @@ def main() -> None:
         tiers = ["off"] + [t for t in tiers if t != "off"]
     rows, ref = [], None
     for tier in tiers:
-        cfg = dataclasses.replace(base, remat=tier)
+        cfg = base.override(remat=tier)
         t0 = time.perf_counter()
         state, history = train_epochs(cfg, tc, ds)
         seconds = time.perf_counter() - t0

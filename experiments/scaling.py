@@ -53,13 +53,13 @@ def main() -> None:
     from tftjax.remat import default_tier
     from tftjax.training import Trainer, create_train_state
 
-    cfg = dataclasses.replace(preset(args.preset), remat=args.remat or default_tier())
+    cfg = preset(args.preset, remat=args.remat or default_tier())
     tc = TrainConfig(batch_size=args.batch_size, accumulate=args.accumulate)
     ds = load_dataset(None, cfg.data)
     rng = np.random.default_rng(0)
     batches = [rng.choice(ds.splits.train, args.batch_size) for _ in range(args.steps + 1)]
     kind = jax.devices()[0].device_kind
-    print(f"{args.preset}, remat={cfg.remat}, batch {args.batch_size}"
+    print(f"{args.preset}, remat={cfg.execution.remat}, batch {args.batch_size}"
           + (f" as {args.accumulate} micro-batches" if args.accumulate > 1 else "")
           + f", {len(jax.devices())} {jax.default_backend()} devices ({kind}), "
           f"{os.cpu_count()} cores", flush=True)
@@ -101,7 +101,7 @@ def main() -> None:
               f"{r['steps_per_s']:.2f} | {r['samples_per_s']:.1f} | "
               f"{r['samples_per_s'] / base:.2f}× | {r['loss_rel_diff_vs_first']:.0e} |")
     write_result(args.out / "scaling.json", {"config": {**vars(args), "out": str(args.out),
-                                                        "remat": cfg.remat, "device": kind},
+                                                        "remat": cfg.execution.remat, "device": kind},
                                              "rows": rows})
 
 

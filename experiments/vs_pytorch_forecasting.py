@@ -66,7 +66,7 @@ def run_tftjax(args) -> dict:
     # the CLI's default tier on this backend; --precision bf16: bfloat16 compute
     cfg = preset("tft225", remat=args.remat or default_tier(),
                  precision="bf16" if args.precision == "bf16" else "f32")
-    assert tuple(cfg.quantiles) == QUANTILES, cfg.quantiles
+    assert tuple(cfg.head.quantiles) == QUANTILES, cfg.head.quantiles
     ds = load_dataset(None, cfg.data)
     data = to_device(ds.features)
     tc = TrainConfig(batch_size=args.batch_size, learning_rate=1e-3)
@@ -90,7 +90,7 @@ def run_tftjax(args) -> dict:
     val = ds.splits.val[: args.val_windows]
     pred, _ = trainer.predict(state.params, val)
     y = window_targets(ds, val)
-    return {"side": "tftjax", "remat": cfg.remat, "precision": cfg.precision,
+    return {"side": "tftjax", "remat": cfg.execution.remat, "precision": cfg.execution.precision,
             "device": jax.devices()[0].device_kind, "compile_s": compile_s, "step_s": times,
             "params": int(n_params), "val_loss": val_loss(y, pred), "val_windows": len(val),
             "threads": os.cpu_count(), "jax": jax.__version__}
@@ -125,7 +125,7 @@ def run_peer(args) -> dict:
     torch.manual_seed(0)
     cfg = preset("tft225")
     ds = load_dataset(None, cfg.data)
-    E, D = cfg.encoder_steps, cfg.decoder_steps
+    E, D = cfg.data.encoder_steps, cfg.data.decoder_steps
     f = ds.features
     hist = [f"h{i}" for i in range(f.historical.shape[1])]
     known = [f"k{i}" for i in range(f.known.shape[1])]
@@ -141,8 +141,8 @@ def run_peer(args) -> dict:
     val = TimeSeriesDataSet.from_dataset(train, frame(ds, ds.splits.val_rows),
                                          stop_randomization=True, predict=False)
     model = TemporalFusionTransformer.from_dataset(
-        train, hidden_size=cfg.hidden, attention_head_size=cfg.heads, dropout=cfg.dropout,
-        hidden_continuous_size=cfg.d_v, lstm_layers=1, output_size=len(QUANTILES),
+        train, hidden_size=cfg.model.hidden, attention_head_size=cfg.model.heads, dropout=cfg.model.dropout,
+        hidden_continuous_size=cfg.model.d_v, lstm_layers=1, output_size=len(QUANTILES),
         loss=QuantileLoss(quantiles=list(QUANTILES)), learning_rate=1e-3, optimizer="adam")
     n_params = sum(p.numel() for p in model.parameters())
     total = args.warmup + args.steps

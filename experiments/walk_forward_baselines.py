@@ -39,20 +39,21 @@ def main(argv: list[str] | None = None) -> int:
     from tftjax import backtest as bt
     from tftjax import scoring, verdict
     from tftjax.baselines import NAMES
-    from tftjax.cli import data_files, parse
+    from tftjax.cli import data_files, tft_configs
     from tftjax.data import default_parquet, load_dataset
     from tftjax.data.bars import read_series
     from tftjax.data.windows import walk_forward_times
     from tftjax.training.evaluation import baselines_forecasts, window_targets
 
-    args = parse(bt.Args, rest, bt.defaults(rest), "experiments/walk_forward_baselines.py",
-                 __doc__.split("\n\n")[0])
-    cfg = args.model
+    parsed = bt.COMMAND_LINE.parse(rest)
+    args = parsed.options(bt.BacktestOptions)
+    cfg, tc = tft_configs(parsed, args.preset, train_defaults=bt.TRAIN_DEFAULTS,
+                          settings=args.config)
     files = data_files(args.parquet_file, args.dataset)
     files = files if isinstance(files, list) else [files] if files is not None else [
         default_parquet()]
     ts = [b.ts for p in files for b in read_series(p)]
-    qs = cfg.quantiles
+    qs = cfg.head.quantiles
     folds = []
     for k, fold in enumerate(walk_forward_times(ts, cfg.data, args.folds, args.test_fraction), 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 f.y, f.pred = y, preds
         folds.append(f)
         print(f"fold {k}/{args.folds}: {ds.splits.test.size} test windows", file=sys.stderr)
-    out = verdict.summarize(folds, qs, cfg.decoder_steps, args.bootstrap, model=None,
+    out = verdict.summarize(folds, qs, cfg.data.decoder_steps, args.bootstrap, model=None,
                             block=extra.block)
     picks = out["chosen_per_fold"]
     print(f"{args.folds} folds, {sum(out['fold_windows'])} test windows; chosen per fold on its "

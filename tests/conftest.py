@@ -91,7 +91,7 @@ def call(main, *args):
     share the worker's compiled programs; a fresh process is for what only one can show."""
     try:
         return main([str(a) for a in args])
-    except SystemExit as e:  # tyro's and argparse's own usage errors
+    except SystemExit as e:  # argparse's own exits (--help)
         return e.code
 
 
@@ -218,8 +218,8 @@ def random_inputs(cfg, batch: int, seed: int = 0):
     import jax
 
     ks = jax.random.split(jax.random.key(seed), 4)
-    t = cfg.encoder_steps + cfg.decoder_steps
-    return (jax.random.normal(ks[0], (batch, cfg.num_static)),
-            jax.random.normal(ks[1], (batch, cfg.encoder_steps, cfg.num_historical)),
-            jax.random.normal(ks[2], (batch, t, cfg.num_known)),
-            jax.random.normal(ks[3], (batch, cfg.decoder_steps)))
+    t = cfg.data.encoder_steps + cfg.data.decoder_steps
+    return (jax.random.normal(ks[0], (batch, cfg.model.num_static)),
+            jax.random.normal(ks[1], (batch, cfg.data.encoder_steps, cfg.model.num_historical)),
+            jax.random.normal(ks[2], (batch, t, cfg.model.num_known)),
+            jax.random.normal(ks[3], (batch, cfg.data.decoder_steps)))

@@ -32,7 +32,7 @@ def spx():
 def test_anchors_are_the_baselines_quantiles_by_hand(spx):
     # the range EWMA by hand (numpy recursion), against tftjax.volatility.anchor
     s = spx.series[0]
-    qs, (a, b) = np.asarray(CFG.quantiles), s.splits.train_rows
+    qs, (a, b) = np.asarray(CFG.head.quantiles), s.splits.train_rows
     y = s.features.target.astype(np.float64)
     rv = range_variance(s.bars.open, s.bars.high, s.bars.low, s.bars.close) \
         / s.features.stats.target_scale ** 2
@@ -41,7 +41,7 @@ def test_anchors_are_the_baselines_quantiles_by_hand(spx):
         prev = 0.94 * prev + 0.06 * rv[t]
         v[t] = prev
     z = np.quantile(y[a + 1 : b] / np.sqrt(v[a : b - 1]), qs)
-    got = anchor("range_ewma", y, CFG.decoder_steps, qs, (a, b), ranges=rv, daily=True)
+    got = anchor("range_ewma", y, CFG.data.decoder_steps, qs, (a, b), ranges=rv, daily=True)
     np.testing.assert_allclose(got.sigma[:, 0], np.sqrt(v), rtol=1e-9)
     np.testing.assert_allclose(got.z, z, rtol=1e-9)
     # and each anchor's quantiles are its baseline's, window for window
@@ -54,13 +54,13 @@ def test_anchors_are_the_baselines_quantiles_by_hand(spx):
 
 @pytest.mark.parametrize("median", ["learnt", "zero"])
 def test_the_untrained_model_forecasts_the_anchors_quantiles(spx, median):
-    cfg = dataclasses.replace(CFG, anchor="range_ewma", anchor_median=median)
+    cfg = CFG.override(anchor="range_ewma", anchor_median=median)
     _, ds, _ = resolve_anchor(cfg, spx)
     trainer = Trainer(cfg, TrainConfig(eval_batch_size=64), to_device(ds.features))
     state = create_train_state(cfg, trainer.tc, jax.random.key(0))
     starts = ds.splits.test[:100]
     pred, _ = trainer.predict(state.variables(), starts)
-    want = anchor_forecasts(ds, "range_ewma", cfg.quantiles, starts)
+    want = anchor_forecasts(ds, "range_ewma", cfg.head.quantiles, starts)
     if median == "zero":
         want[..., 1] = 0.0
     # float32 σ and z, one product: a few float32 ulps of the float64 reference
@@ -68,22 +68,22 @@ def test_the_untrained_model_forecasts_the_anchors_quantiles(spx, median):
 
 
 def test_auto_chooses_the_lowest_validation_p90_and_reads_no_test_window(spx):
-    cfg = dataclasses.replace(CFG, anchor="auto")
+    cfg = CFG.override(anchor="auto")
     chosen, ds, scores = resolve_anchor(cfg, spx)
     assert set(scores) == {"ewma_empirical", "range_ewma", "har"}  # daily bars: HAR too
     # independently: the baselines' own forecasts scored on the validation windows
     y = window_targets(spx, spx.splits.val)
-    base = baselines_forecasts(spx, cfg.quantiles, spx.splits.val)
-    by_hand = {n: scoring.from_sums(scoring.window_sums(y, base[n], cfg.quantiles))["q_risk_90"]
+    base = baselines_forecasts(spx, cfg.head.quantiles, spx.splits.val)
+    by_hand = {n: scoring.from_sums(scoring.window_sums(y, base[n], cfg.head.quantiles))["q_risk_90"]
                for n in scores}
-    assert chosen.anchor == min(by_hand, key=by_hand.get)
+    assert chosen.head.anchor == min(by_hand, key=by_hand.get)
     np.testing.assert_allclose([scores[n] for n in by_hand], list(by_hand.values()), rtol=1e-9)
-    assert ds.features.anchor.shape == (len(ds.features), CFG.decoder_steps)
+    assert ds.features.anchor.shape == (len(ds.features), CFG.data.decoder_steps)
     # the test stretch does not enter the choice: scramble its targets (and every decoder
     # target that reaches into it) and its bars (the range anchors read OHLC), same choice
     # and the same validation scores
     s, rng = spx.series[0], np.random.default_rng(0)
-    t0, d = s.splits.test_rows[0], CFG.decoder_steps
+    t0, d = s.splits.test_rows[0], CFG.data.decoder_steps
     target = s.features.target.copy()
     target[t0:] = rng.permutation(target[t0:]) * 5
     dec = s.features.decoder_target
@@ -97,15 +97,15 @@ def test_auto_chooses_the_lowest_validation_p90_and_reads_no_test_window(spx):
         s, bars=bars,
         features=dataclasses.replace(s.features, target=target, decoder_target=dec)),))
     again = resolve_anchor(cfg, scrambled)
-    assert again[0].anchor == chosen.anchor and again[2] == scores
-    assert resolve_anchor(cfg, scrambled)[0].anchor == chosen.anchor
+    assert again[0].head.anchor == chosen.head.anchor and again[2] == scores
+    assert resolve_anchor(cfg, scrambled)[0].head.anchor == chosen.head.anchor
 
 
 def test_har_is_refused_on_intraday_bars_and_auto_leaves_it_out():
     es = load_dataset(short_es(), CFG.data)
     with pytest.raises(ConfigError, match="--anchor har needs daily or coarser bars"):
-        resolve_anchor(dataclasses.replace(CFG, anchor="har"), es)
-    _, _, scores = resolve_anchor(dataclasses.replace(CFG, anchor="auto"), es)
+        resolve_anchor(CFG.override(anchor="har"), es)
+    _, _, scores = resolve_anchor(CFG.override(anchor="auto"), es)
     assert set(scores) == {"ewma_empirical", "range_ewma"}
 
 
@@ -114,7 +114,7 @@ def test_har_is_refused_on_intraday_bars_and_auto_leaves_it_out():
                                "range_ewma, har, got 'nonsense'"),
     (["--anchor", "har"], "--anchor har needs daily or coarser bars"),
     (["--anchor", "auto", "--vol-target"], "--anchor does not go with --vol-target"),
-    (["--anchor", "auto", "--anchor-median", "half"], "--anchor-median must be learnt or zero"),
+    (["--anchor", "auto", "--anchor-median", "half"], "--anchor-median must be one of learnt, zero"),
 ])
 def test_bad_anchor_flags_exit_2_with_one_line(tmp_path, capsys, args, expect):
     rc = call(train_cli.main, *tiny_tft(*args, "--workdir", tmp_path / "w"))
@@ -134,7 +134,7 @@ def test_epoch_0_is_scored_and_kept_when_nothing_better_is_learnt(tmp_path):
     assert rows[0]["val_q_risk_90"] == rows[1]["val_q_risk_90"]  # the anchored score
     summary = json.loads((wd / "summary.json").read_text())
     assert summary["weights_epoch"] == 0
-    assert summary["identity"]["model"]["anchor"] == "range_ewma"
+    assert summary["identity"]["model"]["head"]["anchor"] == "range_ewma"
     # the shipped model's test forecasts are the anchor's (through the saved checkpoint)
     from tftjax.saved import open_model
 
@@ -143,7 +143,7 @@ def test_epoch_0_is_scored_and_kept_when_nothing_better_is_learnt(tmp_path):
     starts = ds.splits.test[:50]
     pred, _ = Trainer(saved.cfg, saved.tc, to_device(ds.features)).predict(saved.variables,
                                                                            starts)
-    np.testing.assert_allclose(pred, anchor_forecasts(ds, "range_ewma", saved.cfg.quantiles,
+    np.testing.assert_allclose(pred, anchor_forecasts(ds, "range_ewma", saved.cfg.head.quantiles,
                                                       starts), rtol=1e-6)
     assert baselines.NAMES["range_ewma"]  # the anchor is a baseline of the table
 
@@ -160,7 +160,7 @@ def test_the_anchor_fit_is_saved_and_reused_on_other_data(tmp_path):
                                           "--workdir", wd)) == 0
     saved = open_model(wd)
     fit = saved.feature_stats.anchor_fit
-    assert fit["name"] == "ewma_empirical" and len(fit["z"]) == len(saved.cfg.quantiles)
+    assert fit["name"] == "ewma_empirical" and len(fit["z"]) == len(saved.cfg.head.quantiles)
     bars = read_bars(short_es())
     tail = tmp_path / "tail.parquet"
     write_bars(bars.slice(len(bars) - 300, len(bars)), tail)

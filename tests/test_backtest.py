@@ -145,7 +145,7 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
     for k, (tr, va, te, *_) in enumerate(seen, 1):  # each fold's search: its own stretches
         assert tr[1] <= va[0] and va[1] <= te[0]
         assert out["folds"][k - 1]["tuned"] == {"model": {"dropout": 0.05 * k}, "train": {}}
-        assert open_checkpoint(tmp_path / "bt" / f"fold_{k}").cfg.dropout == pytest.approx(0.05 * k)
+        assert open_checkpoint(tmp_path / "bt" / f"fold_{k}").cfg.model.dropout == pytest.approx(0.05 * k)
     assert seen[0][2][0] < seen[1][2][0]  # the second fold's search reaches further
     assert out["folds"][0]["train_rows"][0][1] < out["folds"][1]["train_rows"][0][1]
     assert len(out["chosen_per_fold"]) == 2

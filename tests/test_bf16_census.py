@@ -75,7 +75,7 @@ def test_the_lstm_recurrent_gradient_sums_in_float32():
     cfg = preset("tiny", remat="off", precision="bf16")
     state, data, idx, key = abstract_inputs(cfg, 4, 64)
     closed = jax.make_jaxpr(make_train_step(cfg))(state, data, idx, key)
-    d = cfg.hidden
+    d = cfg.model.hidden
     shapes = []
 
     def walk(jaxpr):

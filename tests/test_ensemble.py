@@ -31,7 +31,7 @@ def trained():
     data = to_device(ds.features)
     idx = epoch_indices(TC, ds.splits.train, 1)[:4]
     out = {"ds": ds, "data": data}
-    for name, cfg in (("single", CFG), ("ens", dataclasses.replace(CFG, ensemble=N))):
+    for name, cfg in (("single", CFG), ("ens", CFG.override(ensemble=N))):
         tr = Trainer(cfg, TC, data)
         state = create_train_state(cfg, TC, jax.random.key(TC.seed))
         key = jax.random.key(TC.seed, impl="rbg")
@@ -80,7 +80,7 @@ def test_the_forecast_is_the_members_average_and_never_worse_than_their_mean(tra
     # pinball loss is convex in the forecast: the average's loss <= the members' mean (the
     # difference here is the ensemble's gain; 1e-6 allows float32 summation)
     y = window_targets(ds, starts)
-    qs = np.asarray(CFG.quantiles, np.float32)
+    qs = np.asarray(CFG.head.quantiles, np.float32)
     mask = np.ones(len(starts), bool)
     loss = lambda p: float(quantile_loss(y, p, qs, mask))  # noqa: E731
     assert loss(pred) <= np.mean([loss(m) for m in members]) + 1e-6

@@ -150,7 +150,7 @@ def test_a_stale_last_bar_is_flagged_and_a_range_is_not(predict_run):
 def test_split_test_rows_are_evaluates_windows_and_losses(predict_run):
     saved = open_model(predict_run / "run")
     f = forecast(saved, split="test")
-    ds, e, d = f.dataset, saved.cfg.encoder_steps, saved.cfg.decoder_steps
+    ds, e, d = f.dataset, saved.cfg.data.encoder_steps, saved.cfg.data.decoder_steps
     test = ds.splits.test
     assert f.rows.tolist() == (test + e - 1).tolist() and set(f.table["split"]) == {"test"}
     # evaluate's eval step on the same windows; forecasts run the fused forward (the same

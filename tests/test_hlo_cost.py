@@ -14,6 +14,7 @@ from tftjax.memory import __main__ as memory_cli
 from tftjax.memory import targets
 from tftjax.memory.cost import CALIBRATION, MEASURED, StepCost, calibrated, fit
 from tftjax.memory.hlo_cost import Program, shape_bytes
+from tftjax.models.kernel_mode import KernelMode
 
 
 def test_shape_bytes():
@@ -212,7 +213,7 @@ def test_the_pallas_lstm_is_one_triton_kernel_each_way_on_the_h100():
             sds((b, d), jnp.float32), sds((b, d)))
 
     def loss(*a):
-        (c, h), hs = lstm_recurrence(*a, False, False)
+        (c, h), hs = lstm_recurrence(*a, False, KernelMode.COMPILED)
         return jnp.sum(c) + jnp.sum(hs.astype(jnp.float32))
 
     text = jax.jit(jax.grad(loss, argnums=tuple(range(6)))).lower(*args).compile().as_text()

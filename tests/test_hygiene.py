@@ -99,7 +99,7 @@ def test_lstm_forget_gate_bias():
 
     # a value no other test uses: init_params is cached per config, and 1.0 is the default
     with nn.intercept_methods(spy):
-        jax.eval_shape(lambda k: init_params(dataclasses.replace(CFG, lstm_forget_bias=0.75), k),
+        jax.eval_shape(lambda k: init_params(CFG.override(lstm_forget_bias=0.75), k),
                        jax.random.key(0))
     assert seen == {"lstm_encoder": 0.75, "lstm_decoder": 0.75}
 
@@ -111,11 +111,11 @@ def test_the_tft_applies_monotone_quantiles_when_asked(monkeypatch):
     real = tft.monotone
     monkeypatch.setattr(tft, "monotone", lambda raw, m: calls.append(m) or real(raw, m))
     for flag in (False, True):
-        cfg = dataclasses.replace(CFG, monotone_quantiles=flag)
+        cfg = CFG.override(monotone_quantiles=flag)
         # the forward pass of the module (init_params would share the plain model's init)
         jax.eval_shape(lambda k, c=cfg: tft.TFT(c).init(k, *tft.dummy_inputs(c, 2)),
                        jax.random.key(0))
-    assert calls == [CFG.quantiles.index(0.5)]
+    assert calls == [CFG.head.quantiles.index(0.5)]
 
 
 def test_monotone_quantiles_never_cross():
@@ -145,7 +145,7 @@ def regime_data():
     from tftjax.data import FeatureSet, to_device
     from tftjax.data.features import FeatureStats
 
-    n, d = 400, CFG.decoder_steps
+    n, d = 400, CFG.data.decoder_steps
     rng = np.random.default_rng(5)
     target = (rng.normal(size=n) * np.where(np.arange(n) < n // 2, 0.3, 3.0)).astype(np.float32)
     known = rng.normal(size=(n, 10)).astype(np.float32)
@@ -163,8 +163,8 @@ def test_window_scale_is_the_ewma_volatility_at_the_forecast_time(regime_data):
     sigma = _ewma_sigma_by_hand(fs.target)
     np.testing.assert_allclose(data.scale, sigma, rtol=1e-6)
     starts = np.array([0, 150, 190, 300, 370], np.int32)
-    e = CFG.encoder_steps
-    batch = gather(data, jnp.asarray(starts), e, CFG.decoder_steps)
+    e = CFG.data.encoder_steps
+    batch = gather(data, jnp.asarray(starts), e, CFG.data.decoder_steps)
     np.testing.assert_allclose(batch.scale, sigma[starts + e - 1], rtol=1e-6)
     assert sigma[370] > 5 * sigma[150]  # the regimes differ: the scale follows them
     # causal: rewriting every target after a window's forecast time leaves its scale
@@ -182,15 +182,15 @@ def test_vol_target_loss_is_the_pinball_of_scaled_outputs(regime_data):
 
     _, data = regime_data
     starts = jnp.asarray([10, 120, 250, 330], jnp.int32)
-    batch = gather(data, starts, CFG.encoder_steps, CFG.decoder_steps)
-    qs = np.asarray(CFG.quantiles, np.float32)
-    raw = np.random.default_rng(2).normal(size=(4, CFG.decoder_steps, qs.size)).astype(np.float32)
+    batch = gather(data, starts, CFG.data.encoder_steps, CFG.data.decoder_steps)
+    qs = np.asarray(CFG.head.quantiles, np.float32)
+    raw = np.random.default_rng(2).normal(size=(4, CFG.data.decoder_steps, qs.size)).astype(np.float32)
     fake_apply = lambda v, *a, **k: ((jnp.asarray(raw), None), {})  # noqa: E731
     mask = jnp.asarray([True, True, True, False])
     y, s = np.asarray(batch.target, np.float64), np.asarray(batch.scale, np.float64)
     for vol in (False, True):
         loss, _ = _loss_fn({}, {}, fake_apply, batch, mask, qs, None,
-                           cfg=dataclasses.replace(CFG, vol_target=vol))
+                           cfg=CFG.override(vol_target=vol))
         pred = raw * (s[:, None, None] if vol else 1.0)
         err = y[..., None] - pred
         want = np.maximum(qs * err, (qs - 1) * err).mean(axis=(1, 2))[:3].mean()
@@ -204,7 +204,7 @@ def test_vol_target_eval_forecasts_are_raw_outputs_times_scale(regime_data):
     variables = {"params": init_params(CFG, jax.random.key(3))}
     idx = jnp.asarray([5, 160, 240, 320], jnp.int32)
     _, plain, _ = make_eval_step(CFG)(variables, data, idx)
-    _, scaled, _ = make_eval_step(dataclasses.replace(CFG, vol_target=True))(variables, data, idx)
-    sigma = _ewma_sigma_by_hand(fs.target)[np.asarray(idx) + CFG.encoder_steps - 1]
+    _, scaled, _ = make_eval_step(CFG.override(vol_target=True))(variables, data, idx)
+    sigma = _ewma_sigma_by_hand(fs.target)[np.asarray(idx) + CFG.data.encoder_steps - 1]
     np.testing.assert_allclose(scaled, np.asarray(plain) * sigma[:, None, None], rtol=1e-5,
                                atol=1e-7)

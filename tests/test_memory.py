@@ -75,7 +75,7 @@ def test_analysis_only_gives_the_optimised_programs_buffers(analysed):
 
 @pytest.mark.xdist_group("memory_analysed")
 def test_full_tier_holds_less_temp_memory_than_off(analysed):
-    full = memory.analyse(dataclasses.replace(CFG, remat="full", vsn_chunk=20), 32, ROWS)
+    full = memory.analyse(CFG.override(remat="full", vsn_chunk=20), 32, ROWS)
     assert full.temp_bytes < analysed[32].temp_bytes
 
 
@@ -112,13 +112,13 @@ PER_SAMPLE = {"off": 100e6, "minimal": 100e6, "aggressive": 80e6, "full": 20e6}
 def largest(budget: float, tier: str = "full") -> int:
     """By enumeration: the largest batch whose synthetic bytes fit ``budget``."""
     return max(b for b in range(1, 5000)
-               if fake_analyse(dataclasses.replace(CFG, remat=tier), b, 0).total_bytes <= budget)
+               if fake_analyse(CFG.override(remat=tier), b, 0).total_bytes <= budget)
 
 
 def fake_analyse(cfg, b, rows, compiled=None, accumulate=1):
     """Synthetic compiled sizes: 1 GB fixed plus per-sample bytes by tier (of a micro-batch)."""
-    return memory.Compiled(cfg.remat, b, int(1e9), 0, 0,
-                           int(PER_SAMPLE[cfg.remat] * b // accumulate), 0, 0, accumulate)
+    return memory.Compiled(cfg.execution.remat, b, int(1e9), 0, 0,
+                           int(PER_SAMPLE[cfg.execution.remat] * b // accumulate), 0, 0, accumulate)
 
 
 @pytest.fixture
@@ -189,7 +189,7 @@ def test_largest_batch_is_exact_from_a_wrong_fit_in_both_directions(fake, fit):
     fake.setattr(planning, "analyse",
                  lambda cfg, b, rows, compiled=None, accumulate=1:
                  seen.append(b) or fake_analyse(cfg, b, rows))
-    cfg = dataclasses.replace(CFG, remat="full")
+    cfg = CFG.override(remat="full")
     best, checked = memory.largest_batch(cfg, 5e9, fit, ROWS)
     assert best == 200 and checked.total_bytes <= 5e9  # exact: 201 does not fit
     assert len(seen) <= 14, seen
@@ -249,7 +249,7 @@ def _run(*args, **env):
 
 def test_memory_cli_bad_tier_exit_2():
     p = _run("--tiers", "off,sideways")
-    assert p.returncode == 2 and "unknown remat tier 'sideways'" in p.stderr
+    assert p.returncode == 2 and "--tiers must be one of off, minimal, aggressive, full, offload, got 'sideways'" in p.stderr
     assert "Traceback" not in p.stderr
 
 

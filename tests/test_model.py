@@ -28,22 +28,22 @@ def vsn(m, dv, d, ctx=None):
 
 
 def expected_params(c):
-    d, dv, H = c.hidden, c.d_v, c.heads
+    d, dv, H = c.model.hidden, c.model.d_v, c.model.heads
     dh = d // H
     gan = dense(d, 2 * d) + 2 * d
     lstm = 8 * d * d + 4 * d
     return (
-        vsn(c.num_static, dv, d)
+        vsn(c.model.num_static, dv, d)
         + 4 * grn(d, d, d)  # static encoders c_s, c_e, c_h, c_c
-        + vsn(c.num_historical + c.num_known, dv, d, ctx=d)
-        + vsn(c.num_known, dv, d, ctx=d)
+        + vsn(c.model.num_historical + c.model.num_known, dv, d, ctx=d)
+        + vsn(c.model.num_known, dv, d, ctx=d)
         + 2 * lstm
         + gan  # gated skip over the LSTM
         + grn(d, d, d, ctx=d)  # static enrichment
         + dense(d, H * dh) + dense(d, H * dh, bias=False)  # attention: Q, K (no bias)
         + dense(d, dh) + dense(dh, d)  # shared V, output
         + gan + grn(d, d, d) + gan  # attention gate, position-wise GRN, output gate
-        + dense(d, len(c.quantiles))
+        + dense(d, len(c.head.quantiles))
     )
 
 
@@ -77,20 +77,31 @@ def test_settings_that_do_not_touch_the_parameters_share_one_init(model):
     # compiled init: a direct init of such a model must give exactly those values.
     import dataclasses
 
-    variant = dataclasses.replace(CFG, remat="full", vsn_chunk=3, dropout=0.3,
+    variant = CFG.override(remat="full", vsn_chunk=3, dropout=0.3,
                                   monotone_quantiles=True, vol_target=True, winsorize=0.0,
                                   target_clip=5.0, bar_interval="1min", timezone="UTC",
                                   calendar="24/7", precision="bf16",
                                   matmul_precision="highest", platform="gpu",
                                   instrument_dropout=0.3, target="cumulative",
                                   anchor_median="zero", anchor_loss="vol")
-    assert {f for f in CFG.to_json() if getattr(CFG, f) != getattr(variant, f)} == set(
-        CFG.INIT_NEUTRAL_FIELDS) - {"qat_freeze_after", "act_symmetric", "weight_granularity",
-                                    "stacked_scales",  # (those need --qat)
-                                    # compiled Pallas kernels at platform gpu need a GPU; the
-                                    # interpreted ones train from off's init in test_remat
-                                    "vsn_kernel", "lstm_kernel", "grn_kernel",
-                                    "attention_kernel", "optimizer_kernel"}
+    from tftjax.config import SECTIONS
+    from tftjax.config.fields import is_neutral
+
+    def fields(cfg):
+        return {(part, f.name): getattr(getattr(cfg, part), f.name)
+                for part, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+
+    a, b = fields(CFG), fields(variant)
+    neutral = {(part, f.name) for part, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+               if part == "execution" or is_neutral(f)}
+    assert {k for k in a if a[k] != b[k]} == neutral - {
+        ("quant", "qat_freeze_after"), ("quant", "act_symmetric"),  # (those need --qat)
+        ("quant", "weight_granularity"), ("quant", "stacked_scales"),
+        # compiled Pallas kernels at platform gpu need a GPU (the interpreted ones train from
+        # off's init in test_remat); a memory budget is for --remat auto only
+        ("execution", "kernels"), ("execution", "kernels_exclude"),
+        ("execution", "memory_budget")}
+    assert variant.init_key() == CFG.init_key()
     direct = jax.jit(TFT(variant).init)(jax.random.key(0), *dummy_inputs(variant, 2))["params"]
     shared = init_params(variant, jax.random.key(0))
     assert jax.tree.structure(direct) == jax.tree.structure(shared)
@@ -102,21 +113,21 @@ def test_settings_that_do_not_touch_the_parameters_share_one_init(model):
 
 def random_inputs(seed):
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
-    t = CFG.encoder_steps + CFG.decoder_steps
-    return (jax.random.normal(k1, (B, CFG.num_static)),
-            jax.random.normal(k2, (B, CFG.encoder_steps, CFG.num_historical)),
-            jax.random.normal(k3, (B, t, CFG.num_known)))
+    t = CFG.data.encoder_steps + CFG.data.decoder_steps
+    return (jax.random.normal(k1, (B, CFG.model.num_static)),
+            jax.random.normal(k2, (B, CFG.data.encoder_steps, CFG.model.num_historical)),
+            jax.random.normal(k3, (B, t, CFG.model.num_known)))
 
 
 @pytest.mark.xdist_group("model_model")
 def test_output_shapes_and_weights_sum_to_one(model):
     params, apply = model
     pred, interp = apply(params, *random_inputs(1))
-    te, td = CFG.encoder_steps, CFG.decoder_steps
-    assert pred.shape == (B, td, len(CFG.quantiles))
-    assert interp.static_weights.shape == (B, CFG.num_static)
-    assert interp.historical_weights.shape == (B, te, CFG.num_historical + CFG.num_known)
-    assert interp.future_weights.shape == (B, td, CFG.num_known)
+    te, td = CFG.data.encoder_steps, CFG.data.decoder_steps
+    assert pred.shape == (B, td, len(CFG.head.quantiles))
+    assert interp.static_weights.shape == (B, CFG.model.num_static)
+    assert interp.historical_weights.shape == (B, te, CFG.model.num_historical + CFG.model.num_known)
+    assert interp.future_weights.shape == (B, td, CFG.model.num_known)
     assert interp.attention.shape == (B, td, te + td)
     for w in (interp.static_weights, interp.historical_weights, interp.future_weights,
               interp.attention):
@@ -130,8 +141,8 @@ def test_attention_is_causal(model):
     params, apply = model
     _, interp = apply(params, *random_inputs(2))
     att = np.asarray(interp.attention)
-    te = CFG.encoder_steps
-    for k in range(CFG.decoder_steps):
+    te = CFG.data.encoder_steps
+    for k in range(CFG.data.decoder_steps):
         assert np.all(att[:, k, te + k + 1 :] == 0.0)
         assert np.all(att[:, k, : te + k + 1] > 0.0)
 
@@ -146,7 +157,7 @@ def test_causal_mask_by_hand():
 def test_changing_future_inputs_after_step_k_leaves_predictions_up_to_k(model, k):
     params, apply = model
     s, h, z = random_inputs(3)
-    te = CFG.encoder_steps
+    te = CFG.data.encoder_steps
     z2 = z.at[:, te + k + 1 :, :].add(5.0 * jax.random.normal(jax.random.key(9), z[:, te + k + 1 :].shape))
     a, _ = apply(params, s, h, z)
     b, _ = apply(params, s, h, z2)

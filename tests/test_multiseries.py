@@ -69,10 +69,10 @@ def test_windows_stay_inside_their_series_and_splits_share_the_calendar(files):
     np.testing.assert_array_equal(ds.features.target[:o], ds.series[0].features.target)
     # the device gather of a window at the end of series 0 holds series 0's rows only
     last = int(ds.series[0].splits.test[-1])
-    b = gather(to_device(ds.features), jnp.array([last], jnp.int32), CFG.encoder_steps,
-               CFG.decoder_steps)
+    b = gather(to_device(ds.features), jnp.array([last], jnp.int32), CFG.data.encoder_steps,
+               CFG.data.decoder_steps)
     np.testing.assert_array_equal(np.asarray(b.target[0]),
-                                  ds.series[0].features.target[last + CFG.encoder_steps:
+                                  ds.series[0].features.target[last + CFG.data.encoder_steps:
                                                                last + W])
 
 
@@ -118,10 +118,10 @@ def test_statics_and_the_instrument_embedding_reach_the_model(files):
     assert ds.features.instrument.dtype == np.int32 and s0[0] == s1[0] == 0.0
     assert (ds.features.instrument[0], ds.features.instrument[ds.offsets[1]]) == (0, 1)
     assert np.all(s0[1:4] != s1[1:4])  # log price, log volume, log volatility: the series' own
-    cfg = dataclasses.replace(CFG, instruments=2, dropout=0.0)
+    cfg = CFG.override(instruments=2, dropout=0.0)
     variables = init_variables(cfg, jax.random.key(0))
     starts = jnp.array([ds.series[0].splits.train[0]] * 2, jnp.int32)
-    b = gather(to_device(ds.features), starts, cfg.encoder_steps, cfg.decoder_steps)
+    b = gather(to_device(ds.features), starts, cfg.data.encoder_steps, cfg.data.decoder_steps)
     assert b.instrument.tolist() == [0, 0]
     static = jnp.stack([jnp.asarray(s0), jnp.asarray(s1)])  # same window, other statics
     inst = jnp.array([0, 1], jnp.int32)  # and another instrument
@@ -182,7 +182,7 @@ def test_one_model_over_two_series_reports_each_and_the_pool(run, files, capsys)
     pooled = sum(summary["series"][k]["model"]["test"]["loss"] * m for k, m in zip(("es", "alt"), n))
     assert abs(pooled / sum(n) - summary["model"]["test"]["loss"]) < 1e-4
     saved = open_model(run)
-    assert saved.cfg.instruments == 2
+    assert saved.cfg.model.instruments == 2
     assert saved.featurisation["vocab"] == ("es", "alt")
     # evaluate one of the series alone: the run's cut times, so the same test windows
     capsys.readouterr()
@@ -202,16 +202,16 @@ def test_forecasts_of_every_series_are_their_scored_windows(run, files, tmp_path
     test = ds.splits.test
     scored, _ = Trainer(saved.cfg, saved.tc, to_device(ds.features)).predict(saved.variables,
                                                                            test)
-    e = saved.cfg.encoder_steps
+    e = saved.cfg.data.encoder_steps
     j = int(np.flatnonzero(ds.series_of(test) == 1)[3])  # a test window of alt
     origin = ds.ts[test[j] + e - 1]
     f = forecast(saved, as_of=str(np.datetime64(int(origin), "ns")))
-    assert list(f.table["instrument"][:: saved.cfg.decoder_steps]) == ["es", "alt"]
+    assert list(f.table["instrument"][:: saved.cfg.data.decoder_steps]) == ["es", "alt"]
     # same step, another batch row: a few ulps (tests/test_predict.py says why)
     np.testing.assert_allclose(f.pred[1], scored[j], rtol=1e-5,
                                atol=1e-6 * np.abs(scored[j]).max())
     scale = ds.series[1].features.stats.target_scale
-    np.testing.assert_array_equal(f.table["q50"][saved.cfg.decoder_steps:],
+    np.testing.assert_array_equal(f.table["q50"][saved.cfg.data.decoder_steps:],
                                   f.pred[1][:, 1].astype(np.float64) * scale)
     out = tmp_path / "f.csv"
     assert call(predict_cli.main, "--checkpoint", run, "--out", out) == 0
@@ -236,7 +236,7 @@ def test_a_universe_file_with_a_new_listing_forecasts_under_embed(run, files, tm
     cut = saved.featurisation["cuts"][0]
     assert new.ts[0] > cut  # no row of the new listing before the training cut
     f = forecast(saved, tmp_path / "universe.parquet", unknown="embed")
-    d = saved.cfg.decoder_steps
+    d = saved.cfg.data.decoder_steps
     assert f.table["instrument"][::d].tolist() == ["alt", "es", "new"]
     assert f.table["stats_from"][::d].tolist() == ["trained", "trained", "pooled"]
     assert np.isfinite(f.pred).all()
@@ -291,7 +291,7 @@ def test_a_checkpoint_from_before_vocabularies_still_evaluates(files, tmp_path, 
     meta["identity"]["model"].pop("instrument_dropout")
     meta_file.write_text(json.dumps(meta))
     saved = open_model(tmp_path / "old")
-    assert saved.cfg.instruments == 0 and saved.featurisation["vocab"] is None
+    assert saved.cfg.model.instruments == 0 and saved.featurisation["vocab"] is None
     assert "instrument_table" not in saved.variables["params"]["static_vsn"]
     capsys.readouterr()
     assert call(evaluate_cli.main, "--checkpoint", tmp_path / "old", "--parquet-file",
@@ -307,7 +307,7 @@ def test_an_instrument_index_outside_the_vocabulary_is_refused(files):
     bad = ds.features.instrument.copy()
     bad[-1] = 3
     data = to_device(dataclasses.replace(ds.features, instrument=bad))
-    cfg = dataclasses.replace(CFG, instruments=2)
+    cfg = CFG.override(instruments=2)
     for build in (lambda: Trainer(cfg, TrainConfig(), data),
                   lambda: predict_windows(cfg, TrainConfig(), data, None, np.zeros(1, np.int32))):
         with pytest.raises(ConfigError, match=r"instrument index 3 is outside this model's "

@@ -162,8 +162,8 @@ def test_the_train_step_runs_the_kernels_and_keeps_the_state_as_it_was():
 def test_the_run_names_the_kernels_it_interprets():
     from tftjax.config import preset
 
-    assert preset("tiny").pallas_flags() == ""
-    assert preset("tiny", optimizer_kernel="pallas").pallas_flags() == "--optimizer-kernel pallas"
+    assert preset("tiny").execution.describe_kernels() == ""
+    assert preset("tiny", kernels="pallas").execution.describe_kernels() == "--kernels pallas"
     three = preset("tiny", vsn_kernel="pallas", lstm_kernel="pallas", optimizer_kernel="pallas")
-    assert three.pallas_flags() == ("--vsn-kernel pallas, --lstm-kernel pallas and "
-                                    "--optimizer-kernel pallas")
+    assert three.execution.describe_kernels() == ("--kernels pallas --kernels-exclude "
+                                                  "grn,attention")

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 from tftjax.models import pallas_attention
+from tftjax.models.kernel_mode import KernelMode
 from tftjax.models.layers import InterpretableAttention
 from tftjax.models.tft import causal_mask
 
 # 2 heads of 12 columns, 12 keys and 5 queries: each padded to Triton's 16 (masked tiles)
 H, D, RATE, TE, TD = 2, 24, 0.3, 7, 5
 INTERPRET = jax.default_backend() not in ("gpu", "cuda", "rocm")
+KERNEL = KernelMode.INTERPRETED if INTERPRET else KernelMode.COMPILED
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,7 +42,7 @@ def _run(kernel, params, theta, r, deterministic, dtype=jnp.float32):
     def f(params, theta):
         t = theta.astype(dtype)
         p = jax.tree.map(lambda a: a.astype(dtype), params)
-        out, w = InterpretableAttention(H, D, RATE, kernel=INTERPRET if kernel else None).apply(
+        out, w = InterpretableAttention(H, D, RATE, kernel=KERNEL if kernel else KernelMode.XLA).apply(
             {"params": p}, t[:, TE:], t, causal_mask(TE, TD), deterministic,
             rngs={"dropout": jax.random.key(3)})
         assert out.dtype == dtype and out.shape == r.shape

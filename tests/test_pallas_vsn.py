@@ -11,6 +11,7 @@ import pytest
 
 from tftjax.models import pallas_vsn
 from tftjax.models.dropout import keep_mask
+from tftjax.models.kernel_mode import KernelMode
 from tftjax.models.vsn import stacked_grn
 
 from test_fused import stacked_params
@@ -129,7 +130,7 @@ def test_train_runs_with_pallas_kernels_and_says_they_are_interpreted(tmp_path, 
                                           "--attention-kernel", "pallas",
                                           "--workdir", wd)) == 0
     out = capsys.readouterr().out
-    assert ("--lstm-kernel pallas and --attention-kernel pallas run(s) in Pallas' "
+    assert ("--kernels pallas --kernels-exclude vsn,grn,optimizer runs in Pallas' "
             "interpreter") in out
     rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train_loss"] for r in rows if "train_loss" in r]
@@ -160,9 +161,9 @@ def test_the_compiled_kernels_at_tft225_widths_on_a_gpu():
             jnp.zeros((4 * d,), dtype), jax.random.normal(ks[2], (d, 4 * d)) / d ** 0.5,
             jnp.zeros((b, d)), jnp.zeros((b, d), dtype))
 
-    def lstm_loss(pallas):
+    def lstm_loss(kernel):
         def f(*a):
-            (c, h), hs = lstm_recurrence(*a, False, pallas)
+            (c, h), hs = lstm_recurrence(*a, False, kernel)
             return jnp.sum(c) + jnp.sum(jnp.sin(hs.astype(jnp.float32)))
         return f
 
@@ -170,7 +171,7 @@ def test_the_compiled_kernels_at_tft225_widths_on_a_gpu():
         (c, h), hs, _, _ = _scan(_project(*a[:3]), *a[3:])
         return jnp.sum(c) + jnp.sum(jnp.sin(hs.astype(jnp.float32)))
 
-    ga = jax.jit(jax.grad(lstm_loss(False), argnums=tuple(range(6))))(*args)
+    ga = jax.jit(jax.grad(lstm_loss(KernelMode.COMPILED), argnums=tuple(range(6))))(*args)
     gb = jax.jit(jax.grad(ref, argnums=tuple(range(6))))(*args)
     for name, err in leaf_errors(ga, gb):
         assert err <= tol, (name, err)

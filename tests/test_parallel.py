@@ -132,9 +132,8 @@ def test_checkpoints_move_between_meshes(worker):
     (["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"],
      "must be HOST:PORT"),
     (["--feature-layout", "diagonal"], "diagonal"),
-    (["--vsn-kernel", "pallas", "--lstm-kernel", "pallas"], "--vsn-kernel pallas and "
-     "--lstm-kernel pallas run(s) on one device: the Pallas kernels are not sharded over a "
-     "mesh, and this run has 4 devices (give --devices 1)"),
+    (["--kernels", "pallas"], "--kernels pallas runs on one device: the Pallas kernels are "
+     "not sharded over a mesh, and this run has 4 devices (give --devices 1)"),
 ])
 def test_cli_refuses_a_batch_the_mesh_cannot_split(tmp_path, args, expect):
     p = cli("--preset", "tiny", "--workdir", str(tmp_path / "w"), *args, devices=4)

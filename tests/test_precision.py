@@ -46,7 +46,7 @@ def loss_fn(cfg, inputs):
     def loss(p):
         pred, _ = apply({"params": p}, s, h, k, False,
                         rngs={"dropout": jax.random.key(7, impl="rbg")})
-        return losses.quantile_loss(y, pred, cfg.quantiles)
+        return losses.quantile_loss(y, pred, cfg.head.quantiles)
 
     return loss
 
@@ -120,7 +120,7 @@ def test_bf16_stores_bf16_activations(params, inputs):
     cfg = small(precision="bf16")
     saved = [a for a, src in saved_residuals(loss_fn(cfg, inputs), params)
              if not src.startswith("from the argument")]
-    big = [a for a in saved if a.size >= B * cfg.encoder_steps * cfg.hidden]
+    big = [a for a in saved if a.size >= B * cfg.data.encoder_steps * cfg.model.hidden]
     bf16 = sum(a.size for a in big if a.dtype == jnp.bfloat16)
     f32 = sum(a.size for a in big if a.dtype == jnp.float32)
     # the float32 islands: the LSTM cell state, attention weights and LayerNorm statistics
@@ -188,7 +188,8 @@ def test_bf16_training_and_evaluation_on_the_bundled_bars():
 
 
 def test_config_round_trips_through_json():
-    cfg = dataclasses.replace(preset("tiny"), precision="bf16", matmul_precision="high")
+    cfg = preset("tiny", precision="bf16", matmul_precision="high", kernels="pallas",
+                 kernels_exclude=("grn",))
     from tftjax.config import TFTConfig
 
     assert TFTConfig.from_json(cfg.to_json()) == cfg

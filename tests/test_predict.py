@@ -28,7 +28,7 @@ def test_a_forecast_is_the_scored_prediction_of_its_window(run):
     ds = load_dataset(run / "bars.parquet", cfg.data, **saved.featurisation)
     test = ds.splits.test
     scored, _ = Trainer(cfg, saved.tc, to_device(ds.features)).predict(saved.variables, test)
-    e = cfg.encoder_steps
+    e = cfg.data.encoder_steps
     for j in (0, len(test) - 1):
         origin = ds.bars.ts[test[j] + e - 1]
         f = forecast(saved, as_of=str(np.datetime64(int(origin), "ns")))

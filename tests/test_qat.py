@@ -119,7 +119,7 @@ def loss_and_grads(tier, variables, x):
         (pred, _), stats, _ = observed(
             TFT(cfg), quant_spec(cfg), {"params": p, "quant_stats": variables["quant_stats"]},
             *x[:3], False, rngs={"dropout": jax.random.key(7, impl="rbg")})
-        return losses.quantile_loss(x[3], pred, cfg.quantiles), stats
+        return losses.quantile_loss(x[3], pred, cfg.head.quantiles), stats
 
     (value, stats), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(variables["params"])
     return float(value), stats, grads
@@ -184,7 +184,7 @@ def test_remat_tiers_give_the_no_remat_qat_gradients(tier, model, reference):
 @MODEL
 def test_observers_follow_the_moving_average_and_freeze(model):
     cfg, _, v = model
-    cfg = dataclasses.replace(cfg, qat_freeze_after=2)
+    cfg = cfg.override(qat_freeze_after=2)
     params = {"params": v["params"]}
     stats = init_variables(cfg, jax.random.key(1))["quant_stats"]
     history, lo, hi = [], None, None
@@ -406,7 +406,7 @@ def test_qat_summary_export_and_evaluate(qat_run, capsys):
     assert got["imported"] == [] and got["windows"] == 32, got
     assert got["windows_within_one_step"] >= 16, got
     samples = load_file(str(out / "samples.safetensors"))
-    assert samples["int8_output"].shape == (32, cfg.decoder_steps, len(cfg.quantiles))
+    assert samples["int8_output"].shape == (32, cfg.data.decoder_steps, len(cfg.head.quantiles))
     # a float-only export: one line, exit 2
     import shutil
 
@@ -446,7 +446,7 @@ def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
     assert "calibrated on 2 training batches (minmax, PTQ)" in printed and "TFT: int8 inference" in printed
     for args, expect in ((["--int8", "--act-symmetric"], "--act-symmetric choose how a PTQ"),
                          (["--int8", "--calibrate", "2", "--stacked-scales", "bogus"],
-                          "--stacked-scales must be channel or variable, got 'bogus'")):
+                          "--stacked-scales must be one of channel, variable, got 'bogus'")):
         assert call(evaluate_cli.main, "--checkpoint", flt, *args) == 2
         err = capsys.readouterr().err
         assert expect in err and err.count("\n") == 1, err
@@ -478,8 +478,8 @@ def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
     (["--qat", "--qat-layers", "attention/*", "lstm_enc"], "--qat-layers lstm_enc matches no layer"),
     (["--qat-freeze-after", "5"], "need --qat"),
     (["--qat", "--init-from", "nowhere"], "--init-from nowhere: no such checkpoint"),
-    (["--qat", "--stacked-scales", "bogus"], "--stacked-scales must be channel or variable, got 'bogus'"),
-    (["--qat", "--weight-granularity", "row"], "--weight-granularity must be channel or tensor"),
+    (["--qat", "--stacked-scales", "bogus"], "--stacked-scales must be one of channel, variable, got 'bogus'"),
+    (["--qat", "--weight-granularity", "row"], "--weight-granularity must be one of channel, tensor"),
     (["--act-symmetric"], "need --qat (or a PTQ --calibrate)"),
 ])
 def test_bad_qat_flags_exit_2(args, expect, tmp_path, capsys):

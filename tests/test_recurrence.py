@@ -110,15 +110,17 @@ def test_the_pallas_kernels_equal_the_scans(dtype, recompute, b):
     float32 before one rounding where the scan rounds h·W first, and takes the activations
     in float32: one bf16 rounding (u = 2⁻⁹) more or less per gate, through T = 7 steps of
     O(1) gains; 2⁻⁵ of each leaf's scale bounds it (measured: at most 2⁻⁷)."""
+    from tftjax.models.kernel_mode import KernelMode
     from tftjax.remat import is_gpu
 
     args = inputs(dtype, b)
     tol = 1e-5 if dtype == jnp.float32 else 2 ** -5
-    kernel = not is_gpu()  # interpreted here; compiled where the tests run on a GPU
+    # interpreted here; compiled where the tests run on a GPU
+    kernel = KernelMode.COMPILED if is_gpu() else KernelMode.INTERPRETED
     with jax.default_matmul_precision("highest"):
-        outs = [lstm_recurrence(*args, recompute, p) for p in (kernel, None)]
+        outs = [lstm_recurrence(*args, recompute, p) for p in (kernel, KernelMode.XLA)]
         g, g_ref = (jax.grad(loss(lambda *a, p=p: lstm_recurrence(*a, recompute, p), b),
-                             argnums=ALL)(*args) for p in (kernel, None))
+                             argnums=ALL)(*args) for p in (kernel, KernelMode.XLA))
     for a, b in zip(*(jax.tree.leaves(o) for o in outs)):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         assert a.shape == b.shape and np.abs(a - b).max() <= tol * np.abs(b).max()

@@ -47,7 +47,7 @@ def loss_and_grads(tier, params, inputs):
     def loss(p):
         pred, _ = TFT(cfg).apply({"params": p}, s, h, k, False,
                                  rngs={"dropout": jax.random.key(7, impl="rbg")})
-        return losses.quantile_loss(y, pred, cfg.quantiles)
+        return losses.quantile_loss(y, pred, cfg.head.quantiles)
 
     return jax.jit(jax.value_and_grad(loss))(params)
 
@@ -108,7 +108,7 @@ def test_off_gradients_reach_every_leaf(reference):
 
 
 def test_unknown_tier_lists_the_tiers():
-    with pytest.raises(ValueError, match="choose one of: off, minimal, aggressive, full, offload, auto"):
+    with pytest.raises(ValueError, match="choose one of: off, minimal, aggressive, full, offload, fastest, auto"):
         remat.plan("sideways")
 
 
@@ -142,7 +142,7 @@ def saved_shapes(tier, params, inputs):
     def loss(p):
         pred, _ = TFT(cfg).apply({"params": p}, s, h, k, False,
                                  rngs={"dropout": jax.random.key(7, impl="rbg")})
-        return losses.quantile_loss(y, pred, cfg.quantiles)
+        return losses.quantile_loss(y, pred, cfg.head.quantiles)
 
     return Counter(tuple(a.shape) for a, src in saved_residuals(loss, params)
                    if not src.startswith("from the argument"))
@@ -152,10 +152,10 @@ def saved_shapes(tier, params, inputs):
 @pytest.mark.parametrize("tier", remat.ORDER)
 def test_tier_saves_what_it_says(tier, inputs, reference):
     cfg = config(tier)
-    te, td, d, m = cfg.encoder_steps, cfg.decoder_steps, cfg.hidden, cfg.num_historical + cfg.num_known
+    te, td, d, m = cfg.data.encoder_steps, cfg.data.decoder_steps, cfg.model.hidden, cfg.model.num_historical + cfg.model.num_known
     shapes = saved_shapes(tier, reference[0], inputs)
     per_step_lstm = shapes[(te, B, d)]  # gates/activations stacked over encoder steps
-    attention_weights = shapes[(B, cfg.heads, td, te + td)]
+    attention_weights = shapes[(B, cfg.model.heads, td, te + td)]
     static_contexts = shapes[(B, d)]  # inside the four static encoder GRNs
     vsn_per_variable = sum(n for s, n in shapes.items() if np.prod(s) >= m * B * te * d)
     p = remat.plan(tier)

@@ -31,14 +31,14 @@ def es():
 
 @pytest.fixture(scope="module")
 def off(es):
-    return train_epochs(dataclasses.replace(CFG, remat="off"), TC, es)
+    return train_epochs(CFG.override(remat="off"), TC, es)
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("remat_training")
 @pytest.mark.parametrize("tier", [t for t in remat.TIERS if t != "off"])
 def test_every_tier_trains_to_the_weights_of_off(tier, es, off):
-    state, history = train_epochs(dataclasses.replace(CFG, remat=tier), TC, es)
+    state, history = train_epochs(CFG.override(remat=tier), TC, es)
     ref_state, ref_history = off
     np.testing.assert_allclose(history, ref_history, rtol=1e-6)
     diff = leaf_differences(state.params, ref_state.params)

@@ -19,7 +19,8 @@ from tftjax import dqn as dqn_lib
 from tftjax import evaluate as evaluate_cli
 from tftjax import train as train_cli
 from tftjax.checkpoints import list_checkpoints
-from tftjax.config import ConfigError, DataConfig, TFTConfig, TrainConfig, preset
+from tftjax.config import (ConfigError, DataConfig, ExecutionConfig, HeadConfig, ModelConfig,
+                           TFTConfig, TrainConfig, preset)
 from tftjax.dqn.config import DQN_PRESETS, DQNConfig
 from tftjax.data import Dataset, epoch_batches, load_dataset
 from tftjax.dqn import __main__ as dqn_cli
@@ -220,7 +221,7 @@ def test_nan_mid_epoch_stops_within_the_epoch(tmp_path):
     # NaN decoder inputs at one origin row, first used by the third batch of epoch 2 (batch
     # order by numpy). (A NaN *target* is a missing one, masked: it cannot make the loss NaN.)
     idx, _ = epoch_batches(es.splits.train, 32, seed=0, epoch=2)
-    E = cfg.encoder_steps
+    E = cfg.data.encoder_steps
     row = int(next(s for s in idx[2] if s not in idx[:2])) + E - 1
     future = es.features.future.copy()
     future[row] = np.nan
@@ -236,8 +237,8 @@ def test_nan_mid_epoch_stops_within_the_epoch(tmp_path):
 @pytest.mark.slow
 def test_no_validation_windows_turns_early_stopping_off(tmp_path):
     cfg = preset("tiny")
-    ds = load_dataset(short_es(), DataConfig(encoder_steps=cfg.encoder_steps,
-                                       decoder_steps=cfg.decoder_steps, val_fraction=0.0))
+    ds = load_dataset(short_es(), DataConfig(encoder_steps=cfg.data.encoder_steps,
+                                       decoder_steps=cfg.data.decoder_steps, val_fraction=0.0))
     assert ds.splits.val.size == 0
     lines = []
     tc = TrainConfig(epochs=3, batch_size=32, max_steps_per_epoch=2, patience=1)
@@ -305,15 +306,21 @@ def test_dqn_resume_through_the_cli(tmp_path, capsys):
 
 # ----------------------------------------------------------------- configs
 @pytest.mark.parametrize("make,expect", [
-    (lambda: TFTConfig(hidden=0), "hidden size must be >= 1, got 0"),
-    (lambda: TFTConfig(d_v=0), "d_v must be >= 1, got 0"),
-    (lambda: TFTConfig(dropout=1.0), "dropout must be in [0, 1), got 1.0"),
-    (lambda: TFTConfig(dropout=-0.1), "dropout must be in [0, 1)"),
-    (lambda: TFTConfig(remat="sideways"), "remat tier 'sideways'"),
-    (lambda: TFTConfig(quantiles=(0.1, 0.9)), "must include 0.5 and 0.9"),
-    (lambda: TFTConfig(target="nonsense"), "--target must be one of bar, cumulative, got "
-                                           "'nonsense'"),
-    (lambda: TFTConfig(instrument_dropout=1.0), "--instrument-dropout must be in [0, 1)"),
+    (lambda: ModelConfig(hidden=0), "--hidden-size must be >= 1, got 0"),
+    (lambda: ModelConfig(d_v=0), "--d-v must be >= 1, got 0"),
+    (lambda: ModelConfig(dropout=1.0), "--dropout must be in [0, 1), got 1.0"),
+    (lambda: ModelConfig(dropout=-0.1), "--dropout must be in [0, 1)"),
+    (lambda: ExecutionConfig(remat="sideways"), "--remat must be one of off, minimal, "
+                                                "aggressive, full, offload, fastest, auto"),
+    (lambda: HeadConfig(quantiles=(0.1, 0.9)), "must include 0.5 and 0.9"),
+    (lambda: DataConfig(target="nonsense"), "--target must be one of bar, cumulative, got "
+                                            "'nonsense'"),
+    (lambda: ModelConfig(instrument_dropout=1.0), "--instrument-dropout must be in [0, 1)"),
+    (lambda: preset("tiny", qat=True, precision="bf16"), "--precision bf16 and --qat"),
+    (lambda: preset("tiny", nonsense=1), "unknown model setting 'nonsense'"),
+    (lambda: TFTConfig.from_json({"schema": 3}), "schema 3: written by a newer tftjax"),
+    (lambda: TFTConfig.from_json({"hidden": 8, "colour": "red"}), "unknown model setting "
+                                                                  "'colour'"),
     (lambda: TrainConfig(seed=-1), "seed must be in [0, 2**32), got -1"),
     (lambda: TrainConfig(learning_rate=float("nan")), "learning_rate must be a finite number"),
     (lambda: TrainConfig(patience=-1), "patience must be >= 0"),
@@ -327,19 +334,21 @@ def test_configs_validate_themselves(make, expect):
 
 
 def test_flags_come_from_the_config_dataclasses():
-    from tftjax.cli import parse
-
     def args(*argv):
-        argv = list(argv)
-        return parse(train_cli.Args, argv, train_cli.defaults(argv), "train", "")
+        return train_cli.configs(train_cli.COMMAND_LINE.parse([str(a) for a in argv]))
 
     for form in (["--remat=aggressive"], ["--remat", "aggressive"]):
-        a = args("--preset", "tiny", *form, "--batch-size", "8", "--hidden-size", "32")
-        assert a.remat == "aggressive" and a.train.batch_size == 8
-        assert a.model == dataclasses.replace(preset("tiny"), hidden=32)
-    d = parse(dqn_cli.Args, ["--env", "cartpole", "--epochs", "3"],
-              dqn_cli.defaults(["--env", "cartpole"]), "dqn", "")
-    assert d.config == dataclasses.replace(DQN_PRESETS["cartpole"], epochs=3)
+        cfg, tc, _ = args("--preset", "tiny", *form, "--batch-size", "8", "--hidden-size", "32")
+        assert cfg.execution.remat == "aggressive" and tc.batch_size == 8
+        assert cfg == preset("tiny", hidden=32, remat="aggressive")
+    # one switch for the kernels; the five old flags still set them, hidden from the help
+    cfg, _, _ = args("--preset", "tiny", "--kernels", "pallas", "--kernels-exclude", "grn,lstm")
+    assert cfg.execution.pallas_families == ("vsn", "attention", "optimizer")
+    cfg, _, _ = args("--preset", "tiny", "--vsn-kernel", "pallas", "--attention-kernel", "pallas")
+    assert cfg.execution.pallas_families == ("vsn", "attention")
+    assert "--vsn-kernel" not in train_cli.COMMAND_LINE.parser.format_help()
+    cfg, _ = dqn_cli.configs(dqn_cli.COMMAND_LINE.parse(["--env", "cartpole", "--epochs", "3"]))
+    assert cfg == dataclasses.replace(DQN_PRESETS["cartpole"], epochs=3)
 
 
 def test_default_run_folders_never_meet_an_earlier_run(tmp_path, monkeypatch):
@@ -356,5 +365,6 @@ def test_default_run_folders_never_meet_an_earlier_run(tmp_path, monkeypatch):
     assert run_folder(None, root, resume=True) == root / "run_001"
     assert run_folder("mine", root, resume=True) == Path("mine")
     # the CLIs' defaults (relative to the current folder)
-    assert train_cli.defaults(["--preset", "tiny"]).workdir == Path("runs/tft/run_003")
-    assert dqn_cli.defaults([]).workdir == Path("runs/dqn/run_001")
+    parsed = train_cli.COMMAND_LINE.parse(["--preset", "tiny"])
+    assert train_cli.configs(parsed)[2].workdir == Path("runs/tft/run_003")
+    assert dqn_cli.configs(dqn_cli.COMMAND_LINE.parse([]))[1].workdir == Path("runs/dqn/run_001")

@@ -31,7 +31,7 @@ def test_a_target_plan_is_never_capped_at_this_machines_device(monkeypatch):
     monkeypatch.setattr(planning, "device_limit", lambda: 10**9)
     monkeypatch.setattr(planning, "min_bytes", lambda *a: 0)
     monkeypatch.setattr(planning, "analyse", lambda cfg, b, rows, accumulate=1: Compiled(
-        cfg.remat, b, 0, 0, 0, 5 * 10**9, 0))
+        cfg.execution.remat, b, 0, 0, 0, 5 * 10**9, 0))
     logs = []
     cfg = preset("tiny", remat="off")
     monkeypatch.setattr(planning, "targeting", lambda: True)

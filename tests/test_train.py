@@ -41,7 +41,7 @@ def signal_dataset(n=2264, seed=0) -> Dataset:
     target = (1.5 * known[:, 0] + 0.3 * rng.normal(size=n)).astype(np.float32)
     stats = FeatureStats(np.zeros(210), np.ones(210), 1.0, np.zeros(5), (0, n))
     # decoder step k of a window ending at row t sees row t+1+k's known inputs (a gap-free grid)
-    d = CFG.decoder_steps
+    d = CFG.data.decoder_steps
     future = known[np.minimum(np.arange(n)[:, None] + 1 + np.arange(d), n - 1)]
     fs = FeatureSet(rng.normal(size=(n, 210)).astype(np.float32), known, future,
                     np.zeros(5, np.float32), target, stats)
@@ -135,20 +135,24 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args,expect", [
-    (["--remat", "sideways"], "choose one of: off"),
+    (["--remat", "sideways"], "--remat must be one of off, minimal, aggressive, full, "
+                                "offload, fastest, auto, got 'sideways'"),
     (["--precision", "fp8"], "--precision must be one of f32, bf16, got 'fp8'"),
     (["--matmul-precision", "fastest"], "--matmul-precision must be one of default, high, "
                                         "highest, got 'fastest'"),
-    (["--vsn-kernel", "cuda"], "--vsn-kernel must be xla or pallas, got 'cuda'"),
-    (["--lstm-kernel", "cudnn"], "--lstm-kernel must be xla or pallas, got 'cudnn'"),
-    (["--grn-kernel", "cuda"], "--grn-kernel must be xla or pallas, got 'cuda'"),
-    (["--attention-kernel", "flash"], "--attention-kernel must be xla or pallas, got 'flash'"),
-    (["--optimizer-kernel", "apex"], "--optimizer-kernel must be xla or pallas, got 'apex'"),
+    (["--vsn-kernel", "cuda"], "--vsn-kernel must be one of xla, pallas, got 'cuda'"),
+    (["--lstm-kernel", "cudnn"], "--lstm-kernel must be one of xla, pallas, got 'cudnn'"),
+    (["--grn-kernel", "cuda"], "--grn-kernel must be one of xla, pallas, got 'cuda'"),
+    (["--attention-kernel", "flash"], "--attention-kernel must be one of xla, pallas, got 'flash'"),
+    (["--optimizer-kernel", "apex"], "--optimizer-kernel must be one of xla, pallas, got 'apex'"),
     (["--epochs", "0"], "epochs must be >= 1, got 0"),
     (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),
-    (["--hidden-size", "0"], "hidden size must be >= 1, got 0"),
-    (["--dropout", "1.5"], "dropout must be in [0, 1), got 1.5"),
-    (["--d-v", "0"], "d_v must be >= 1, got 0"),
+    (["--hidden-size", "0"], "--hidden-size must be >= 1, got 0"),
+    (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
+    (["--d-v", "0"], "--d-v must be >= 1, got 0"),
+    (["--kernels", "triton"], "--kernels must be one of xla, pallas, got 'triton'"),
+    (["--kernels-exclude", "vsn,flash"], "--kernels-exclude must be one of vsn, lstm, grn, "
+                                         "attention, optimizer, got 'flash'"),
     (["--parquet-file", "/nonexistent/bars.parquet"], "bars.parquet: file not found"),
     (["--bogus-flag"], "bogus"),
     (["--remat", "auto"], "--remat auto needs --memory-budget"),
@@ -168,7 +172,7 @@ def test_cli_bad_input_exit_2_through_python_m(tmp_path):
     p = run("-m", "tftjax.train", "--preset", "tiny", "--workdir", str(tmp_path / "w"),
             "--remat", "sideways")
     assert p.returncode == 2, p.stderr
-    assert "choose one of: off" in p.stderr and "Traceback" not in p.stderr
+    assert "--remat must be one of off" in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "w").exists()
 

@@ -8,7 +8,6 @@ from conftest import call, short_es
 
 from tftjax import train as train_cli
 from tftjax import tune as tune_cli
-from tftjax.cli import parse
 
 pytest.importorskip("optuna")
 
@@ -25,7 +24,7 @@ def test_a_search_on_validation_writes_settings_that_train_reads(tmp_path, capsy
 
     def fake_train(model, train, workdir, *, dataset, callback, **kw):
         seen.append(sum(s.splits.test.size for s in dataset.series))
-        val = [abs(train.learning_rate - 3e-3) * 100 + model.dropout * (1 + e) for e in range(3)]
+        val = [abs(train.learning_rate - 3e-3) * 100 + model.model.dropout * (1 + e) for e in range(3)]
         for epoch, v in enumerate(val, 1):
             callback(epoch, None, {"val_loss": v}, epoch == 3)
         return {"history": [{"val_loss": v} for v in val], "weights_epoch": 1,
@@ -53,10 +52,10 @@ def test_a_search_on_validation_writes_settings_that_train_reads(tmp_path, capsy
         abs(chosen["learning_rate"] - 3e-3) * 100 + chosen["dropout"])
     argv = ["--preset", "tiny", "--config", str(tmp_path / "tune" / "best.json"),
             "--dropout", "0.05"]
-    a = parse(train_cli.Args, argv, train_cli.defaults(argv), "train", "")
-    assert a.model.hidden == best["model"]["hidden"]
-    assert a.train.learning_rate == best["train"]["learning_rate"]
-    assert a.model.dropout == 0.05  # a flag after --config wins
+    cfg, tc, _ = train_cli.configs(train_cli.COMMAND_LINE.parse(argv))
+    assert cfg.model.hidden == best["model"]["hidden"]
+    assert tc.learning_rate == best["train"]["learning_rate"]
+    assert cfg.model.dropout == 0.05  # a flag after --config wins
 
 
 def test_a_stopped_search_goes_on_with_resume(tmp_path, capsys, monkeypatch):
@@ -104,7 +103,7 @@ def test_a_stopped_search_goes_on_with_resume(tmp_path, capsys, monkeypatch):
     assert call(tune_cli.main, *base[:2], "--parquet-file", other, "--workdir", tmp_path / "o",
                 "--trials", "2", "--resume") == 2
     assert "data differ" in capsys.readouterr().err
-    for extra, expect in ((["--dropout", "0.3"], "model.dropout differ"),
+    for extra, expect in ((["--dropout", "0.3"], "dropout differ"),
                           (["--workdir", tmp_path / "none"], "holds no search")):
         assert call(tune_cli.main, *base, "--trials", "5", "--resume", *extra) == 2
         err = capsys.readouterr().err
@@ -129,7 +128,7 @@ def test_a_settings_file_with_an_unknown_field_is_refused(tmp_path, capsys):
     bad.write_text(json.dumps({"model": {"hiddn": 8}}))
     rc = call(train_cli.main, "--config", bad, "--workdir", tmp_path / "r")
     err = capsys.readouterr().err
-    assert rc == 2 and "unknown setting(s) model.hiddn" in err, err
+    assert rc == 2 and "unknown model setting 'hiddn'" in err, err
 
 
 def test_release_compiled_empties_the_step_caches():

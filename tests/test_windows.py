@@ -131,7 +131,7 @@ def test_decoder_targets_are_masked_at_the_bundled_es_gaps(dataset):
     first = y[0]
     assert np.isfinite(first[:3]).all() and np.isnan(first[3])
     # masked loss and metric sums against a numpy reference over the observed steps only
-    qs = preset("tiny").quantiles
+    qs = preset("tiny").head.quantiles
     rng = np.random.default_rng(0)
     pred = np.sort(rng.normal(size=y.shape + (len(qs),)), axis=-1).astype(np.float32)
     ok = np.isfinite(y)
@@ -193,11 +193,11 @@ def test_fan_titles_show_the_bars_own_times():
     times = table.column(col).to_pylist()
     want = []
     for s in starts:
-        t = times[int(s) + cfg.encoder_steps]
+        t = times[int(s) + cfg.data.encoder_steps]
         if isinstance(t, datetime.datetime) and t.tzinfo is not None:
             t = t.astimezone(datetime.timezone.utc).replace(tzinfo=None)
         want.append(f"first forecast bar {t.strftime('%Y-%m-%dT%H:%M')}")
-    assert window_titles(ds.bars.ts, starts, cfg.encoder_steps) == want
+    assert window_titles(ds.bars.ts, starts, cfg.data.encoder_steps) == want
 
 
 def test_cumulative_targets_are_the_k_bar_sums(dataset):
@@ -209,7 +209,7 @@ def test_cumulative_targets_are_the_k_bar_sums(dataset):
 
     cfg = preset("tiny", target="cumulative")
     ds = load_dataset(None, cfg.data)
-    e, d = cfg.encoder_steps, cfg.decoder_steps
+    e, d = cfg.data.encoder_steps, cfg.data.decoder_steps
     ts = ds.bars.ts.astype(np.int64)
     gap = int(np.flatnonzero(np.diff(ts) > 60_000_000_000)[5])
     starts = np.concatenate([ds.splits.test[:6], [gap - e - 2]]).astype(np.int32)  # + a gap

@@ -6,13 +6,18 @@ here: ``tests/test_structure.py`` checks that, that there are no import circles,
 this map names every module::
 
   errors                the error types every layer raises (DataError, ConfigError, ...)
+  config.fields         a config field's command-line metadata; the checks configs share
+  config.execution      ExecutionConfig: remat tier, precision, kernels, memory budget
   remat                 remat tiers → jax.checkpoint policies
   data.sessions         exchange sessions and their slot grid
   data.calendar         bar interval, time zones, the Timeline, known-future inputs
   data.instants         times a user gives (--as-of, --start, --end) on a series' clock
-  train_config          TrainConfig: how the TFT is optimised (also in config)
-  data_config           DataConfig: how bars become windows, the TFT-225 layout (also in config)
-  config                frozen configs of the data and the TFT; presets; TrainConfig's name
+  config.data           DataConfig: how bars become windows, the TFT-225 layout
+  config.model          TFTConfig and its parts; saved configs of any schema
+  config.train          TrainConfig: how the TFT is optimised
+  config.presets        the named presets: (model, train, execution) triples
+  config.schema         settings files (--config, tune's best.json)
+  config                the configs' names in one place
   data.bundled          the bundled bar sets (ES 1-minute, S&P 500 daily, BTC hourly)
   data.sources          where bars come from: a parquet file or a table in memory
   data.bars             read and validate a parquet OHLCV file → Bars
@@ -34,6 +39,7 @@ this map names every module::
   quant                 fake-quant (a custom_vjp straight-through estimator), observers, int8
   quant_tree            the quantized trees: int8 variables, layer names, observers
   quant_calib           what a PTQ calibration batch records of each tensor, by method
+  models.kernel_mode    how a family of blocks runs: XLA, Pallas compiled or interpreted
   models.triton_util   what the Pallas/Triton kernels share (sizes, dots, row splits)
   models.multi_tensor   element-wise work over many arrays as one Pallas kernel (casts, sums)
   models.dropout        the stacked GRNs' dropout masks
@@ -58,6 +64,7 @@ this map names every module::
   tensorboard           TensorBoard logs of a run: scalars per epoch, config, plots
   resume                what a resume may change; the latest checkpoint's metadata
   runloop               the one host loop of every trainer: resume, early stop, NaN stop
+  cli.flags             command lines read from the config dataclasses
   cli                   what every entry point shares: errors → exit codes, flags
   data.synthetic        ES-like synthetic bars (python -m tftjax.data.synthetic)
   training.pallas_adamw --optimizer-kernel pallas: clip, AdamW and update as Pallas kernels

@@ -39,7 +39,7 @@ class Model:
 
     @property
     def quantiles(self) -> tuple[float, ...]:
-        return tuple(self.saved.cfg.quantiles)
+        return tuple(self.saved.cfg.head.quantiles)
 
     @property
     def series(self) -> tuple[str, ...]:
@@ -91,7 +91,7 @@ def load(path: str | Path, *, int8: bool = False) -> Model:
     from tftjax.saved import open_model
 
     saved = open_model(path)
-    if int8 and saved.kind != "int8" and not saved.cfg.qat:
+    if int8 and saved.kind != "int8" and not saved.cfg.quant.qat:
         raise ConfigError(f"--int8: {path} is a float model (train with --qat, or export one "
                           "calibrated with --calibrate N)")
     return Model(saved, int8)

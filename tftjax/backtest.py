@@ -30,26 +30,27 @@ from typing import Literal
 
 import numpy as np
 
-from tftjax.cli import data_files, parse, peek, run_folder, with_config
+from tftjax.cli import data_files, run_folder, tft_command_line, tft_configs
 from tftjax.cli import main as cli_main
-from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset, preset_training
+from tftjax.config import ConfigError, TFTConfig, TrainConfig
+from tftjax.config.presets import PresetName
+
+TRAIN_DEFAULTS = {"epochs": 30, "patience": 3}
 
 
-@dataclasses.dataclass
-class Args:
-    """Walk-forward evaluation: K folds, each trained from scratch and scored on its own test
-    stretch, against the baselines chosen on validation."""
+@dataclasses.dataclass(frozen=True)
+class BacktestOptions:
+    """The walk-forward: its data, folds, tuning and outputs."""
 
-    model: TFTConfig
-    train: TrainConfig
     parquet_file: tuple[Path, ...] = ()
     """OHLCV bars (one file, several, or a long file); default: the bundled ES bars."""
     dataset: str | None = None
     """Bundled sets instead of --parquet-file, comma-separated (spx, nasdaq, btc, es; the
     us-daily panel from a clone's data/ folder)."""
-    preset: Literal["tft225", "small", "tiny", "compact"] = "small"
-    """Model sizes: small (d=32), compact (d=16, anchored, with --ema 0.9, 4 checks an epoch,
-    --smooth 3, batch 32), tft225, tiny (the flags below override single fields)."""
+    preset: PresetName = "small"
+    """The model, how it runs and trains (tftjax.config.presets): small (d=32), compact (d=16,
+    anchored, with --ema 0.9, 4 checks an epoch, --smooth 3, batch 32), tft225, tiny; the
+    flags override single fields."""
     config: Path | None = None
     """A settings file (python -m tftjax.tune's best.json) applied over the preset; flags
     still win. The table then says the settings were tuned (once, not inside each fold)."""
@@ -62,29 +63,21 @@ class Args:
     """Walk-forward folds (at least 2)."""
     test_fraction: float = 0.4
     """Share of the bar times (after warm-up) cut into the folds' test stretches."""
-    workdir: Path = Path("runs/backtest/run_001")
+    workdir: Path | None = None
     """Each fold's run (fold_1 …) and backtest.json go here (default: a new
     runs/backtest/run_NNN)."""
-    remat: str = "full"
-    """Rematerialisation tier of every fold's training."""
     bootstrap: int = 2000
     """Circular block bootstrap resamples of the intervals (at least 1)."""
     plot: bool = False
     """Also draw the stitched forecasts' PIT histogram (WORKDIR/pit.png)."""
-    no_progress: bool = False
-    no_tensorboard: bool = False
-    """Write no TensorBoard log (RUN/tensorboard: each epoch's numbers, the config, the
-    plots; tensorboard --logdir runs/ shows every run)."""
+    progress: bool = True
+    """Show the progress bars (--no-progress hides them)."""
+    tensorboard: bool = True
+    """Write a TensorBoard log per fold (RUN/tensorboard)."""
 
 
-def defaults(argv: list[str] | None) -> Args:
-    pre = peek(argv, preset=None, workdir=None)
-    from tftjax.config import PRESETS
-
-    name = pre.preset if pre.preset in PRESETS else "small"
-    model, train = with_config(argv, preset(name), preset_training(name, epochs=30, patience=3))
-    return Args(model=model, train=train, preset=name,
-                workdir=run_folder(pre.workdir, "runs/backtest", False))
+COMMAND_LINE = tft_command_line("python -m tftjax.backtest", __doc__.split("\n\n")[0],
+                                BacktestOptions, "small", TRAIN_DEFAULTS)
 
 
 def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int = 5,
@@ -113,7 +106,7 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
     if tune_trials < 0:
         raise ConfigError(f"--tune-trials must be >= 0 (0: no tuning), got {tune_trials}")
     if tune_trials:
-        from tftjax.cli import apply_settings
+        from tftjax.config import apply_settings
         from tftjax.training.search import tune
 
         tune_fn = tune_fn or tune
@@ -124,7 +117,7 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
     files = files or [default_parquet()]
     ts = [b.ts for p in files for b in read_series(p)]
     times = walk_forward_times(ts, cfg.data, folds, test_fraction)
-    qs = cfg.quantiles
+    qs = cfg.head.quantiles
     scored, fold_out, steps, by_series = [], [], {}, {}
     for k, fold in enumerate(times, 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
@@ -143,7 +136,7 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
         trainer = Trainer(ck.cfg, tc, to_device(ds.features))
         variables = restore_checkpoint(ck).variables()
         entry = {"fold": k, "weights_epoch": ck.meta.get("weights_epoch"), "tuned": chosen,
-                 "anchor": ck.cfg.anchor,
+                 "anchor": ck.cfg.head.anchor,
                  "train_rows": [list(s.splits.train_rows) for s in ds.series],
                  "test_from": str(np.datetime64(fold[1], "ns")),
                  "windows": {s: int(getattr(ds.splits, s).size) for s in ("train", "val", "test")}}
@@ -187,15 +180,15 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, folds: int =
             f"windows{who}, epoch {entry['weights_epoch']}: TFT P90 "
             f"{entry['test']['tft']['q_risk_90']:.4f}, {entry['chosen']} (chosen on its "
             f"validation) {entry['test'][entry['chosen']]['q_risk_90']:.4f}")
-    out = verdict.summarize(scored, qs, cfg.decoder_steps, reps)
+    out = verdict.summarize(scored, qs, cfg.data.decoder_steps, reps)
     out["folds"] = fold_out
-    out["combination"] = {**verdict.brief(verdict.summarize(scored, qs, cfg.decoder_steps, reps,
+    out["combination"] = {**verdict.brief(verdict.summarize(scored, qs, cfg.data.decoder_steps, reps,
                                                             model=verdict.COMBO),
                                           verdict.COMBO),
                           "weights": [f["combination_weight"] for f in fold_out]}
     if by_series:  # each series over the folds it was scored in, its own per-fold choice
         out["by_series"] = verdict.holm_rows(
-            {n: verdict.brief(verdict.summarize(fs, qs, cfg.decoder_steps, reps))
+            {n: verdict.brief(verdict.summarize(fs, qs, cfg.data.decoder_steps, reps))
              for n, fs in sorted(by_series.items())})
     for name, parts in steps.items():  # P90 q-risk per forecast step, pooled over folds
         tot = np.concatenate(parts).sum(axis=0)  # [D, 2]
@@ -222,44 +215,42 @@ def format_table(out: dict) -> str:
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = parse(Args, argv, defaults(argv), "python -m tftjax.backtest",
-                 __doc__.split("\n\n")[0])
-    from tftjax.remat import TIERS
-
-    if args.remat not in TIERS:
-        raise ConfigError(f"--remat {args.remat!r} is not a tier; choose one of: {', '.join(TIERS)}")
-    if args.workdir.exists() and any(args.workdir.iterdir()):
-        raise ConfigError(f"--workdir {args.workdir} is not empty; choose a new folder")
-    cfg = dataclasses.replace(args.model, remat=args.remat)
-    if args.tune_trials < 0:
-        raise ConfigError(f"--tune-trials must be >= 0 (0: no tuning), got {args.tune_trials}")
-    if args.tune_trials and args.tune_epochs < 1:
-        raise ConfigError(f"--tune-epochs must be >= 1, got {args.tune_epochs}")
-    if args.tune_trials:
+    parsed = COMMAND_LINE.parse(argv)
+    opts = parsed.options(BacktestOptions)
+    cfg, tc = tft_configs(parsed, opts.preset, train_defaults=TRAIN_DEFAULTS,
+                          settings=opts.config)
+    workdir = run_folder(opts.workdir, "runs/backtest", False)
+    if workdir.exists() and any(workdir.iterdir()):
+        raise ConfigError(f"--workdir {workdir} is not empty; choose a new folder")
+    if opts.tune_trials < 0:
+        raise ConfigError(f"--tune-trials must be >= 0 (0: no tuning), got {opts.tune_trials}")
+    if opts.tune_trials and opts.tune_epochs < 1:
+        raise ConfigError(f"--tune-epochs must be >= 1, got {opts.tune_epochs}")
+    if opts.tune_trials:
         try:
             import optuna  # noqa: F401
         except ImportError:
             raise ConfigError("--tune-trials needs optuna: pip install 'tftjax[tune]'") from None
-    out = backtest(cfg, args.train, data_files(args.parquet_file, args.dataset), args.workdir,
-                   args.folds, args.test_fraction, args.bootstrap,
-                   progress=not args.no_progress, tune_trials=args.tune_trials,
-                   tune_epochs=args.tune_epochs, tensorboard=not args.no_tensorboard)
-    tuned = ("in each fold" if args.tune_trials else "once (--config)" if args.config else "no")
-    out["settings"] = {"preset": args.preset, "config": str(args.config) if args.config else None,
-                       "tuned": tuned, "tune_trials": args.tune_trials}
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    (args.workdir / "backtest.json").write_text(json.dumps(out, indent=1))
-    print(f"settings tuned inside each fold ({args.tune_trials} trials on its training and "
-          "validation stretches)" if args.tune_trials else
-          "settings tuned on validation (--config " + str(args.config) + ")" if args.config
-          else f"settings: the {args.preset} preset as given (not tuned)")
+    out = backtest(cfg, tc, data_files(opts.parquet_file, opts.dataset), workdir,
+                   opts.folds, opts.test_fraction, opts.bootstrap,
+                   progress=opts.progress, tune_trials=opts.tune_trials,
+                   tune_epochs=opts.tune_epochs, tensorboard=opts.tensorboard)
+    tuned = ("in each fold" if opts.tune_trials else "once (--config)" if opts.config else "no")
+    out["settings"] = {"preset": opts.preset, "config": str(opts.config) if opts.config else None,
+                       "tuned": tuned, "tune_trials": opts.tune_trials}
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "backtest.json").write_text(json.dumps(out, indent=1))
+    print(f"settings tuned inside each fold ({opts.tune_trials} trials on its training and "
+          "validation stretches)" if opts.tune_trials else
+          "settings tuned on validation (--config " + str(opts.config) + ")" if opts.config
+          else f"settings: the {opts.preset} preset as given (not tuned)")
     print(format_table(out))
-    if args.plot:
+    if opts.plot:
         from tftjax.plots import pit_histogram
 
-        pit_histogram(args.workdir / "pit.png", out["pooled"]["tft"]["calibration"]["pit"],
-                      cfg.quantiles)
-    print(f"wrote {args.workdir / 'backtest.json'}")
+        pit_histogram(workdir / "pit.png", out["pooled"]["tft"]["calibration"]["pit"],
+                      cfg.head.quantiles)
+    print(f"wrote {workdir / 'backtest.json'}")
     return 0
 
 

@@ -8,7 +8,7 @@ class ConfigError(Exception):
 
     The message names the field and the value; every CLI prints it as one line
     and exits with code 2 (:mod:`tftjax.cli`). Not a ``ValueError`` on purpose:
-    tyro would otherwise wrap it in its own multi-line box.
+    a parser would otherwise report it as its own usage error.
     """
 
 

@@ -20,13 +20,13 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Literal
 
-from tftjax.cli import data_files, quant_options
+from tftjax.cli import CommandLine, data_files, quant_options
 from tftjax.cli import main as cli_main
 from tftjax.errors import ConfigError
 
 
-@dataclasses.dataclass
-class Args:
+@dataclasses.dataclass(frozen=True)
+class EvaluateOptions:
     """Evaluate a TFT checkpoint on the test split."""
 
     checkpoint: Path
@@ -56,9 +56,9 @@ class Args:
     percentile:99.99) or mse (least squared quantisation error)."""
     act_symmetric: bool = False
     """With --calibrate: symmetric int8 activations (zero point 0)."""
-    weight_granularity: str = "channel"
+    weight_granularity: Literal["channel", "tensor"] = "channel"
     """With --calibrate: Dense and LSTM weight scales per output channel, or per tensor."""
-    stacked_scales: str = "channel"
+    stacked_scales: Literal["channel", "variable"] = "channel"
     """With --calibrate: stacked GRN weight scales per (variable, channel), or per variable."""
 
 
@@ -88,16 +88,20 @@ def evaluate_checkpoint(checkpoint: str | Path, parquet_file=None,
                           quant_options=quant_options)
 
 
-def run(argv: list[str] | None = None) -> int:
-    import tyro
+COMMAND_LINE = CommandLine("python -m tftjax.evaluate", __doc__.split("\n\n")[0],
+                           {"options": EvaluateOptions})
 
-    args = tyro.cli(Args, args=argv, prog="python -m tftjax.evaluate")
+
+def run(argv: list[str] | None = None) -> int:
+    args = COMMAND_LINE.parse(argv).options(EvaluateOptions)
     if args.calibrate is not None and args.calibrate < 1:
         raise ConfigError(f"--calibrate must be >= 1 batch, got {args.calibrate}")
     evaluate_checkpoint(args.checkpoint, data_files(args.parquet_file, args.dataset), args.split,
                         int8=args.int8, calibrate_batches=args.calibrate or 0,
                         unknown=args.unknown_instrument, instrument=args.instrument,
-                        calibration=args.calibration, quant_options=quant_options(args))
+                        calibration=args.calibration,
+                        quant_options=quant_options(args.act_symmetric, args.weight_granularity,
+                                                    args.stacked_scales))
     return 0
 
 

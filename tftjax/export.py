@@ -33,7 +33,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 import numpy as np
 
@@ -47,8 +47,8 @@ FLOAT_FILE, INT8_FILE, CONFIG_FILE = "model_float32.safetensors", "model_int8.sa
 SAMPLES_FILE = "samples.safetensors"
 
 
-@dataclasses.dataclass
-class Args:
+@dataclasses.dataclass(frozen=True)
+class ExportOptions:
     """Export a TFT checkpoint's weights (float32 and int8) as safetensors plus its config."""
 
     checkpoint: Path
@@ -62,9 +62,9 @@ class Args:
     """How --calibrate sets the ranges: minmax, percentile:P or mse."""
     act_symmetric: bool = False
     """With --calibrate: symmetric int8 activations (zero point 0)."""
-    weight_granularity: str = "channel"
+    weight_granularity: Literal["channel", "tensor"] = "channel"
     """With --calibrate: Dense and LSTM weight scales per output channel, or per tensor."""
-    stacked_scales: str = "channel"
+    stacked_scales: Literal["channel", "variable"] = "channel"
     """With --calibrate: stacked GRN weight scales per (variable, channel), or per variable."""
     samples: int = 8
     """int8 exports: how many test windows samples.safetensors holds, with tftjax's int8
@@ -140,11 +140,11 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
         raise ConfigError(f"--out {out} exists and is not an empty folder; choose a new one")
     ck = open_checkpoint(checkpoint)
     cfg = ck.cfg
-    if calibrate_batches and cfg.qat:
+    if calibrate_batches and cfg.quant.qat:
         raise ConfigError(f"{ck.path} was trained with --qat: its activation ranges are already "
                           "calibrated; drop --calibrate")
-    if calibrate_batches and cfg.ensemble > 1:
-        raise ConfigError(f"{ck.path} is an ensemble of {cfg.ensemble} members: int8 export is "
+    if calibrate_batches and cfg.model.ensemble > 1:
+        raise ConfigError(f"{ck.path} is an ensemble of {cfg.model.ensemble} members: int8 export is "
                           "of one model (drop --calibrate for the float32 members, or train "
                           "without --ensemble)")
     state = restore_checkpoint(ck)
@@ -156,9 +156,9 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
         cfg, stats = calibrate(cfg, params, to_device(ds.features), ds.splits.train,
                                calibrate_batches, ck.tc.batch_size, method=calibration,
                                options=quant_options)
-    quantized = bool(cfg.qat)
+    quantized = bool(cfg.quant.qat)
     source = {"checkpoint": str(ck.path), "weights_epoch": ck.meta.get("weights_epoch"),
-              "quantization": ("QAT" if ck.cfg.qat else f"PTQ, {calibrate_batches} calibration "
+              "quantization": ("QAT" if ck.cfg.quant.qat else f"PTQ, {calibrate_batches} calibration "
                                f"batches ({calibration})" if quantized else None)}
     files = {FLOAT_FILE: flatten(params, "params")}
     if quantized:
@@ -167,7 +167,7 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
         files[INT8_FILE] = {**flatten(q["params"], "params"),
                             **flatten(q["weight_scale"], "weight_scale"),
                             **flatten(stats, "quant_stats"),
-                            **flatten(act_qparams(stats, cfg.act_symmetric), "act_qparams")}
+                            **flatten(act_qparams(stats, cfg.quant.act_symmetric), "act_qparams")}
         if ds is None:
             try:
                 ds = load_dataset(find_data_files(ck.meta["identity"]["data"], run_dir),
@@ -191,11 +191,11 @@ def export(checkpoint: str | Path, out: str | Path, *, calibrate_batches: int = 
                             "volatility at its forecast time (model.vol_target: "
                             "tftjax.baselines.ewma_scale of the targets, row T; the EWMA "
                             "starts from 1 at the series' first row)"
-                            if cfg.vol_target else "")
-                         + (f"; anchored (model.anchor {cfg.anchor}): the network's outputs are "
+                            if cfg.head.vol_target else "")
+                         + (f"; anchored (model.anchor {cfg.head.anchor}): the network's outputs are "
                             "[.., Q] Δ and [.., 1] s, and the quantiles σ · exp(s) · (z + Δ) with "
                             "the anchor's σ and z (tftjax.volatility.anchor, fitted on the "
-                            "series' training rows)" if cfg.anchor != "none" else "")),
+                            "series' training rows)" if cfg.head.anchor != "none" else "")),
               **sizes}
     out.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT}
@@ -283,13 +283,15 @@ def load_model(path: str | Path):
 
 
 def run(argv: list[str] | None = None) -> int:
-    import tyro
+    from tftjax.cli import CommandLine
 
-    args = tyro.cli(Args, args=argv, prog="python -m tftjax.export")
+    args = CommandLine("python -m tftjax.export", ExportOptions.__doc__ or "",
+                       {"options": ExportOptions}).parse(argv).options(ExportOptions)
     if args.calibrate is not None and args.calibrate < 1:
         raise ConfigError(f"--calibrate must be >= 1 batch, got {args.calibrate}")
     export(args.checkpoint, args.out, calibrate_batches=args.calibrate or 0,
-           calibration=args.calibration, quant_options=quant_options(args),
+           calibration=args.calibration, quant_options=quant_options(args.act_symmetric, args.weight_granularity,
+                                                args.stacked_scales),
            sample_windows=args.samples)
     return 0
 

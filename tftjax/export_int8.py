@@ -34,16 +34,16 @@ def samples(cfg, variables: dict, ds=None, n: int = SAMPLES) -> tuple[dict[str, 
 
     starts = np.asarray(ds.splits.test)[:n] if ds is not None else np.zeros(0)
     if len(starts):
-        b = gather(to_device(ds.features), jnp.asarray(starts, jnp.int32), cfg.encoder_steps,
-                   cfg.decoder_steps)
+        b = gather(to_device(ds.features), jnp.asarray(starts, jnp.int32), cfg.data.encoder_steps,
+                   cfg.data.decoder_steps)
         x, source = ((b.static, b.historical, b.known, b.instrument),
                      f"the first test windows of {ds.describe()}")
     else:
         k = jax.random.split(jax.random.key(0), 3)
-        te, td = cfg.encoder_steps, cfg.decoder_steps
-        x = (jax.random.normal(k[0], (n, cfg.num_static)),
-             jax.random.normal(k[1], (n, te, cfg.num_historical)),
-             jax.random.normal(k[2], (n, te + td, cfg.num_known)),
+        te, td = cfg.data.encoder_steps, cfg.data.decoder_steps
+        x = (jax.random.normal(k[0], (n, cfg.model.num_static)),
+             jax.random.normal(k[1], (n, te, cfg.model.num_historical)),
+             jax.random.normal(k[2], (n, te + td, cfg.model.num_known)),
              jnp.zeros((n,), jnp.int32))
         source = "standard normal inputs"
     # op by op (not jitted): XLA's fusions reorder float sums, and a value within round-off

@@ -131,7 +131,7 @@ def forecast(saved, bars: Any = None, *, as_of: str | None = None, origins: str 
                               f"({known}; the model knows {', '.join(saved_vocab(saved))})")
     own = ds.cuts is not None or bars is None or (
         ds.identity().get("sha256") == (saved.data or {}).get("sha256"))
-    e = cfg.encoder_steps
+    e = cfg.data.encoder_steps
     rows = choose_origins(ds, e, as_of, origins, start=start, end=end, split=split,
                           own_splits=own, only=series)
     starts = (rows - (e - 1)).astype(np.int32)

@@ -94,7 +94,7 @@ def build(saved, ds, rows: np.ndarray, starts: np.ndarray, pred: np.ndarray, *,
     from tftjax.training.evaluation import window_targets
 
     cfg = saved.cfg
-    d = cfg.decoder_steps
+    d = cfg.data.decoder_steps
     which = ds.series_of(rows)
     scale = np.array([s.features.stats.target_scale for s in ds.series])[which]
     q = pred.astype(np.float64) * scale[:, None, None]
@@ -140,19 +140,19 @@ def build(saved, ds, rows: np.ndarray, starts: np.ndarray, pred: np.ndarray, *,
            "target_time": target_ts.reshape(-1)}
     if zone is not None:
         out["origin_time_utc"], out["target_time_utc"] = out["origin_time"], out["target_time"]
-    split = split_of(ds, rows, cfg.encoder_steps) if own_splits else np.full(n, "", object)
+    split = split_of(ds, rows, cfg.data.encoder_steps) if own_splits else np.full(n, "", object)
     out.update({"horizon": np.tile(np.arange(1, d + 1), n),
                 "bar_expected": expected.reshape(-1), "split": rep(split),
                 "missing_bars": rep(missing), "close_at_origin": rep(ds.close[rows])})
     cumulative = cfg.data.target == "cumulative"
-    for j, p in enumerate(cfg.quantiles):
+    for j, p in enumerate(cfg.head.quantiles):
         name = f"q{p * 100:g}"
         out[name] = q[:, :, j].reshape(-1)
         if cumulative:
             out[f"price_{name}"] = out["close_at_origin"] * np.exp(out[name])
     out["realised"] = realised.reshape(-1)
     for level in (0.5, 0.9):
-        j = next((j for j, p in enumerate(cfg.quantiles) if abs(p - level) < 1e-9), None)
+        j = next((j for j, p in enumerate(cfg.head.quantiles) if abs(p - level) < 1e-9), None)
         if j is not None:
             err = out["realised"] - q[:, :, j].reshape(-1)
             out[f"loss_q{level * 100:g}"] = np.maximum(level * err, (level - 1.0) * err)
@@ -169,7 +169,7 @@ def build(saved, ds, rows: np.ndarray, starts: np.ndarray, pred: np.ndarray, *,
         "time_zone": zone or "none: naive bars, their clock as stored",
         "target": ("k-bar log return from the origin" if cumulative
                    else "1-bar log return of bar k"),
-        "quantiles": json.dumps(list(cfg.quantiles)),
+        "quantiles": json.dumps(list(cfg.head.quantiles)),
     }
     return Forecast(out, meta, zone, ds, rows, starts, pred, tuple(warnings))
 

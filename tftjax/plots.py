@@ -102,15 +102,15 @@ def training_plots(workdir: Path, history, trainer, params, ds, cfg, write: bool
         return
     if history:
         loss_curves(workdir / "loss_curves.png", history)
-    e = cfg.encoder_steps
+    e = cfg.data.encoder_steps
     tgt = ds.features.target
     past = tgt[picks[:, None] + np.arange(e)]
     future = window_targets(ds, picks)  # on the calendar grid (NaN: no bar in the slot)
     titles = window_titles(ds.ts, picks, e)
     if len(ds.series) > 1:
         titles = [f"{ds.names[i]}: {t}" for i, t in zip(ds.series_of(picks), titles)]
-    quantile_fan(workdir / "quantile_fan.png", past, future, pred, cfg.quantiles, titles)
-    hist_names = list(historical_names(cfg.features)) + [f"{n} (known)" for n in KNOWN_NAMES]
+    quantile_fan(workdir / "quantile_fan.png", past, future, pred, cfg.head.quantiles, titles)
+    hist_names = list(historical_names(cfg.data.features)) + [f"{n} (known)" for n in KNOWN_NAMES]
     variable_importance(workdir / "variable_importance.png",
                         interp.static_weights.mean(0), interp.historical_weights.mean((0, 1)),
                         interp.future_weights.mean((0, 1)), STATIC_NAMES, hist_names,

@@ -21,13 +21,13 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from tftjax.cli import data_files
+from tftjax.cli import CommandLine, data_files
 from tftjax.cli import main as cli_main
 from tftjax.errors import ConfigError
 
 
-@dataclasses.dataclass
-class Args:
+@dataclasses.dataclass(frozen=True)
+class PredictOptions:
     """Forecast the next bars' quantiles with a saved TFT."""
 
     checkpoint: Path
@@ -84,7 +84,7 @@ def print_last(f, cfg) -> list[int]:
     """Print each series' last origin's table; the rows of those origins' first step."""
     import numpy as np
 
-    t, d = f.table, cfg.decoder_steps
+    t, d = f.table, cfg.data.decoder_steps
     qs = [k for k in t if k.startswith("q")]
     what = "k-bar log ret" if cfg.data.target == "cumulative" else "log ret"
     firsts = []
@@ -106,7 +106,7 @@ def plot(path: Path, f, cfg, firsts: list[int]) -> None:
 
     from tftjax.plots import quantile_fan
 
-    ds, t, d, e = f.dataset, f.table, cfg.decoder_steps, cfg.encoder_steps
+    ds, t, d, e = f.dataset, f.table, cfg.data.decoder_steps, cfg.data.encoder_steps
     k = [i // d for i in firsts]  # the origins of those rows
     starts = f.starts[k]
     scale = np.array([ds.series[j].features.stats.target_scale
@@ -115,14 +115,16 @@ def plot(path: Path, f, cfg, firsts: list[int]) -> None:
     real = t["realised"].reshape(-1, d)[k]
     titles = [f"{t['instrument'][i]}: from the bar of {_fmt(t['origin_time'][i], f.zone)}"
               for i in firsts]
-    quantile_fan(path, hist, real, f.pred[k] * scale[:, :, None], cfg.quantiles, titles,
+    quantile_fan(path, hist, real, f.pred[k] * scale[:, :, None], cfg.head.quantiles, titles,
                  ylabel="log return")
 
 
-def run(argv: list[str] | None = None) -> int:
-    import tyro
+COMMAND_LINE = CommandLine("python -m tftjax.predict", __doc__.split("\n\n")[0],
+                           {"options": PredictOptions})
 
-    args = tyro.cli(Args, args=argv, prog="python -m tftjax.predict")
+
+def run(argv: list[str] | None = None) -> int:
+    args = COMMAND_LINE.parse(argv).options(PredictOptions)
     if args.out.suffix not in (".parquet", ".csv"):
         raise ConfigError(f"--out {args.out}: give a .parquet or .csv file")
     if args.stale_after < 0:

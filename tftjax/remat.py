@@ -55,6 +55,9 @@ import dataclasses
 import jax
 from jax import checkpoint_policies as cp
 
+from tftjax.config.execution import AUTO, FASTEST
+from tftjax.config.execution import TIERS as TIER_NAMES
+
 # checkpoint_name tags used in the model (tftjax/models/*.py): the per-variable GRN's GLU
 # output and pre-norm sum inside each VSN chunk (most of the step's residuals), the GRN
 # hidden layers, LSTM gates and attention weights.
@@ -128,8 +131,8 @@ def default_tier(backend: str | None = None) -> str:
     """The tier ``--remat`` defaults to: the fastest on ``backend`` (:data:`STEP_TIME`);
     on CPU ``full``, which is also the smallest."""
     return min(ORDER, key=lambda t: (step_time(t, backend), ORDER.index(t)))
-AUTO = "auto"
-CHOICES = tuple(TIERS) + (AUTO,)
+CHOICES = tuple(TIERS) + (FASTEST, AUTO)
+assert tuple(TIERS) == TIER_NAMES
 
 
 def is_gpu(backend: str | None = None) -> bool:
@@ -177,7 +180,9 @@ def plan(tier: str, backend: str | None = None) -> RematPlan:
     """
     if tier == AUTO:
         raise ValueError("'auto' is resolved to a tier before the model is built "
-                         "(tftjax.memory.plan_auto)")
+                         "(tftjax.memory.resolve_auto)")
+    if tier == FASTEST:
+        tier = default_tier(backend)
     try:
         p = TIERS[tier]
     except KeyError:

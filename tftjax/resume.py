@@ -27,16 +27,33 @@ def identity_diff(saved: dict, now: dict, may_change=(), prefix: str = "") -> li
 
 
 def resume_changes(saved: dict, task) -> list[str]:
-    """The settings a resume may change (``task.may_change``) that it does change."""
-    now = {k: v for k, v in task.identity().items() if k != "data"}
-    old = {k: v for k, v in saved["identity"].items() if k != "data"}
+    """The settings a resume may change (``task.may_change``: fields, or whole sections such
+    as ``model.execution``) that it does change."""
+    now = task.identity()
+    old = saved["identity"]
+    if hasattr(task, "normalize_identity"):
+        old = task.normalize_identity(old)
     out = []
     for path in task.may_change:
-        head, _, key = path.partition(".")
-        a, b = old.get(head, {}).get(key, "<missing>"), now.get(head, {}).get(key, "<missing>")
-        if "<missing>" not in (a, b) and _norm(a) != _norm(b):  # (missing: an older run)
+        a, b = _at(old, path), _at(now, path)
+        if a is _MISSING or b is _MISSING:  # an older run's identity lacks it
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += identity_diff(a, b, prefix=path + ".")
+        elif _norm(a) != _norm(b):
             out.append(f"{path}: {a!r} in the checkpoint, {b!r} now")
     return out
+
+
+_MISSING = object()
+
+
+def _at(tree: dict, path: str):
+    for key in path.split("."):
+        if not isinstance(tree, dict) or key not in tree:
+            return _MISSING
+        tree = tree[key]
+    return tree
 
 
 def _norm(x):

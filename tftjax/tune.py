@@ -25,25 +25,27 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from tftjax.cli import data_files, parse, peek, run_folder, with_config
+from tftjax.cli import data_files, run_folder, tft_command_line, tft_configs
 from tftjax.cli import main as cli_main
-from tftjax.config import ConfigError, TFTConfig, TrainConfig, preset, preset_training
+from tftjax.config import ConfigError, TFTConfig
+from tftjax.config.presets import PresetName
+from tftjax.resume import identity_diff
 from tftjax.training.search import SPACE, format_trials, suggest, tune
 
 __all__ = ["SPACE", "format_trials", "main", "run", "suggest", "tune"]
+TRAIN_DEFAULTS = {"epochs": 8, "patience": 2}
 
-@dataclasses.dataclass
-class Args:
-    """Search learning rate, dropout, weight decay and hidden size on validation windows."""
 
-    model: TFTConfig
-    train: TrainConfig
+@dataclasses.dataclass(frozen=True)
+class TuneOptions:
+    """The search: its data, where it starts from, how many trials."""
+
     parquet_file: tuple[Path, ...] = ()
     """OHLCV bars (one file, several, or a long file); default: the bundled ES bars."""
     dataset: str | None = None
     """Bundled sets instead of --parquet-file, comma-separated (es, spx, nasdaq, btc; the
     us-daily panel from a clone's data/ folder)."""
-    preset: Literal["tft225", "small", "tiny", "compact"] = "small"
+    preset: PresetName = "small"
     """The model the search starts from (the searched fields are drawn, the rest kept)."""
     config: Path | None = None
     """A settings file (e.g. an earlier best.json) applied before the flags."""
@@ -52,27 +54,20 @@ class Args:
     sampler_seed: int = 0
     """The TPE sampler's seed (the drawn settings are reproducible from it; --seed is each
     trial's training seed)."""
-    remat: str = "full"
-    workdir: Path = Path("runs/tune/run_001")
+    workdir: Path | None = None
     """Trials' runs (trial_000 …), trials.json and best.json (default: a new
     runs/tune/run_NNN)."""
     resume: bool = False
     """Go on with the search stopped in --workdir (its study.journal): run the trials left
     of --trials, with the settings it was started with."""
-    no_progress: bool = False
-    no_tensorboard: bool = False
-    """Write no TensorBoard log (RUN/tensorboard: each epoch's numbers, the config, the
-    plots; tensorboard --logdir runs/ shows every run)."""
+    progress: bool = True
+    """Show the progress bars (--no-progress hides them)."""
+    tensorboard: bool = True
+    """Write a TensorBoard log per trial (RUN/tensorboard)."""
 
 
-def defaults(argv: list[str] | None) -> Args:
-    pre = peek(argv, preset=None, workdir=None)
-    from tftjax.config import PRESETS
-
-    name = pre.preset if pre.preset in PRESETS else "small"
-    model, train = with_config(argv, preset(name), preset_training(name, epochs=8, patience=2))
-    return Args(model=model, train=train, preset=name,
-                workdir=run_folder(pre.workdir, "runs/tune", False))
+COMMAND_LINE = tft_command_line("python -m tftjax.tune", __doc__.split("\n\n")[0],
+                                TuneOptions, "small", TRAIN_DEFAULTS)
 
 
 def data_digest(paths) -> list[str]:
@@ -87,52 +82,45 @@ def data_digest(paths) -> list[str]:
     return [file_sha256(p) if Path(p).is_file() else str(p) for p in files]
 
 
-def flat(d: dict) -> dict:
-    """``{"model": {"hidden": 32}}`` → ``{"model.hidden": 32}``."""
-    return {f"{sec}.{k}" if isinstance(v, dict) else sec: (v[k] if isinstance(v, dict) else v)
-            for sec, v in d.items() for k in (v if isinstance(v, dict) else [None])}
-
-
 def run(argv: list[str] | None = None) -> int:
-    args = parse(Args, argv, defaults(argv), "python -m tftjax.tune", __doc__.split("\n\n")[0])
-    if args.trials < 1:
-        raise ConfigError(f"--trials must be >= 1, got {args.trials}")
-    from tftjax.remat import TIERS
-
-    if args.remat not in TIERS:
-        raise ConfigError(f"--remat {args.remat!r} is not a tier; choose one of: {', '.join(TIERS)}")
-    journal, started = args.workdir / "study.journal", args.workdir / "search.json"
-    cfg = dataclasses.replace(args.model, remat=args.remat)
-    paths = data_files(args.parquet_file, args.dataset)
-    search = json.loads(json.dumps({"model": dataclasses.asdict(cfg),
-                                    "train": dataclasses.asdict(args.train),
+    parsed = COMMAND_LINE.parse(argv)
+    opts = parsed.options(TuneOptions)
+    if opts.trials < 1:
+        raise ConfigError(f"--trials must be >= 1, got {opts.trials}")
+    cfg, tc = tft_configs(parsed, opts.preset, train_defaults=TRAIN_DEFAULTS,
+                          settings=opts.config)
+    workdir = run_folder(opts.workdir, "runs/tune", False)
+    journal, started = workdir / "study.journal", workdir / "search.json"
+    paths = data_files(opts.parquet_file, opts.dataset)
+    search = json.loads(json.dumps({"model": cfg.to_json(), "train": tc.to_json(),
                                     "data": data_digest(paths),
-                                    "sampler_seed": args.sampler_seed}, default=str))
-    if args.resume:
+                                    "sampler_seed": opts.sampler_seed}, default=str))
+    if opts.resume:
         if not journal.is_file() or not started.is_file():
-            raise ConfigError(f"--resume: {args.workdir} holds no search to go on with "
+            raise ConfigError(f"--resume: {workdir} holds no search to go on with "
                               f"(no study.journal and search.json)")
-        was, now = flat(json.loads(started.read_text())), flat(search)
-        changed = [k for k in now if was.get(k) != now[k]]
+        was = json.loads(started.read_text())
+        was["model"] = TFTConfig.from_json(was["model"]).to_json()  # any schema
+        changed = [path.split(":")[0].rsplit(".", 1)[-1]  # a field's name, as its flag
+                   for path in identity_diff(was, search)]
         if changed:
             raise ConfigError(f"--resume: {', '.join(changed)} differ from the search started in "
-                              f"{args.workdir}; give the same settings, or a new --workdir")
-    elif args.workdir.exists() and any(p != started for p in args.workdir.iterdir()):
-        raise ConfigError(f"--workdir {args.workdir} is not empty; choose a new folder, or "
+                              f"{workdir}; give the same settings, or a new --workdir")
+    elif workdir.exists() and any(p != started for p in workdir.iterdir()):
+        raise ConfigError(f"--workdir {workdir} is not empty; choose a new folder, or "
                           f"--resume to go on with its search")
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    if not args.resume:
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not opts.resume:
         started.write_text(json.dumps(search, indent=1))
-    out = tune(cfg, args.train, paths, args.workdir, args.trials, args.sampler_seed,
-               progress=not args.no_progress, journal=journal,
-               tensorboard=not args.no_tensorboard)
-    (args.workdir / "trials.json").write_text(json.dumps(out, indent=1))
-    best = {**out["settings"], "tuned": {"trials": args.trials, "sampler_seed": args.sampler_seed,
+    out = tune(cfg, tc, paths, workdir, opts.trials, opts.sampler_seed,
+               progress=opts.progress, journal=journal, tensorboard=opts.tensorboard)
+    (workdir / "trials.json").write_text(json.dumps(out, indent=1))
+    best = {**out["settings"], "tuned": {"trials": opts.trials, "sampler_seed": opts.sampler_seed,
                                          "objective": "best validation loss"}}
-    (args.workdir / "best.json").write_text(json.dumps(best, indent=1))
+    (workdir / "best.json").write_text(json.dumps(best, indent=1))
     print(format_trials(out))
-    print(f"wrote {args.workdir / 'best.json'} (python -m tftjax.train --config "
-          f"{args.workdir / 'best.json'})")
+    print(f"wrote {workdir / 'best.json'} (python -m tftjax.train --config "
+          f"{workdir / 'best.json'})")
     return 0
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tftjax.baselines import ewma_scale
-from tftjax.config import WARMUP, DataConfig
+from tftjax.config import WARMUP, DataConfig, TFTConfig
 from tftjax.data.anchors import with_anchor
 from tftjax.data.bars import Bars, read_series
 from tftjax.data.bundled import DATASETS, bundled_path, default_parquet
@@ -75,6 +75,9 @@ class Dataset:
     absent: tuple[str, ...] = ()
     """Series of the files that sit this walk-forward fold out (too little history before it:
     :mod:`tftjax.data.panel`)."""
+    anchor: tuple[str, tuple[float, ...]] | None = None
+    """The ``--anchor`` whose forecasts ride on every row, and its quantiles
+    (:attr:`tftjax.config.HeadConfig.dataset_anchor`; None: no anchor)."""
 
     @classmethod
     def single(cls, bars: Bars, features: FeatureSet, splits: Splits, cfg: DataConfig,
@@ -113,14 +116,15 @@ class Dataset:
                           parts[0].stats, None,
                           np.concatenate([ewma_scale(f.target) for f in parts]),
                           np.concatenate([window_decoder_targets(f) for f in parts]),
-                          *((cat("anchor"), cat("anchor_z")) if self.cfg.anchor != "none"
+                          *((cat("anchor"), cat("anchor_z")) if self.anchor is not None
                             else (None, None)),
                           None if self.vocab is None else cat("instrument"))
 
     def _features(self, s: Series) -> FeatureSet:
         f, c = s.features, self.cfg
-        if c.anchor != "none":  # its own bars, scale and training rows (tftjax.data.anchors)
-            f = with_anchor(f, s.bars, f.stats.train_rows, c.anchor, c.anchor_quantiles,
+        if self.anchor is not None:  # its own bars, scale and training rows (data.anchors)
+            name, quantiles = self.anchor
+            f = with_anchor(f, s.bars, f.stats.train_rows, name, quantiles,
                             c.decoder_steps, c.target == "cumulative")
         if self.vocab is None:  # a model from before vocabularies: its static input 0
             return f
@@ -177,13 +181,18 @@ class Dataset:
 def saved_featurisation(meta: dict) -> dict:
     """:func:`load_dataset`'s keywords that featurise data as the run whose checkpoint (or
     export) metadata is ``meta`` did: every series' statistics, its vocabulary and cut times
-    (a one-series run from before vocabularies: its statistics and no vocabulary)."""
+    (a one-series run from before vocabularies: its statistics and no vocabulary), and the
+    anchor an anchored model's data carries."""
+    model = meta.get("identity", meta).get("model")
+    anchor = None if model is None else TFTConfig.from_json(model).head.dataset_anchor
     if meta.get("series"):
         return {"stats": {s["name"]: FeatureStats.from_json(s["feature_stats"])
                           for s in meta["series"]},
                 "vocab": None if meta.get("vocab") is None else tuple(meta["vocab"]),
-                "cuts": None if meta.get("cuts") is None else tuple(meta["cuts"])}
-    return {"stats": FeatureStats.from_json(meta["feature_stats"]), "vocab": None}
+                "cuts": None if meta.get("cuts") is None else tuple(meta["cuts"]),
+                "anchor": anchor}
+    return {"stats": FeatureStats.from_json(meta["feature_stats"]), "vocab": None,
+            "anchor": anchor}
 
 
 def series_name(bars: Bars) -> str:
@@ -199,8 +208,8 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
                  stats: FeatureStats | dict[str, FeatureStats] | None = None,
                  vocab: tuple[str, ...] | None | str = "own", cuts: tuple[int, int] | None = None,
                  unknown: str = "refuse", instrument: str | None = None,
-                 need_splits: bool = True, fold: tuple[int, int, int] | None = None
-                 ) -> Dataset:
+                 need_splits: bool = True, fold: tuple[int, int, int] | None = None,
+                 anchor: tuple[str, tuple[float, ...]] | None = None) -> Dataset:
     """Read ``path`` (one file, or a list of files; default: the bundled ES bars) into
     features and splits.
 
@@ -222,6 +231,8 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
       fold: a walk-forward fold's ``(val_start, test_start, test_end)`` times
         (:func:`~tftjax.data.windows.walk_forward_times`): its splits and statistics
         fitted on its training rows.
+      anchor: an anchored model's ``(anchor, quantiles)``, whose forecasts ride on every row
+        (:attr:`tftjax.config.HeadConfig.dataset_anchor`).
 
     Raises:
       DataError: bad or too little data, naming the file; an unknown instrument.
@@ -297,7 +308,7 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
             f"{s.name} {format_interval(s.features.stats.clock.interval)}" for s in series)
             + "; train one model per bar interval")
     return Dataset(tuple(series), cfg, vocab, cuts if len(bars) > 1 and fold is None else None,
-                   tuple(warn), absent)
+                   tuple(warn), absent, anchor)
 
 
 def no_splits() -> Splits:

@@ -21,22 +21,21 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
+from tftjax.cli import CommandLine, Parsed, data_file, run_folder
 from tftjax.cli import main as cli_main
-from tftjax.cli import data_file, parse, peek, run_folder
 from tftjax.dqn.config import DQN_PRESETS, DQNConfig
 
 
-@dataclasses.dataclass
-class Args:
+@dataclasses.dataclass(frozen=True)
+class DQNOptions:
     """Train a DQN trader on OHLCV bars (default: the bundled ES 1-minute bars)."""
 
-    config: DQNConfig
     parquet_file: Path | None = None
     """OHLCV bars for --env trading (default: the bundled ES bars, or with --resume the file
     the run was trained on)."""
     dataset: Literal["es", "spx", "nasdaq", "btc"] | None = None
     """A bundled set instead of --parquet-file: es, spx, nasdaq or btc (tftjax/data/bundled/SOURCES.md)."""
-    workdir: Path = Path("runs/dqn/run_001")
+    workdir: Path | None = None
     """Checkpoints, metrics.jsonl, summary.json and plots go here (default: a new
     runs/dqn/run_NNN; with --resume, the newest of them)."""
     resume: bool = False
@@ -52,30 +51,38 @@ class Args:
     the out-of-sample trades stitched (0: one train/val/test split)."""
     test_fraction: float = 0.4
     """Share of the bars cut into the walk-forward's test stretches."""
-    no_progress: bool = False
-    """Hide the progress bar over epochs."""
-    no_tensorboard: bool = False
-    """Write no TensorBoard log (RUN/tensorboard: each epoch's numbers, the config, the
-    plots; tensorboard --logdir runs/ shows every run)."""
+    progress: bool = True
+    """Show the progress bar over epochs (--no-progress hides it)."""
+    tensorboard: bool = True
+    """Write a TensorBoard log (RUN/tensorboard: each epoch's numbers, the config, the plots;
+    tensorboard --logdir runs/ shows every run)."""
 
 
-def defaults(argv: list[str] | None) -> Args:
-    """The ``--env`` preset, or on ``--resume`` the checkpoint's settings."""
+COMMAND_LINE = CommandLine("python -m tftjax.dqn", __doc__.split("\n\n")[0],
+                           {"config": DQNConfig, "options": DQNOptions},
+                           {"config": DQN_PRESETS["trading"], "options": DQNOptions()})
+
+
+def configs(parsed: Parsed) -> tuple[DQNConfig, DQNOptions]:
+    """The ``--env`` preset, or on ``--resume`` the checkpoint's settings (unless another
+    ``--env`` is given), with the flags given on top."""
     from tftjax.runloop import latest_meta
 
-    pre = peek(argv, env=None, resume=False, workdir=None)
-    workdir = run_folder(pre.workdir, "runs/dqn", pre.resume)
-    cfg = DQN_PRESETS.get(pre.env, DQN_PRESETS["trading"])
-    if pre.resume:
+    opts = parsed.options(DQNOptions)
+    workdir = run_folder(opts.workdir, "runs/dqn", opts.resume)
+    env = parsed.part("config").get("env")
+    cfg = DQN_PRESETS.get(env or "trading", DQN_PRESETS["trading"])
+    if opts.resume:
         saved = latest_meta(workdir / "checkpoints", "dqn")
         was = DQNConfig.from_json(saved["identity"]["config"])
-        if pre.env in (None, was.env):
+        if env in (None, was.env):
             cfg = was
-    return Args(config=cfg, workdir=workdir)
+    return (dataclasses.replace(cfg, **parsed.part("config")),
+            dataclasses.replace(opts, workdir=workdir))
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = parse(Args, argv, defaults(argv), "python -m tftjax.dqn", __doc__.split("\n\n")[0])
+    cfg, args = configs(COMMAND_LINE.parse(argv))
     from tftjax.config import ConfigError
     from tftjax.dqn.loop import run as train
 
@@ -86,7 +93,7 @@ def run(argv: list[str] | None = None) -> int:
             raise ConfigError("--folds trains afresh; --resume is for one run")
         from tftjax.dqn.walkforward import walk_forward
 
-        walk_forward(args.config, args.seeds, data_file(args.parquet_file, args.dataset),
+        walk_forward(cfg, args.seeds, data_file(args.parquet_file, args.dataset),
                      args.workdir, args.folds, args.test_fraction)
         return 0
     if args.seeds > 1:
@@ -94,12 +101,12 @@ def run(argv: list[str] | None = None) -> int:
             raise ConfigError("--seeds N trains afresh (one program); --resume is for one seed")
         from tftjax.dqn.seeds import run_seeds
 
-        run_seeds(args.config, args.seeds, args.workdir,
+        run_seeds(cfg, args.seeds, args.workdir,
                   data_file(args.parquet_file, args.dataset))
         return 0
-    train(args.config, args.workdir, parquet_file=data_file(args.parquet_file, args.dataset),
+    train(cfg, args.workdir, parquet_file=data_file(args.parquet_file, args.dataset),
           resume=args.resume,
-          progress=not args.no_progress, tensorboard=not args.no_tensorboard)
+          progress=args.progress, tensorboard=args.tensorboard)
     return 0
 
 

@@ -74,13 +74,13 @@ def tft_forecasts(saved, parquet_file) -> dict:
     one = vocab[0] if vocab is not None and len(vocab) == 1 else None  # a one-series TFT
     ds = saved_dataset(saved, parquet_file, need_splits=False, instrument=one)
     cfg = saved.cfg
-    rows = eligible_origins(ds, cfg.encoder_steps)
-    starts = (rows - (cfg.encoder_steps - 1)).astype(np.int32)
+    rows = eligible_origins(ds, cfg.data.encoder_steps)
+    starts = (rows - (cfg.data.encoder_steps - 1)).astype(np.int32)
     trainer = Trainer(cfg, saved.tc, to_device(ds.features))
     pred, _ = trainer.predict(saved.variables, starts)  # [n, D, Q], target units
     pred = np.asarray(pred, np.float64)
     n = len(ds.ts)
-    m = int(np.argmin(np.abs(np.asarray(cfg.quantiles) - 0.5)))
+    m = int(np.argmin(np.abs(np.asarray(cfg.head.quantiles) - 0.5)))
     median = pred[:, -1, m] if cfg.data.target == "cumulative" else pred[:, :, m].sum(axis=1)
     out = {"first": np.zeros((n, pred.shape[-1]), np.float32), "cum": np.zeros(n),
            "valid": np.zeros(n, bool)}

@@ -3,142 +3,147 @@ the largest batch per memory budget, and ``jax.profiler`` device memory profiles
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from tftjax import remat
-from tftjax.cli import data_file
+from tftjax.cli import CommandLine, Parsed, data_file
 from tftjax.cli import main as cli_main
-from tftjax.config import ConfigError, preset
+from tftjax.config import SECTIONS, ConfigError, TFTConfig, get_preset
+from tftjax.config.execution import RematTier
+from tftjax.config.fields import setting
+from tftjax.config.presets import PresetName
 from tftjax.memory import BUDGETS_GB, report
+
+MODEL_PARTS = ("model", "head", "quant", "execution")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryOptions:
+    """What to measure, and where the report goes."""
+
+    preset: PresetName = "tft225"
+    """The model and how it runs (tftjax.config.presets); the model and execution flags
+    override single fields."""
+    tiers: tuple[RematTier, ...] = ("off", "minimal", "aggressive", "full")
+    """The remat tiers to measure (comma-separated)."""
+    batch_sizes: tuple[int, ...] = (1, 8, 64, 256)
+    """The batch sizes to measure (comma-separated)."""
+    out: Path = Path("runs/memory")
+    """Where memory.json, batch_plan.json, memory.png and the .prof files go."""
+    steps: int = 3
+    """Timed steps per point (0: compile and analyse only)."""
+    budgets: tuple[float, ...] = tuple(BUDGETS_GB)
+    """Memory budgets in GB for the batch plan."""
+    verify: bool = False
+    """Check each budget's largest batch by compiling (bisection: a few compiles per tier and
+    budget); default: the linear fit only."""
+    accumulate: tuple[int, ...] = (1,)
+    """Also each batch as K accumulated micro-batches, e.g. 1,4 (K must divide the batch
+    size)."""
+    parquet_file: Path | None = None
+    """The bars whose row count sizes the data arrays (default: the bundled ES bars)."""
+    dataset: str | None = None
+    """A bundled set instead: es, spx, nasdaq or btc."""
+    isolate: bool | None = None
+    """Time each point in its own process, so that each device peak is its own (default on
+    a GPU/TPU, where JAX cannot reset the peak)."""
+    target: str | None = None
+    """Compile for this GPU on this machine, no GPU needed (h100, h200, a100, rtx4090, a4000;
+    the cuda12 extra): compiled bytes, batch plan and --remat auto's choice for its memory;
+    no steps run."""
+    cost: bool = False
+    """With --target: instead of the memory report, each tier's step census on that GPU
+    (kernels per step, HBM bytes per sample, FLOPs, temp bytes) and a roofline estimate of
+    its samples/s (tftjax.memory.cost)."""
+    soak: int | None = None
+    """Instead of the report: train N epochs (validation and a checkpoint each) and check
+    that device bytes, live arrays and host memory do not grow after the first; exit 1
+    when they do."""
+    soak_steps: int = 50
+    """Train steps per soak epoch."""
+    point_config: Path | None = setting(None, hidden=True)
+    """An isolated point's model config (what the report passes its subprocesses)."""
+
+
+COMMAND_LINE = CommandLine(
+    "python -m tftjax.memory", __doc__.split("\n\n")[0],
+    {**{name: SECTIONS[name] for name in MODEL_PARTS}, "options": MemoryOptions},
+    {**{name: getattr(get_preset("tft225").model, name) for name in MODEL_PARTS},
+     "options": MemoryOptions()},
+    legacy_kernel_flags=True, exclude=("execution.remat", "execution.memory_budget"))
+
+
+def model_config(parsed: Parsed, opts: MemoryOptions) -> TFTConfig:
+    """The preset's model (an isolated point's own) with the model flags given on top."""
+    if opts.point_config is not None:
+        import json
+
+        return TFTConfig.from_json(json.loads(opts.point_config.read_text()))
+    from tftjax.config.execution import legacy_kernels
+
+    cfg = get_preset(opts.preset).model.override(**parsed.model_settings(MODEL_PARTS))
+    if parsed.legacy_kernels:
+        cfg = cfg.override(execution=legacy_kernels(
+            cfg.execution, parsed.legacy_kernels, parsed.given_flag("execution", "kernels")))
+    return cfg
+
+
+def check_options(opts: MemoryOptions) -> None:
+    """Refuse what cannot be measured, before anything compiles.
+
+    Raises:
+      ConfigError: one line naming the flag.
+    """
+    if not opts.tiers:
+        raise ConfigError("--tiers: give at least one tier")
+    if not opts.batch_sizes or min(opts.batch_sizes) < 1:
+        raise ConfigError("--batch-sizes must be >= 1")
+    if not opts.accumulate or min(opts.accumulate) < 1:
+        raise ConfigError(f"--accumulate {opts.accumulate}: give integers >= 1, e.g. 1,4")
+    if not any(b % k == 0 for b in opts.batch_sizes for k in opts.accumulate):
+        raise ConfigError(f"--accumulate {opts.accumulate} divides none of --batch-sizes "
+                          f"{opts.batch_sizes}")
+    if opts.cost and opts.target is None:
+        raise ConfigError("--cost needs --target NAME (the GPU to compile for, e.g. "
+                          "--target h100)")
+    if opts.target is not None:
+        from tftjax.memory.targets import compile_only_device, spec
+
+        spec(opts.target)
+        if opts.cost:
+            compile_only_device(opts.target)  # the cuda12 extra, named when missing
 
 
 def run(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m tftjax.memory", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="tft225")
-    ap.add_argument("--tiers", default="off,minimal,aggressive,full")
-    ap.add_argument("--batch-sizes", default="1,8,64,256")
-    ap.add_argument("--out", type=Path, default=Path("runs/memory"))
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per point")
-    ap.add_argument("--budgets", default=",".join(str(g) for g in BUDGETS_GB),
-                    help="memory budgets in GB for the batch plan")
-    ap.add_argument("--verify", action="store_true",
-                    help="check each budget's largest batch by compiling (bisection: a few "
-                         "compiles per tier and budget); default: the linear fit only")
-    ap.add_argument("--no-verify", action="store_true", help=argparse.SUPPRESS)  # the default now
-    ap.add_argument("--accumulate", default="1",
-                    help="also each batch as K accumulated micro-batches, e.g. 1,4 (K must "
-                         "divide the batch size)")
-    ap.add_argument("--parquet-file", type=Path, default=None,
-                    help="the bars whose row count sizes the data arrays (default: bundled ES)")
-    ap.add_argument("--dataset", default=None, help="a bundled set instead: es, spx, nasdaq or btc")
-    iso = ap.add_mutually_exclusive_group()
-    iso.add_argument("--isolate", dest="isolate", action="store_true", default=None,
-                     help="time each point in its own process, so that each device peak is "
-                          "its own (default on a GPU/TPU, where JAX cannot reset the peak)")
-    iso.add_argument("--no-isolate", dest="isolate", action="store_false")
-    ap.add_argument("--precision", default="f32", help="compute precision: f32 or bf16")
-    ap.add_argument("--matmul-precision", default="default",
-                    help="float32 matmul precision: default, high or highest")
-    ap.add_argument("--vsn-kernel", default="xla",
-                    help="the float VSNs' per-variable GRNs: xla (each tier's plan) or pallas "
-                         "(the Pallas/Triton GPU kernels, tftjax.models.pallas_vsn; for a GPU "
-                         "or --target)")
-    ap.add_argument("--lstm-kernel", default="xla",
-                    help="the float LSTMs' recurrences: xla (scans) or pallas (one persistent "
-                         "Pallas/Triton kernel each way, tftjax.models.pallas_lstm; for a GPU "
-                         "or --target)")
-    ap.add_argument("--grn-kernel", default="xla",
-                    help="the float model's GRNs and gates outside the VSNs: xla or pallas "
-                         "(Pallas/Triton kernels, tftjax.models.pallas_grn and pallas_gated; "
-                         "for a GPU or --target)")
-    ap.add_argument("--attention-kernel", default="xla",
-                    help="the attention's softmax and mix: xla or pallas (one Pallas/Triton "
-                         "kernel each way, tftjax.models.pallas_attention; for a GPU or "
-                         "--target)")
-    ap.add_argument("--optimizer-kernel", default="xla",
-                    help="the optimizer step: xla (optax) or pallas (a norm kernel and an "
-                         "update kernel per 48 leaves, tftjax.training.pallas_adamw; for a "
-                         "GPU or --target)")
-    ap.add_argument("--target", default=None,
-                    help="compile for this GPU on this machine, no GPU needed (h100, h200, "
-                         "a100, rtx4090, a4000; the cuda12 extra): compiled bytes, batch plan "
-                         "and --remat auto's choice for its memory; no steps run")
-    ap.add_argument("--cost", action="store_true",
-                    help="with --target: instead of the memory report, each tier's step "
-                         "census on that GPU (kernels per step, HBM bytes per sample, FLOPs, "
-                         "temp bytes) and a roofline estimate of its samples/s "
-                         "(tftjax.memory.cost)")
-    ap.add_argument("--soak", type=int, default=None, metavar="N",
-                    help="instead of the report: train N epochs (validation and a checkpoint "
-                         "each) and check that device bytes, live arrays and host memory do "
-                         "not grow after the first; exit 1 when they do")
-    ap.add_argument("--soak-steps", type=int, default=50, help="train steps per soak epoch")
-    ap.add_argument("--point-config", type=Path, help=argparse.SUPPRESS)  # an isolated point
-    args = ap.parse_args(argv)
-    try:
-        if args.point_config:
-            import json
-
-            from tftjax.config import TFTConfig
-            cfg = TFTConfig.from_json(json.loads(args.point_config.read_text()))
-        else:
-            cfg = preset(args.preset, precision=args.precision,
-                         matmul_precision=args.matmul_precision, vsn_kernel=args.vsn_kernel,
-                         lstm_kernel=args.lstm_kernel, grn_kernel=args.grn_kernel,
-                         attention_kernel=args.attention_kernel,
-                         optimizer_kernel=args.optimizer_kernel)
-        tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
-        for t in tiers:
-            remat.plan(t)
-        batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
-        budgets = [float(g) for g in args.budgets.split(",") if g.strip()]
-        if min(batch_sizes) < 1:
-            raise ValueError("--batch-sizes must be >= 1")
-        accumulate = [int(k) for k in args.accumulate.split(",") if k.strip()]
-        if not accumulate or min(accumulate) < 1:
-            raise ValueError(f"--accumulate {args.accumulate!r}: give integers >= 1, e.g. 1,4")
-        if not any(b % k == 0 for b in batch_sizes for k in accumulate):
-            raise ValueError(f"--accumulate {args.accumulate} divides none of --batch-sizes "
-                             f"{args.batch_sizes}")
-        if args.soak is not None:
-            return soak_cli(cfg, tiers[0], batch_sizes[-1], args)
-        if args.cost and args.target is None:
-            raise ConfigError("--cost needs --target NAME (the GPU to compile for, e.g. "
-                              "--target h100)")
-        if args.target is not None:
-            from tftjax.memory.targets import compile_only_device, spec
-
-            spec(args.target)
-            if args.cost:
-                compile_only_device(args.target)  # the cuda12 extra, named when missing
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if args.cost:
+    parsed = COMMAND_LINE.parse(argv)
+    opts = parsed.options(MemoryOptions)
+    cfg = model_config(parsed, opts)
+    check_options(opts)
+    batch_sizes = sorted(set(opts.batch_sizes))
+    bars = data_file(opts.parquet_file, opts.dataset)
+    if opts.soak is not None:
+        return soak_cli(cfg, opts.tiers[0], batch_sizes[-1], opts)
+    if opts.cost:
         from tftjax.data import load_dataset
         from tftjax.memory import cost
 
-        rows = len(load_dataset(data_file(args.parquet_file, args.dataset), cfg.data).features)
-        cost.report(cfg, tiers, batch_sizes, rows, args.target, args.out)
-        print(f"wrote {args.out}/cost.json")
+        rows = len(load_dataset(bars, cfg.data).features)
+        cost.report(cfg, list(opts.tiers), batch_sizes, rows, opts.target, opts.out)
+        print(f"wrote {opts.out}/cost.json")
         return 0
-    report(cfg, tiers, batch_sizes, args.out, budgets_gb=[g if not g.is_integer() else int(g)
-                                                         for g in budgets],
-           steps=args.steps, verify=args.verify,
-           parquet_file=data_file(args.parquet_file, args.dataset), isolate=args.isolate,
-           accumulate=accumulate, target=args.target)
-    print(f"wrote {args.out}/memory.json, batch_plan.json, memory.png and memory_*.prof")
-    if args.target is not None:
-        target_plan(cfg, batch_sizes[-1], args)
+    report(cfg, list(opts.tiers), batch_sizes, opts.out,
+           budgets_gb=[g if not float(g).is_integer() else int(g) for g in opts.budgets],
+           steps=opts.steps, verify=opts.verify, parquet_file=bars, isolate=opts.isolate,
+           accumulate=list(opts.accumulate), target=opts.target)
+    print(f"wrote {opts.out}/memory.json, batch_plan.json, memory.png and memory_*.prof")
+    if opts.target is not None:
+        target_plan(cfg, batch_sizes[-1], opts)
     return 0
 
 
 def target_plan(cfg, batch_size: int, args) -> None:
     """``--remat auto``'s choice for the target GPU's memory at the largest ``--batch-sizes``
     (the fastest tier that fits, by the GPU's step-time model)."""
-    import dataclasses
-
     from tftjax.data import load_dataset
     from tftjax.memory import HEADROOM, for_target, plan_auto
     from tftjax.memory.targets import spec
@@ -152,7 +157,7 @@ def target_plan(cfg, batch_size: int, args) -> None:
         # at the batch asked for (growing it would be a bisection of GPU compiles: the
         # plan table above has each tier's largest batch from the fit); against the pool a
         # run on that GPU will have, never this machine's own card
-        tier, batch, k = plan_auto(dataclasses.replace(cfg, remat="off"),
+        tier, batch, k = plan_auto(cfg.override(remat="off"),
                                    HEADROOM * pool * s.memory_bytes, batch_size, rows,
                                    backend="gpu", log=lambda *a: None, grow_batch=False)
     print(f"--remat auto on {s.description} ({s.memory_bytes / 1e9:.1f} GB; JAX's pool "
@@ -174,11 +179,9 @@ def soak_cli(cfg, tier: str, batch_size: int, args) -> int:
                           "measured after the first)")
     if args.soak_steps < 1:
         raise ConfigError(f"--soak-steps must be >= 1, got {args.soak_steps}")
-    import dataclasses
-
     tc = TrainConfig(batch_size=batch_size, max_steps_per_epoch=args.soak_steps)
     args.out.mkdir(parents=True, exist_ok=True)
-    records, grew = soak(dataclasses.replace(cfg, remat=tier), tc, args.soak,
+    records, grew = soak(cfg.override(remat=tier), tc, args.soak,
                          args.out / "soak_run", parquet_file=data_file(args.parquet_file,
                                                                        args.dataset))
     (args.out / "soak.json").write_text(json.dumps({"records": records, "grew": grew}, indent=2))

@@ -87,7 +87,7 @@ def target_name() -> str:
 
 def _targeted(cfg: TFTConfig) -> TFTConfig:
     """``cfg`` with the remat plan of the target's platform (a GPU's differs, tftjax.remat)."""
-    return cfg if _TARGET[0] is None else dataclasses.replace(cfg, platform="gpu")
+    return cfg if _TARGET[0] is None else cfg.override(platform="gpu")
 
 
 def _placed(tree):
@@ -103,15 +103,15 @@ def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig 
     :func:`for_target`)."""
     state = abstract_train_state(cfg, tc)
     f32 = jnp.float32
-    data = DeviceData(jax.ShapeDtypeStruct((rows, cfg.num_historical), f32),
-                      jax.ShapeDtypeStruct((rows, cfg.num_known), f32),
-                      jax.ShapeDtypeStruct((rows, cfg.decoder_steps), f32),
-                      jax.ShapeDtypeStruct((rows, cfg.num_static), f32),
-                      jax.ShapeDtypeStruct((rows, cfg.decoder_steps, cfg.num_known), f32),
+    data = DeviceData(jax.ShapeDtypeStruct((rows, cfg.model.num_historical), f32),
+                      jax.ShapeDtypeStruct((rows, cfg.model.num_known), f32),
+                      jax.ShapeDtypeStruct((rows, cfg.data.decoder_steps), f32),
+                      jax.ShapeDtypeStruct((rows, cfg.model.num_static), f32),
+                      jax.ShapeDtypeStruct((rows, cfg.data.decoder_steps, cfg.model.num_known), f32),
                       jax.ShapeDtypeStruct((rows,), f32),
-                      *((jax.ShapeDtypeStruct((rows, cfg.decoder_steps), f32),
-                         jax.ShapeDtypeStruct((rows, len(cfg.quantiles)), f32))
-                        if cfg.anchor != "none" else
+                      *((jax.ShapeDtypeStruct((rows, cfg.data.decoder_steps), f32),
+                         jax.ShapeDtypeStruct((rows, len(cfg.head.quantiles)), f32))
+                        if cfg.head.anchor != "none" else
                         (jax.ShapeDtypeStruct((rows, 0), f32),) * 2),
                       jax.ShapeDtypeStruct((rows,), jnp.int32))
     idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
@@ -175,7 +175,7 @@ def analyse(cfg: TFTConfig, batch_size: int, rows: int, compiled=None,
     c = compiled if compiled is not None else compile_step(cfg, batch_size, rows, accumulate,
                                                            to_run=False)
     m = c.memory_analysis()
-    out = Compiled(cfg.remat, batch_size, int(m.argument_size_in_bytes),
+    out = Compiled(cfg.execution.remat, batch_size, int(m.argument_size_in_bytes),
                    int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
                    int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes),
                    int(getattr(m, "host_temp_size_in_bytes", 0) or 0), accumulate)
@@ -206,9 +206,9 @@ def analyse_eval(cfg: TFTConfig, batch_size: int, rows: int) -> Compiled:
 def min_bytes(cfg: TFTConfig, batch_size: int, rows: int) -> int:
     """Bytes of the step's arguments (state, data, indices): a floor no tier can go under."""
     state, data, idx, _ = abstract_inputs(cfg, batch_size, rows)
-    if not cfg.vol_target:  # jit drops the unused window-scale argument
+    if not cfg.head.vol_target:  # jit drops the unused window-scale argument
         data = data._replace(scale=None)
-    if not cfg.instruments:  # and the instrument indices of a model without a vocabulary
+    if not cfg.model.instruments:  # and the instrument indices of a model without a vocabulary
         data = data._replace(instrument=None)
     leaves = jax.tree.leaves((state, data, idx))
     return int(sum(x.size * x.dtype.itemsize for x in leaves))

@@ -63,7 +63,7 @@ def step_cost(cfg: TFTConfig, batch_size: int, rows: int, target: str) -> StepCo
     del compiled
     release_executables()
     c = Program(text).census()
-    return StepCost(cfg.remat, cfg.precision, batch_size, target, int(c.kernels),
+    return StepCost(cfg.execution.remat, cfg.execution.precision, batch_size, target, int(c.kernels),
                     int(c.hbm_bytes), int(c.flops), temp,
                     tuple((n, t, round(k, 2)) for n, t, k in c.loops))
 
@@ -156,14 +156,14 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], rows: int, 
     rows_out = []
     print(f"compiled for {s.description} (compile-only, no GPU ran); roofline: "
           f"{roof.launch_s * 1e6:.2f} us per launch, {roof.bandwidth_share:.2f} of "
-          f"{s.bandwidth_bytes_s / 1e12:.2f} TB/s, {peak_flops(s, cfg.precision) / 1e12:.0f} "
+          f"{s.bandwidth_bytes_s / 1e12:.2f} TB/s, {peak_flops(s, cfg.execution.precision) / 1e12:.0f} "
           f"TFLOP/s ({roof.source})")
     print(f"{'tier':<11}{'batch':>6}{'kernels':>9}{'HBM MB/sample':>15}{'GFLOP':>9}"
           f"{'temp MiB':>10}{'est. samples/s':>16}")
     for tier in tiers:
         for b in batch_sizes:
-            c = step_cost(dataclasses.replace(cfg, remat=tier), b, rows, target)
-            bw, pk = s.bandwidth_bytes_s, peak_flops(s, cfg.precision)
+            c = step_cost(cfg.override(remat=tier), b, rows, target)
+            bw, pk = s.bandwidth_bytes_s, peak_flops(s, cfg.execution.precision)
             est = roof.samples_per_s(c, bw, pk)
             row = {**c.as_dict(), "estimated_samples_per_s": est,
                    "estimate_split_s": roof.split(c, bw, pk)}
@@ -173,7 +173,7 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], rows: int, 
                   flush=True)
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "cost.json").write_text(json.dumps(
-        {"target": target, "precision": cfg.precision, "roofline": dataclasses.asdict(roof),
+        {"target": target, "precision": cfg.execution.precision, "roofline": dataclasses.asdict(roof),
          "measured": {**MEASURED, "samples_per_s": {str(k): v for k, v in
                                                     MEASURED["samples_per_s"].items()}},
          "points": rows_out}, indent=2))

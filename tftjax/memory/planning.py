@@ -4,11 +4,12 @@ auto``'s choice of tier, accumulation and batch."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 
 from tftjax import remat
-from tftjax.config import ConfigError, TFTConfig
+from tftjax.config import ConfigError, TFTConfig, parse_bytes
 from tftjax.devices import device_limit
 from tftjax.memory.analysis import (GB, Compiled, analyse, analyse_eval, min_bytes,
                                     targeting)
@@ -46,7 +47,7 @@ def largest_batch(cfg: TFTConfig, budget_bytes: float, fit: tuple[float, float],
         if n not in tried:
             tried[n] = analyse(cfg, n, rows)
             if log:
-                log(f"  {cfg.remat} batch {n}: {tried[n].total_bytes / GB:.2f} GB")
+                log(f"  {cfg.execution.remat} batch {n}: {tried[n].total_bytes / GB:.2f} GB")
         return tried[n].total_bytes <= budget_bytes
 
     lo, hi = 0, max_batch + 1  # lo fits (0: nothing), hi does not
@@ -130,7 +131,7 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
                                                -remat.ORDER.index(t)))
     while choice is None and k <= max_accumulate and batch_size % k == 0:
         for t in tiers:
-            at = analyse(dataclasses.replace(cfg, remat=t), batch_size, rows, accumulate=k)
+            at = analyse(cfg.override(remat=t), batch_size, rows, accumulate=k)
             fits = at.total_bytes <= budget_bytes
             log(f"auto: {t:10s} batch {batch_size}"
                 + (f" as {k} micro-batches of {batch_size // k}" if k > 1 else "")
@@ -146,7 +147,7 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
                           f"even as {max(k // 2, accumulate)} accumulated micro-batches; lower "
                           "--batch-size or raise --memory-budget")
     tier, k, at = choice
-    c = dataclasses.replace(cfg, remat=tier)
+    c = cfg.override(remat=tier)
     if eval_batch_size:
         ev = analyse_eval(c, eval_batch_size, rows)
         if ev.total_bytes > budget_bytes:
@@ -168,12 +169,33 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
     return tier, best, 1
 
 
-def parse_bytes(text: str) -> float:
-    """'24GB', '512MiB', '1.5e9' → bytes."""
-    t = text.strip().upper().replace(" ", "")
-    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
-             "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
-    for u, mult in units.items():
-        if t.endswith(u):
-            return float(t[: -len(u)]) * mult
-    return float(t)
+def resolve_auto(cfg: TFTConfig, tc, paths, devices: int = 1, resume: bool = False,
+                 workdir=None):
+    """``--remat auto``: ``(cfg, tc)`` with the fastest tier that fits
+    ``cfg.execution.memory_budget`` (a device's: each of ``devices`` runs ``1/devices`` of the
+    batch), as accumulated micro-batches where the whole batch fits no tier, and (on a new
+    run without accumulation) the largest batch that fits; a resumed run keeps its batch
+    size. ``paths``: the run's bars (None: the bundled ES bars, or on resume the run's own,
+    found again in ``workdir``).
+
+    Raises:
+      ConfigError: no budget known, or nothing fits.
+    """
+    from tftjax.data import default_parquet, find_data_files
+    from tftjax.data.bars import read_series
+
+    budget = cfg.execution.memory_budget
+    if paths is None and resume:
+        from tftjax.runloop import latest_meta
+
+        saved = latest_meta(Path(workdir) / "checkpoints", "tft")
+        paths = find_data_files(saved["identity"]["data"], workdir)
+    files = paths if isinstance(paths, list) else [paths or default_parquet()]
+    rows = sum(len(b) for p in files for b in read_series(p))
+    tier, batch, k = plan_auto(cfg.override(remat="off"),
+                               None if budget is None else parse_bytes(budget),
+                               tc.batch_size // devices, rows, grow_batch=not resume,
+                               eval_batch_size=-(-tc.eval_batch_size // devices),
+                               accumulate=tc.accumulate)
+    return (cfg.override(remat=tier),
+            dataclasses.replace(tc, batch_size=batch * devices, accumulate=k))

@@ -90,7 +90,7 @@ def _report(cfg, tiers, batch_sizes, out, budgets_gb, steps, time_limit_bytes, v
         isolate = device_limit(dev) is not None
     records, fits = [], {}
     for tier in tiers:
-        c = dataclasses.replace(cfg, remat=tier)
+        c = cfg.override(remat=tier)
         note = remat.plan(tier).note
         if note:
             log(note)
@@ -134,7 +134,7 @@ def _report(cfg, tiers, batch_sizes, out, budgets_gb, steps, time_limit_bytes, v
                                          if r["step_time_s"] and base else None)
     plan_rows = []
     for tier in tiers:
-        c = dataclasses.replace(cfg, remat=tier)
+        c = cfg.override(remat=tier)
         for g in budgets_gb:
             bmax, checked = largest_batch(c, g * GB, fits[tier], rows, verify=verify,
                                           max_batch=1 << 20)
@@ -162,11 +162,11 @@ def _point_in_subprocess(cfg: TFTConfig, batch_size: int, steps: int, out: Path,
     import subprocess
     import sys
 
-    where = out / f"point_{cfg.remat}_b{batch_size}_k{accumulate}"
+    where = out / f"point_{cfg.execution.remat}_b{batch_size}_k{accumulate}"
     where.mkdir(parents=True, exist_ok=True)
     (where / "config.json").write_text(json.dumps(cfg.to_json()))
     cmd = [sys.executable, "-m", "tftjax.memory", "--point-config", str(where / "config.json"),
-           "--tiers", cfg.remat, "--batch-sizes", str(batch_size), "--steps", str(steps),
+           "--tiers", cfg.execution.remat, "--batch-sizes", str(batch_size), "--steps", str(steps),
            "--budgets", "", "--no-isolate", "--accumulate", str(accumulate), "--out", str(where)]
     if parquet_file is not None:
         cmd += ["--parquet-file", str(parquet_file)]

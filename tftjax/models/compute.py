@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from tftjax.config import TFTConfig
 from tftjax.models import pallas_gated, pallas_grn
+from tftjax.models.kernel_mode import KernelMode
 from tftjax.quant import MODES, QuantSpec
 
 
@@ -17,14 +18,23 @@ def quant_spec(cfg: TFTConfig, mode: str | None = None,
     """How a TFT of ``cfg`` quantizes in ``mode`` (``None``: fake-quant for a QAT config,
     float otherwise); ``None`` means float. ``calibration``: a PTQ calibration pass
     (:attr:`tftjax.quant.QuantSpec.calibrate`)."""
-    mode = mode or ("fake" if cfg.qat else "float")
+    mode = mode or ("fake" if cfg.quant.qat else "float")
     if mode not in MODES:
         raise ValueError(f"unknown quantization mode {mode!r}; choose one of {MODES}")
     if mode == "float":
         return None
-    return QuantSpec(mode, tuple(cfg.qat_layers), cfg.qat_freeze_after, calibrate=calibration,
-                     act_symmetric=cfg.act_symmetric, weight_granularity=cfg.weight_granularity,
-                     stacked_scales=cfg.stacked_scales)
+    return QuantSpec(mode, tuple(cfg.quant.qat_layers), cfg.quant.qat_freeze_after, calibrate=calibration,
+                     act_symmetric=cfg.quant.act_symmetric, weight_granularity=cfg.quant.weight_granularity,
+                     stacked_scales=cfg.quant.stacked_scales)
+
+
+def kernel_mode(cfg: TFTConfig, family: str) -> KernelMode:
+    """How ``family`` (tftjax.config.KERNEL_FAMILIES) runs for ``cfg`` on its platform."""
+    from tftjax.remat import is_gpu
+
+    if not cfg.execution.pallas(family):
+        return KernelMode.XLA
+    return KernelMode.COMPILED if is_gpu(cfg.execution.platform) else KernelMode.INTERPRETED
 
 
 COMPUTE_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
@@ -45,15 +55,15 @@ def grn_kernel(cfg: TFTConfig) -> bool:
     GRNs, tftjax.models.pallas_grn; the row-wise blocks, tftjax.models.pallas_gated):
     ``--grn-kernel pallas`` where the kernels take the width in the compute dtype
     (tftjax.models.pallas_gated.supported; the quantized layers always run in XLA)."""
-    return (cfg.grn_kernel == "pallas" and not cfg.qat
-            and pallas_gated.supported(cfg.hidden, COMPUTE_DTYPES[cfg.precision]))
+    return (cfg.execution.pallas("grn") and not cfg.quant.qat
+            and pallas_gated.supported(cfg.model.hidden, COMPUTE_DTYPES[cfg.execution.precision]))
 
 
 def static_stack(cfg: TFTConfig) -> bool:
     """Under :func:`grn_kernel`: whether the four static context GRNs run as one stacked
     kernel each way (tftjax.models.pallas_grn, where the width fits it), else each through
     the row kernels (tftjax.models.pallas_gated)."""
-    return grn_kernel(cfg) and pallas_grn.supported(cfg.hidden, COMPUTE_DTYPES[cfg.precision])
+    return grn_kernel(cfg) and pallas_grn.supported(cfg.model.hidden, COMPUTE_DTYPES[cfg.execution.precision])
 
 
 def kernel_cast(cfg: TFTConfig) -> tuple[str, ...]:
@@ -68,16 +78,16 @@ def kernel_cast(cfg: TFTConfig) -> tuple[str, ...]:
 
 def compute_params(cfg: TFTConfig, params: dict, cast_leaves=None, mode: str | None = None
                    ) -> dict:
-    """The parameters as a step at ``cfg.precision`` computes with them: under bf16 a
+    """The parameters as a step at ``cfg.execution.precision`` computes with them: under bf16 a
     bfloat16 copy of every float leaf except the float32 ones (the quantile head, the LSTMs'
     recurrent kernels, the modules a Pallas kernel casts itself: :func:`kernel_cast`);
     float32 and quantized models: ``params`` as they are. ``cast_leaves``: casts a list of
     float32 leaves to bfloat16 (default: each on its own, ``astype``); the train step passes
     one that casts them all in a few launches (tftjax.training.pallas_adamw.cast). Casting
     cast parameters again changes nothing, so :func:`apply_fn` takes either."""
-    if cfg.precision == "f32" or quant_spec(cfg, mode) is not None:  # quantized: float32
+    if cfg.execution.precision == "f32" or quant_spec(cfg, mode) is not None:  # quantized: float32
         return params
-    dt = COMPUTE_DTYPES[cfg.precision]
+    dt = COMPUTE_DTYPES[cfg.execution.precision]
     keep_f32 = FLOAT32_MODULES + kernel_cast(cfg)
 
     def cast(path, a):  # the LSTMs' recurrent kernels are cast inside each step

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from tftjax.models.kernel_mode import KernelMode
 from tftjax import quant as qt
 from tftjax.models import pallas_attention
 from tftjax.models.dropout import Dropout
@@ -205,9 +206,9 @@ class LSTM(nn.Module):
     quant: QuantSpec | None = None
     forget_bias: float = 0.0
     """Initial forget-gate bias (gates are laid out i, f, g, o)."""
-    pallas: bool | None = None
+    kernel: KernelMode = KernelMode.XLA
     """Float: both recurrences as persistent Pallas kernels (tftjax.models.pallas_lstm),
-    True in Pallas' interpreter, False compiled (GPU); None: ``lax.scan``s."""
+    compiled (GPU) or interpreted (CPU tests); XLA: ``lax.scan``s."""
 
     @nn.compact
     def __call__(self, carry: tuple[Array, Array], xs: Array) -> tuple[tuple[Array, Array], Array]:
@@ -225,7 +226,7 @@ class LSTM(nn.Module):
             # step on a GPU); with remat it keeps only the cell states and outputs
             c0, h0 = carry[0].astype(jnp.float32), carry[1].astype(xs.dtype)
             carry, hs = lstm_recurrence(jnp.swapaxes(xs, 0, 1), w_i, b.astype(xs.dtype), w_h,
-                                        c0, h0, self.remat, self.pallas)
+                                        c0, h0, self.remat, self.kernel)
             return carry, jnp.swapaxes(hs, 0, 1)  # [B, T, d]
         xp = jnp.swapaxes(dense(self, "w_i", xs, w_i, self.quant), 0, 1) + b  # [T, B, 4d]
 
@@ -287,9 +288,9 @@ class InterpretableAttention(nn.Module):
     features: int
     dropout: float = 0.0
     quant: QuantSpec | None = None
-    kernel: bool | None = None
-    """The attention itself as Pallas kernels (tftjax.models.pallas_attention): True in
-    Pallas' interpreter, False compiled (GPU); None: XLA."""
+    kernel: KernelMode = KernelMode.XLA
+    """The attention itself as Pallas kernels (tftjax.models.pallas_attention), compiled (GPU)
+    or interpreted (CPU tests)."""
 
     @nn.compact
     def __call__(self, q_in: Array, kv: Array, mask: Array,
@@ -308,11 +309,11 @@ class InterpretableAttention(nn.Module):
         logits = logits / jnp.sqrt(dh).astype(jnp.float32)
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
         attn = checkpoint_name(nn.softmax(logits, axis=-1), "attention_weights")  # [B, H, Tq, T]
-        if self.kernel is None:
+        if not self.kernel.pallas:
             attn_d = Dropout(self.dropout)(attn.astype(v.dtype), deterministic)
             mixed = jnp.einsum("bhqk,bkd->bqd", attn_d, v) / H  # mean over heads [B, Tq, dh]
         else:  # the weights above only for the interpretation (unused in training: removed)
             keep = Dropout(self.dropout)(attn, deterministic, mask_only=True)  # the same units
             mixed = pallas_attention.attend(qf, kf, v, mask, keep, self.dropout, heads=H,
-                                            interpret=self.kernel)
+                                            interpret=self.kernel.interpret)
         return dense(self.features, name="out")(mixed), attn.mean(axis=1)

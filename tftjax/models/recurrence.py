@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from tftjax.models.kernel_mode import KernelMode
 from tftjax.models import pallas_lstm
 
 Array = jax.Array
@@ -44,18 +45,19 @@ def _scan(xp: Array, w_h: Array, c0: Array, h0: Array):
     return (c, h), hs, gates, cs
 
 
-def _recur(xp: Array, w_h: Array, c0: Array, h0: Array, pallas: bool | None):
-    """The forward recurrence: a ``lax.scan`` (``pallas`` None) or one Pallas kernel
-    (``tftjax.models.pallas_lstm``; True: interpreted, False: compiled for a GPU)."""
-    if pallas is None:
+def _recur(xp: Array, w_h: Array, c0: Array, h0: Array, kernel: KernelMode):
+    """The forward recurrence: a ``lax.scan``, or one Pallas kernel
+    (``tftjax.models.pallas_lstm``, compiled for a GPU or interpreted)."""
+    if not kernel.pallas:
         return _scan(xp, w_h, c0, h0)
-    gates, cs, hs = pallas_lstm.forward(xp, w_h.astype(xp.dtype), c0, h0, interpret=pallas)
+    gates, cs, hs = pallas_lstm.forward(xp, w_h.astype(xp.dtype), c0, h0,
+                                        interpret=kernel.interpret)
     return (cs[-1], hs[-1]), hs, gates, cs
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def lstm_recurrence(xs: Array, w_i: Array, b: Array, w_h: Array, c0: Array, h0: Array,
-                    recompute: bool = False, pallas: bool | None = None
+                    recompute: bool = False, kernel: KernelMode = KernelMode.XLA
                     ) -> tuple[tuple[Array, Array], Array]:
     """``((c_T, h_T), h_{1..T})`` of the LSTM over ``xs`` ``[T, B, F]`` (time-major, the
     compute dtype), with input kernel ``w_i`` ``[F, 4d]`` and bias ``b`` ``[4d]``, recurrent
@@ -66,9 +68,9 @@ def lstm_recurrence(xs: Array, w_i: Array, b: Array, w_h: Array, c0: Array, h0: 
     the gates from ``xs`` and the saved outputs, so the step keeps only the cell states and
     outputs (``xs`` is the VSN's output, kept anyway); else it keeps the gates too.
 
-    ``pallas`` (not None): both recurrences as persistent Pallas kernels
-    (``tftjax.models.pallas_lstm``), True in Pallas' interpreter, False compiled (GPU)."""
-    carry, hs, _, _ = _recur(_project(xs, w_i, b), w_h, c0, h0, pallas)
+    ``kernel``: both recurrences as persistent Pallas kernels (``tftjax.models.pallas_lstm``),
+    compiled (GPU) or interpreted (CPU tests); XLA: ``lax.scan``s."""
+    carry, hs, _, _ = _recur(_project(xs, w_i, b), w_h, c0, h0, kernel)
     return carry, hs
 
 
@@ -76,12 +78,12 @@ def _project(xs, w_i, b):
     return jnp.einsum("tbf,fg->tbg", xs, w_i) + b
 
 
-def _fwd(xs, w_i, b, w_h, c0, h0, recompute, pallas):
-    carry, hs, gates, cs = _recur(_project(xs, w_i, b), w_h, c0, h0, pallas)
+def _fwd(xs, w_i, b, w_h, c0, h0, recompute, kernel):
+    carry, hs, gates, cs = _recur(_project(xs, w_i, b), w_h, c0, h0, kernel)
     return (carry, hs), (xs, w_i, b, w_h, c0, h0, None if recompute else gates, cs, hs)
 
 
-def _bwd(recompute, pallas, res, ct):
+def _bwd(recompute, kernel, res, ct):
     xs, w_i, b, w_h, c0, h0, gates, cs, hs = res
     (dc_t, dh_t), dhs = ct
     dt = xs.dtype
@@ -106,12 +108,12 @@ def _bwd(recompute, pallas, res, ct):
                                   preferred_element_type=F32)
         return (dc * sf, dh_prev), dgates
 
-    if pallas is None:
+    if not kernel.pallas:
         (dc0, dh0), dgates = lax.scan(step, (dc_t.astype(F32), dh_t.astype(F32)),
                                       (gates, cs, c_prev, dhs), reverse=True)
     else:
         dgates, dc0, dh0 = pallas_lstm.backward(gates.astype(dt), cs, c0, dhs, dc_t, dh_t, wd,
-                                                interpret=pallas)
+                                                interpret=kernel.interpret)
     dw_h = jnp.einsum("tbd,tbg->dg", h_prev, dgates, preferred_element_type=F32)
     dw_i = jnp.einsum("tbf,tbg->fg", xs, dgates, preferred_element_type=F32)
     dxs = jnp.einsum("tbg,fg->tbf", dgates, w_i)

@@ -29,7 +29,7 @@ from jax.ad_checkpoint import checkpoint_name
 from tftjax.config import TFTConfig
 from tftjax.models import pallas_gated, pallas_grn
 from tftjax.models.compute import (COMPUTE_DTYPES, FLOAT32_MODULES, FLOAT32_PARAMS,  # noqa: F401
-                                   ROW_BLOCKS, STATIC_CONTEXTS, compute_params, grn_kernel,
+                                   ROW_BLOCKS, STATIC_CONTEXTS, KernelMode, compute_params, grn_kernel, kernel_mode,
                                    kernel_cast, quant_spec, static_stack)
 from tftjax.models.kernel_params import GateParams, GRNParams
 from tftjax.models.layers import GRN, LSTM, Dense, GateAddNorm, InterpretableAttention
@@ -55,7 +55,7 @@ def causal_mask(encoder_steps: int, decoder_steps: int) -> Array:
 
 class TFT(nn.Module):
     """The TFT; ``mode`` picks float, fake-quant (QAT) or int8 arithmetic for the layers
-    that ``cfg.qat_layers`` covers (default: float, or fake-quant when ``cfg.qat``)."""
+    that ``cfg.quant.qat_layers`` covers (default: float, or fake-quant when ``cfg.quant.qat``)."""
 
     cfg: TFTConfig
     mode: str | None = None
@@ -66,9 +66,9 @@ class TFT(nn.Module):
                  deterministic: bool = True, instrument: Array | None = None
                  ) -> tuple[Array, Interpretation]:
         cfg = self.cfg
-        plan = remat_plan(cfg.remat, cfg.platform)
+        plan = remat_plan(cfg.execution.remat, cfg.execution.platform)
         quant = quant_spec(cfg, self.mode, self.calibration)
-        d, p = cfg.hidden, cfg.dropout
+        d, p = cfg.model.hidden, cfg.model.dropout
         te = historical.shape[1]
         td = known.shape[1] - te
         det = deterministic
@@ -83,7 +83,7 @@ class TFT(nn.Module):
 
         # the Pallas VSN kernels compile for a GPU (running on one or targeting one), and
         # run in Pallas' interpreter elsewhere
-        pallas = None if cfg.vsn_kernel != "pallas" else not is_gpu(cfg.platform)
+        vsn_k = kernel_mode(cfg, "vsn")
 
         def vsn(m, name):
             # vsn: chunks recomputed in the backward pass; vsn_scan: chunks with every
@@ -94,31 +94,31 @@ class TFT(nn.Module):
             offload = plan.name == "offload" and plan.note == ""
             policy = (plan.policy if plan.vsn or offload
                       else jax.checkpoint_policies.everything_saveable)
-            return VariableSelection(m, cfg.d_v, d, p, chunk=(cfg.vsn_chunk or plan.vsn_chunk) if chunked else None,
+            return VariableSelection(m, cfg.model.d_v, d, p, chunk=(cfg.execution.vsn_chunk or plan.vsn_chunk) if chunked else None,
                                      policy=policy, remat_weights=plan.vsn, quant=quant,
-                                     fused=plan.vsn and plan.fused, pallas=pallas, name=name)
+                                     fused=plan.vsn and plan.fused, kernel=vsn_k, name=name)
 
         # 1-2. Static covariates and their four contexts. Under a vocabulary, static input
         # 0 is the instrument: ``instrument`` [B] int32 indexes a learned table (its last row:
         # unknown; an index outside it is refused on the host, tftjax.training.trainer).
-        if cfg.instruments:
+        if cfg.model.instruments:
             if instrument is None:
                 raise ValueError("a TFT over an instrument vocabulary needs `instrument`, the "
                                  "windows' int32 vocabulary rows (Batch.instrument)")
             idx = instrument.astype(jnp.int32)
-            if not det and cfg.instrument_dropout > 0:
-                drop = jax.random.bernoulli(self.make_rng("dropout"), cfg.instrument_dropout,
+            if not det and cfg.model.instrument_dropout > 0:
+                drop = jax.random.bernoulli(self.make_rng("dropout"), cfg.model.instrument_dropout,
                                             idx.shape)
-                idx = jnp.where(drop, cfg.instruments, idx)
+                idx = jnp.where(drop, cfg.model.instruments, idx)
             static = static.at[:, 0].set(0).astype(historical.dtype)
-            zeta, static_w = VariableSelection(cfg.num_static, cfg.d_v, d, p, quant=quant,
-                                               vocab=cfg.instruments + 1, name="static_vsn")(
+            zeta, static_w = VariableSelection(cfg.model.num_static, cfg.model.d_v, d, p, quant=quant,
+                                               vocab=cfg.model.instruments + 1, name="static_vsn")(
                 static, None, det, idx)
         else:
-            zeta, static_w = vsn(cfg.num_static, "static_vsn")(static, None, det)  # [B, d]
+            zeta, static_w = vsn(cfg.model.num_static, "static_vsn")(static, None, det)  # [B, d]
         enc_grn = block(GRN, plan.encoders)
         zeta = zeta.astype(historical.dtype)  # the contexts in the compute dtype (bf16 too)
-        interpret_k = not is_gpu(cfg.platform)
+        interpret_k = not is_gpu(cfg.execution.platform)  # for the GRN kernels
         if grn_kernel(cfg) and quant is None:
             # the four GRNs on ζ as Pallas kernels (forward, recomputing backward), the
             # parameters and dropout masks where the GRN layers keep and draw them
@@ -138,14 +138,14 @@ class TFT(nn.Module):
         # 3. Variable selection at every step (context c_s).
         past = jnp.concatenate([historical, known[:, :te]], axis=-1)  # [B, T_e, F_h + F_k]
         xi_enc, hist_w = vsn(past.shape[-1], "encoder_vsn")(past, c_s[:, None, :], det)
-        xi_dec, fut_w = vsn(cfg.num_known, "decoder_vsn")(known[:, te:], c_s[:, None, :], det)
+        xi_dec, fut_w = vsn(cfg.model.num_known, "decoder_vsn")(known[:, te:], c_s[:, None, :], det)
 
         # 4. LSTM encoder seeded by the static context, decoder from its final state.
-        lstm_k = None if cfg.lstm_kernel != "pallas" else not is_gpu(cfg.platform)
-        carry, h_enc = LSTM(d, plan.lstm, plan.policy, quant, cfg.lstm_forget_bias, lstm_k,
+        lstm_k = kernel_mode(cfg, "lstm")
+        carry, h_enc = LSTM(d, plan.lstm, plan.policy, quant, cfg.model.lstm_forget_bias, lstm_k,
                             name="lstm_encoder")(
             (c_c, c_h), xi_enc)
-        _, h_dec = LSTM(d, plan.lstm, plan.policy, quant, cfg.lstm_forget_bias, lstm_k,
+        _, h_dec = LSTM(d, plan.lstm, plan.policy, quant, cfg.model.lstm_forget_bias, lstm_k,
                         name="lstm_decoder")(carry, xi_dec)
         phi = checkpoint_name(jnp.concatenate([h_enc, h_dec], axis=1), "lstm_out")  # [B, T, d]
         xi = jnp.concatenate([xi_enc, xi_dec], axis=1)
@@ -173,9 +173,9 @@ class TFT(nn.Module):
         theta = grn("enrichment", phi_t, c_e[:, None, :])
 
         # 7. Causal interpretable attention, queries at the decoder steps.
-        attn_k = None if cfg.attention_kernel != "pallas" else interpret_k
+        attn_k = kernel_mode(cfg, "attention")
         attn, attn_w = block(InterpretableAttention, plan.attention)(
-            cfg.heads, d, p, kernel=attn_k, name="attention")(theta[:, te:], theta,
+            cfg.model.heads, d, p, kernel=attn_k, name="attention")(theta[:, te:], theta,
                                                               causal_mask(te, td), det)
         attn = checkpoint_name(attn, "attention_out")
 
@@ -186,28 +186,28 @@ class TFT(nn.Module):
         # float32 head (bf16: its parameters are not cast, see apply_fn) and outputs
         # [B, T_d, Q]; anchored (--anchor): Δ [.., Q] and s [.., 1] from a zero-initialised
         # head, turned into quantiles around the anchor by tftjax.training.steps.anchored
-        anchored = cfg.anchor != "none"
-        pred = Dense(len(cfg.quantiles) + anchored, quant=quant, zero_init=anchored,
+        anchored = cfg.head.anchor != "none"
+        pred = Dense(len(cfg.head.quantiles) + anchored, quant=quant, zero_init=anchored,
                      name="quantiles")(psi_t)
         pred = pred.astype(jnp.float32)
-        if cfg.monotone_quantiles:
-            pred = monotone(pred, int(np.argmin(np.abs(np.asarray(cfg.quantiles) - 0.5))))
+        if cfg.head.monotone_quantiles:
+            pred = monotone(pred, int(np.argmin(np.abs(np.asarray(cfg.head.quantiles) - 0.5))))
         interp = Interpretation(static_w, hist_w, fut_w, attn_w)
         return pred, jax.tree.map(lambda a: a.astype(jnp.float32), interp)
 
 
 @functools.lru_cache(maxsize=None)
 def apply_fn(cfg: TFTConfig, mode: str | None = None):
-    """``TFT(cfg, mode).apply`` at ``cfg.precision``. bf16: the float32 parameters are cast to
+    """``TFT(cfg, mode).apply`` at ``cfg.execution.precision``. bf16: the float32 parameters are cast to
     bfloat16 copies for the step (:func:`compute_params`; their gradients come back float32
     through the cast, or bfloat16 when the caller passes the copies) and so are the inputs,
     so that matmuls and stored activations are bfloat16; the layers keep their LayerNorm
     statistics, softmaxes and LSTM cell state in float32, and the quantile head and the
     outputs are float32. Quantized arithmetic (fake-quant, int8) is float32."""
     model = TFT(cfg, mode)
-    if cfg.precision == "f32" or quant_spec(cfg, mode) is not None:  # quantized: float32
+    if cfg.execution.precision == "f32" or quant_spec(cfg, mode) is not None:  # quantized: float32
         return model.apply
-    dt = COMPUTE_DTYPES[cfg.precision]
+    dt = COMPUTE_DTYPES[cfg.execution.precision]
 
     def cast(a):
         return a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a
@@ -242,8 +242,7 @@ def init_variables(cfg: TFTConfig, key: Array, batch_size: int = 2) -> dict:
     Models that differ only in :attr:`TFTConfig.INIT_NEUTRAL_FIELDS` (the remat tier, the
     dropout rate, ...) initialise to the same values (tested), so they share one compiled
     init."""
-    neutral = dataclasses.replace(cfg, **{f.name: f.default for f in dataclasses.fields(cfg)
-                                          if f.name in TFTConfig.INIT_NEUTRAL_FIELDS})
+    neutral = cfg.init_key()
     # XLA options belong to a top-level jit only: traced (inside a jit or eval_shape), plain
     return _init_fn(neutral, batch_size, not isinstance(key, jax.core.Tracer))(key)
 
@@ -265,7 +264,7 @@ RUN_ONCE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_pas
 
 
 def dummy_inputs(cfg: TFTConfig, batch_size: int) -> tuple[Array, Array, Array]:
-    t = cfg.encoder_steps + cfg.decoder_steps
-    return (jnp.zeros((batch_size, cfg.num_static)),
-            jnp.zeros((batch_size, cfg.encoder_steps, cfg.num_historical)),
-            jnp.zeros((batch_size, t, cfg.num_known)))
+    t = cfg.data.encoder_steps + cfg.data.decoder_steps
+    return (jnp.zeros((batch_size, cfg.model.num_static)),
+            jnp.zeros((batch_size, cfg.data.encoder_steps, cfg.model.num_historical)),
+            jnp.zeros((batch_size, t, cfg.model.num_known)))

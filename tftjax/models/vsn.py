@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from tftjax.models.kernel_mode import KernelMode
 from tftjax import quant as qt
 from tftjax.models import fused, pallas_vsn
 from tftjax.models.dropout import keep_mask, keep_prob
@@ -158,10 +159,10 @@ class VariableSelection(nn.Module):
     """Float per-variable GRNs through the fused recomputing kernel (tftjax.models.fused)
     instead of ``chunk``/``policy``: same function and gradients, a fraction of the time
     and memory. Quantized layers always take the stacked path."""
-    pallas: bool | None = None
+    kernel: KernelMode = KernelMode.XLA
     """Float per-variable GRNs through the Pallas kernels (tftjax.models.pallas_vsn) in any
-    tier: True runs them in Pallas' interpreter (CPU tests), False compiles them (GPU);
-    None: not used. Quantized layers always take the stacked path."""
+    tier, compiled (GPU) or interpreted (CPU tests). Quantized layers always take the
+    stacked path."""
 
     @nn.compact
     def __call__(self, x: Array, context: Array | None = None,
@@ -228,9 +229,9 @@ class VariableSelection(nn.Module):
         xt, wt = xf.T, w.T  # variable-major [m, N]
         if extra is not None:
             out, new_stats = stacked_grn(p, xt, wt, keep, self.dropout, sq, stats, extra)
-        elif self.pallas is not None and sq is None:
+        elif self.kernel.pallas and sq is None:
             out = pallas_vsn.weighted_grn_sum(p, xt, wt, keep, self.dropout,
-                                              interpret=self.pallas)
+                                              interpret=self.kernel.interpret)
             new_stats = {}
         elif self.fused and sq is None:
             out, new_stats = fused.weighted_grn_sum(p, xt, wt, keep, self.dropout), {}

@@ -46,21 +46,20 @@ def resolve_anchor(cfg: TFTConfig, ds: Dataset) -> tuple[TFTConfig, Dataset, dic
     """``(cfg, ds, scores)``: ``cfg`` with ``auto`` replaced by the chosen anchor, ``ds``
     carrying that anchor's arrays on every row, and the validation P90 of each candidate
     (``auto`` only; else None). ``--anchor none`` returns both unchanged."""
-    if cfg.anchor == "none":
+    if cfg.head.anchor == "none":
         return cfg, ds, None
     scores = None
-    if cfg.anchor == "auto":
+    if cfg.head.anchor == "auto":
         starts = ds.splits.val
         if starts.size == 0:
             raise ConfigError("--anchor auto chooses on the validation windows and this data "
                               "has none: name the anchor (--anchor range_ewma, ...)")
         y = window_targets(ds, starts)
         scores = {n: float(scoring.from_sums(scoring.window_sums(
-            y, anchor_forecasts(ds, n, cfg.quantiles, starts), cfg.quantiles))["q_risk_90"])
+            y, anchor_forecasts(ds, n, cfg.head.quantiles, starts), cfg.head.quantiles))["q_risk_90"])
             for n in candidates(ds)}
-        cfg = dataclasses.replace(cfg, anchor=min(scores, key=scores.get))
-    want = dataclasses.replace(ds.cfg, anchor=cfg.anchor, anchor_quantiles=tuple(cfg.quantiles))
-    if ds.cfg != want:
-        ds = dataclasses.replace(ds, cfg=want)  # its features (cached) rebuilt with the anchor
+        cfg = cfg.override(anchor=min(scores, key=scores.get))
+    if ds.anchor != cfg.head.dataset_anchor:  # its features (cached) rebuilt with the anchor
+        ds = dataclasses.replace(ds, anchor=cfg.head.dataset_anchor)
     ds.features  # noqa: B018 - built here: an anchor the data cannot have fails before training
     return cfg, ds, scores

@@ -29,6 +29,7 @@ def saved_dataset(saved: SavedModel, parquet_file=None, *, unknown: str = "refus
     path = (parquet_file if parquet_file is not None
             else find_data_files(saved.data, saved.run_dir))
     kw = saved.featurisation or {"stats": saved.feature_stats, "vocab": None}
+    kw = {"anchor": saved.cfg.head.dataset_anchor, **kw}
     return load_dataset(path, saved.cfg.data, **kw, unknown=unknown, instrument=instrument,
                         need_splits=need_splits)
 
@@ -53,8 +54,8 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
     """
     cfg, tc, variables = saved.cfg, saved.tc, saved.variables
     what = saved.what
-    if (int8 or calibrate_batches) and cfg.ensemble > 1:
-        raise ConfigError(f"{saved.path} is an ensemble of {cfg.ensemble} members: int8 "
+    if (int8 or calibrate_batches) and cfg.model.ensemble > 1:
+        raise ConfigError(f"{saved.path} is an ensemble of {cfg.model.ensemble} members: int8 "
                           "inference is of one model (train without --ensemble)")
     if calibrate_batches and not int8:
         raise ConfigError("--calibrate needs --int8 (it calibrates the int8 activation ranges)")
@@ -69,10 +70,10 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
             raise ConfigError(f"{saved.path} is an export: calibrate when exporting "
                               "(python -m tftjax.export --calibrate N)")
     else:
-        if int8 and not cfg.qat and not calibrate_batches:
+        if int8 and not cfg.quant.qat and not calibrate_batches:
             raise ConfigError(f"{saved.path} is a float model: add --calibrate N to "
                               "calibrate its int8 activation ranges on N training batches (PTQ)")
-        if calibrate_batches and cfg.qat:
+        if calibrate_batches and cfg.quant.qat:
             raise ConfigError(f"{saved.path} was trained with --qat: its activation "
                               "ranges are already calibrated; drop --calibrate")
     ds = saved_dataset(saved, parquet_file, unknown=unknown, instrument=instrument)
@@ -107,10 +108,10 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
         if int8:
             summary["variants"] = {m: {split: trainer.evaluate(variables, starts, m)}
                                    for m in ("float", "int8")}
-    summary["quantized"] = bool(cfg.qat) and not int8_export
+    summary["quantized"] = bool(cfg.quant.qat) and not int8_export
     if calibrate_batches:
         summary["ptq_batches"] = calibrate_batches
-    for name, m in baselines(ds, cfg.quantiles, split).items():
+    for name, m in baselines(ds, cfg.head.quantiles, split).items():
         summary["baselines"][name] = {split: m}
     if len(ds.series) > 1:
         summary["series"] = by_series(trainer, variables, ds, cfg, [split])
@@ -126,11 +127,11 @@ def summarize(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig) -> dict:
     splits = [s for s in ("train", "val", "test") if getattr(ds.splits, s).size]
     for split in splits:
         out["model"][split] = trainer.evaluate(variables, getattr(ds.splits, split))
-    if cfg.qat:
+    if cfg.quant.qat:
         out["variants"] = {m: {split: trainer.evaluate(variables, getattr(ds.splits, split), m)
                                for split in splits} for m in ("float", "int8")}
     for split in splits:
-        for name, m in baselines(ds, cfg.quantiles, split).items():
+        for name, m in baselines(ds, cfg.head.quantiles, split).items():
             out["baselines"].setdefault(name, {})[split] = m
     if len(ds.series) > 1:
         out["series"] = by_series(trainer, variables, ds, cfg, splits)
@@ -149,7 +150,7 @@ def by_series(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig, splits) 
             starts = starts[ds.series_of(starts) == i]
             if starts.size:
                 entry["model"][split] = trainer.evaluate(variables, starts)
-                for name, m in baselines(ds, cfg.quantiles, split, starts).items():
+                for name, m in baselines(ds, cfg.head.quantiles, split, starts).items():
                     entry["baselines"].setdefault(name, {})[split] = m
         out[s.name] = entry
     return out

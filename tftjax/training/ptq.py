@@ -53,7 +53,7 @@ def _record_step(cfg: TFTConfig, method: str):
 
     @jax.jit
     def step(variables, data: DeviceData, batch_idx: Array):
-        batch = gather(data, batch_idx, cfg.encoder_steps, cfg.decoder_steps)
+        batch = gather(data, batch_idx, cfg.data.encoder_steps, cfg.data.decoder_steps)
         _, rec = model.apply(variables, batch.static, batch.historical, batch.known, True,
                              batch.instrument, mutable=["quant_calib"])
         return rec["quant_calib"]
@@ -78,7 +78,7 @@ def calibrate(cfg: TFTConfig, params, data: DeviceData, starts: np.ndarray, batc
               batch_size: int, seed: int = 0, method: str = "minmax",
               options: dict | None = None) -> tuple[TFTConfig, dict]:
     """Post-training quantization: the activation ranges of a float model's layers
-    (``cfg.qat_layers``) from ``batches`` shuffled *full* batches of the windows at
+    (``cfg.quant.qat_layers``) from ``batches`` shuffled *full* batches of the windows at
     ``starts`` (training windows; cycled if there are fewer) by ``method``, under the
     quantization ``options`` (``act_symmetric``, ``weight_granularity``, ``stacked_scales``).
     Returns the quantized config and its ``quant_stats``.
@@ -89,7 +89,7 @@ def calibrate(cfg: TFTConfig, params, data: DeviceData, starts: np.ndarray, batc
     method = check_calibration(method)
     if batches < 1:
         raise ConfigError(f"--calibrate must be >= 1 batch, got {batches}")
-    qcfg = dataclasses.replace(cfg, qat=True, **(options or {}))
+    qcfg = cfg.override(qat=True, **(options or {}))
     like = init_variables(qcfg, jax.random.key(0))["quant_stats"]
     idx, mask = epoch_batches(starts, batch_size, seed=seed, epoch=1)
     full = [i for i, m in zip(idx, mask) if m.all()]

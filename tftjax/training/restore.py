@@ -135,11 +135,12 @@ def quant_format(identity: dict) -> int:
     ``stacked_scales``, added with the folded layout), else 1."""
     if "quant_format" in identity:
         return int(identity["quant_format"])
-    return 2 if "stacked_scales" in identity.get("model", {}) else 1
+    model = identity.get("model", {})
+    return 2 if "stacked_scales" in model or "quant" in model else 1
 
 
 def is_old_qat(ck: Checkpoint) -> bool:
-    return bool(ck.cfg.qat) and quant_format(ck.meta["identity"]) < 2
+    return bool(ck.cfg.quant.qat) and quant_format(ck.meta["identity"]) < 2
 
 
 def restore_without_observers(restore, like: TrainState) -> TrainState:
@@ -177,11 +178,9 @@ def initial_weights(init_from: str | Path, cfg: TFTConfig, ds: Dataset) -> Initi
         ck = open_checkpoint(init_from, "--init-from")
     except DataError as e:
         raise ConfigError(str(e)) from None
-    skip = TFTConfig.EXECUTION_FIELDS + ("dropout",)  # shapes and data must match, not these
-    diff = runloop.identity_diff({k: v for k, v in ck.cfg.float_twin().to_json().items()
-                                  if k not in skip},
-                                 {k: v for k, v in cfg.float_twin().to_json().items()
-                                  if k not in skip})
+    # shapes and data must match; how the model runs and its dropout rate may differ
+    skip = ("execution", "model.dropout")
+    diff = runloop.identity_diff(ck.cfg.float_twin().to_json(), cfg.float_twin().to_json(), skip)
     if diff:
         raise ConfigError(f"--init-from {ck.path}: another model than this run's: "
                           + "; ".join(diff).replace("in the checkpoint", "there"))
@@ -192,13 +191,13 @@ def initial_weights(init_from: str | Path, cfg: TFTConfig, ds: Dataset) -> Initi
                           f"{now['sha256'][:12]}…): fine-tune on the data the weights were "
                           "trained on")
     state = restore_checkpoint(ck, old_observers=True)
-    same_quant = (ck.cfg.qat and cfg.qat and tuple(ck.cfg.qat_layers) == tuple(cfg.qat_layers)
+    same_quant = (ck.cfg.quant.qat and cfg.quant.qat and tuple(ck.cfg.quant.qat_layers) == tuple(cfg.quant.qat_layers)
                   and not is_old_qat(ck))  # an old layout's ranges are not kept
     source = {"checkpoint": str(ck.path), "weights_epoch": ck.meta.get("weights_epoch"),
-              "qat": ck.cfg.qat}
-    kind = "QAT" if ck.cfg.qat else "float"
+              "qat": ck.cfg.quant.qat}
+    kind = "QAT" if ck.cfg.quant.qat else "float"
     note = (f"initialised from the {kind} weights of {ck.path} (epoch "
-            f"{ck.meta.get('weights_epoch')})" + ("" if same_quant or not cfg.qat
+            f"{ck.meta.get('weights_epoch')})" + ("" if same_quant or not cfg.quant.qat
                                                   else "; activation observers start empty"))
     stats = None
     if same_quant:  # keep the ranges; count this run's steps (for --qat-freeze-after)

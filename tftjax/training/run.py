@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from tftjax import runloop
-from tftjax.config import TFTConfig, TrainConfig
+from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import Dataset, find_data_files, load_dataset, saved_featurisation
 from tftjax.training.anchoring import resolve_anchor
 from tftjax.training.restore import initial_weights
@@ -49,6 +49,7 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
       TrainingDiverged: a NaN/inf loss (the last good checkpoint is kept).
     """
     workdir = Path(workdir)
+    cfg = concrete_remat(cfg)
 
     def make_task(saved: dict | None) -> TFTTask:
         ds = dataset
@@ -60,10 +61,10 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
                     path = find_data_files(saved["identity"]["data"], workdir)
             ds = load_dataset(path, cfg.data, **kw)
         # the model's instrument vocabulary is the data's (its unknown row included)
-        model = cfg if ds.vocab is None else dataclasses.replace(cfg, instruments=len(ds.vocab))
+        model = cfg if ds.vocab is None else cfg.override(instruments=len(ds.vocab))
         model, ds, scores = resolve_anchor(model, ds)  # --anchor auto: chosen on validation
         if scores:
-            log(f"--anchor auto: {model.anchor} (validation P90 q-risk "
+            log(f"--anchor auto: {model.head.anchor} (validation P90 q-risk "
                 + ", ".join(f"{n} {v:.4f}" for n, v in scores.items()) + ")")
         init = None
         if saved is None and tc.init_from:  # on resume the run's own checkpoint has them
@@ -73,3 +74,22 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
 
     return runloop.run(make_task, workdir, kind="tft", resume=resume, progress=progress,
                        callback=callback, log=log, tensorboard=tensorboard)
+
+
+def concrete_remat(cfg: TFTConfig) -> TFTConfig:
+    """``cfg`` with ``--remat fastest`` resolved to this platform's fastest tier, so that the
+    run records the tier it ran.
+
+    Raises:
+      ConfigError: ``--remat auto``, which the memory planner resolves first
+        (:func:`tftjax.memory.resolve_auto`: it compiles the steps).
+    """
+    from tftjax.config import AUTO, FASTEST
+    from tftjax.remat import default_tier
+
+    if cfg.execution.remat == AUTO:
+        raise ConfigError("--remat auto is resolved before training, by tftjax.memory."
+                          "resolve_auto (python -m tftjax.train does so)")
+    if cfg.execution.remat == FASTEST:
+        return cfg.override(remat=default_tier(cfg.execution.platform))
+    return cfg

@@ -8,7 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from tftjax.cli import apply_settings
+from tftjax.config import apply_settings
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 
 SPACE = {

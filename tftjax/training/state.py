@@ -100,11 +100,11 @@ def create_train_state(cfg: TFTConfig, tc: TrainConfig, key: Array,
     """A fresh state; ``total_steps``: the run's optimizer steps (for a cosine schedule).
     ``--ensemble N``: every leaf (the step count too) stacked over a leading member axis,
     member ``i`` initialised from :func:`member_keys`' ``i``-th key."""
-    if cfg.ensemble > 1:
-        one = dataclasses.replace(cfg, ensemble=1)
-        keys = member_keys(key, cfg.ensemble)
+    if cfg.model.ensemble > 1:
+        one = cfg.override(ensemble=1)
+        keys = member_keys(key, cfg.model.ensemble)
         members = [create_train_state(one, tc, keys[i], total_steps)
-                   for i in range(cfg.ensemble)]
+                   for i in range(cfg.model.ensemble)]
         stack = lambda *xs: jnp.stack([jnp.asarray(x) for x in xs])  # noqa: E731
         return members[0].replace(**{f: jax.tree.map(stack, *[getattr(m, f) for m in members])
                                      for f in ("step", "params", "opt_state", "quant_stats",

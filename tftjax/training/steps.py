@@ -20,7 +20,7 @@ from tftjax import losses
 from tftjax import quant as qt
 from tftjax.config import TFTConfig
 from tftjax.data import DeviceData, gather
-from tftjax.models.tft import apply_fn, compute_params, quant_spec
+from tftjax.models.tft import apply_fn, compute_params, kernel_mode, quant_spec
 from tftjax.remat import is_gpu
 from tftjax.models import multi_tensor
 from tftjax.training import pallas_adamw
@@ -40,7 +40,7 @@ def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key,
                                    mutable=["quant_batch"])
     pred = forecast(pred, batch, cfg)
     target = batch.target
-    if cfg is not None and cfg.anchor != "none" and cfg.anchor_loss == "vol":
+    if cfg is not None and cfg.head.anchor != "none" and cfg.head.anchor_loss == "vol":
         # pinball(y/σ, q/σ) = pinball(y, q)/σ: each window and step in units of the anchor
         target, pred = target / batch.anchor, pred / batch.anchor[..., None]
     return (losses.quantile_loss(target, pred, quantiles, mask, denom),
@@ -48,15 +48,15 @@ def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key,
 
 
 def at_matmul_precision(cfg: TFTConfig, fn: Callable) -> Callable:
-    """``fn`` traced under ``cfg.matmul_precision`` (``jax.default_matmul_precision``;
+    """``fn`` traced under ``cfg.execution.matmul_precision`` (``jax.default_matmul_precision``;
     ``default``: whatever the process has set). The whole step runs inside it, so that the
     backward pass's matmuls (traced after the forward's) get it too."""
-    if cfg.matmul_precision == "default":
+    if cfg.execution.matmul_precision == "default":
         return fn
 
     @functools.wraps(fn)
     def traced(*args, **kw):
-        with jax.default_matmul_precision(cfg.matmul_precision):
+        with jax.default_matmul_precision(cfg.execution.matmul_precision):
             return fn(*args, **kw)
 
     return traced
@@ -66,19 +66,19 @@ def forecast(raw: Array, batch, cfg: TFTConfig | None) -> Array:
     """The quantile forecasts ``[B, D, Q]`` in target units from the network's outputs: as
     they are; (``vol_target``) times each window's EWMA volatility at its forecast time; or
     (``anchor``) :func:`anchored`."""
-    if cfg is not None and cfg.anchor != "none":
+    if cfg is not None and cfg.head.anchor != "none":
         return anchored(raw, batch.anchor, batch.anchor_z, cfg)
-    return raw * batch.scale[:, None, None] if cfg is not None and cfg.vol_target else raw
+    return raw * batch.scale[:, None, None] if cfg is not None and cfg.head.vol_target else raw
 
 
 def anchored(raw: Array, sigma: Array, z: Array, cfg: TFTConfig) -> Array:
     """The anchored head: ``σ[B, D] · exp(s) · (z[B, Q] + Δ)`` with ``Δ = raw[..., :Q]`` and
     ``s = raw[..., Q]`` (``--anchor-median zero``: the median's level fixed at 0). Zero
     outputs (the zero-initialised head) give the anchor's own quantiles ``σ · z``."""
-    q = len(cfg.quantiles)
+    q = len(cfg.head.quantiles)
     level = z[:, None, :] + raw[..., :q]
-    if cfg.anchor_median == "zero":
-        m = int(np.argmin(np.abs(np.asarray(cfg.quantiles) - 0.5)))
+    if cfg.head.anchor_median == "zero":
+        m = int(np.argmin(np.abs(np.asarray(cfg.head.quantiles) - 0.5)))
         level = level.at[..., m].set(0.0)
     return sigma[..., None] * jnp.exp(raw[..., q:]) * level
 
@@ -96,10 +96,10 @@ def _gather_fn(cfg: TFTConfig, par):
     if par is not None and par.feature_rows_sharded:
         from tftjax.parallel import gather_rows_sharded
 
-        g = lambda data, idx: gather_rows_sharded(par, data, idx, cfg.encoder_steps,  # noqa: E731
-                                                  cfg.decoder_steps)
+        g = lambda data, idx: gather_rows_sharded(par, data, idx, cfg.data.encoder_steps,  # noqa: E731
+                                                  cfg.data.decoder_steps)
     else:
-        g = lambda data, idx: gather(data, idx, cfg.encoder_steps, cfg.decoder_steps)  # noqa: E731
+        g = lambda data, idx: gather(data, idx, cfg.data.encoder_steps, cfg.data.decoder_steps)  # noqa: E731
     return g  # (--target cumulative: the device targets are the k-bar returns already)
 
 
@@ -118,9 +118,9 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
     once per step, by the whole batch's range (the micro-batches' ranges merged in the scan),
     so accumulation changes memory, not what QAT trains.
     """
-    step = _train_step_fn(dataclasses.replace(cfg, ensemble=1), par, int(accumulate), ema)
-    if cfg.ensemble > 1:
-        step = ensemble_step(step, cfg.ensemble)
+    step = _train_step_fn(cfg.override(ensemble=1), par, int(accumulate), ema)
+    if cfg.model.ensemble > 1:
+        step = ensemble_step(step, cfg.model.ensemble)
     step = at_matmul_precision(cfg, step)
     if max_traces is not None:
         import chex
@@ -149,12 +149,13 @@ def ensemble_step(step: Callable, n: int) -> Callable:
 
 
 def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callable:
-    quantiles = np.asarray(cfg.quantiles, np.float32)
+    quantiles = np.asarray(cfg.head.quantiles, np.float32)
     take = _gather_fn(cfg, par)
     spec = quant_spec(cfg)
     # --optimizer-kernel pallas: compiled for a GPU (running on one or targeting one), run
     # in Pallas' interpreter elsewhere; None: optax
-    pallas_opt = None if cfg.optimizer_kernel != "pallas" else not is_gpu(cfg.platform)
+    opt_k = kernel_mode(cfg, "optimizer")
+    pallas_opt = opt_k.interpret if opt_k.pallas else None
     # bf16: the step differentiates with respect to the parameters' bfloat16 copies (the
     # gradients come back in their dtype: what the cast's transpose would convert leaf by
     # leaf, the optimizer converts), cast in a few launches under the Pallas optimizer
@@ -221,8 +222,8 @@ def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callabl
     """Jitted ``(variables, data, batch_idx) -> (MetricSums, predictions, interpretation)``;
     ``mode``: float, fake (-quant) or int8 arithmetic (default: the config's own); ``par``:
     the batch sharded over its devices like the train step's, outputs replicated."""
-    quantiles = np.asarray(cfg.quantiles, np.float32)
-    apply = apply_fn(dataclasses.replace(cfg, ensemble=1), mode)
+    quantiles = np.asarray(cfg.head.quantiles, np.float32)
+    apply = apply_fn(cfg.override(ensemble=1), mode)
     take = _gather_fn(cfg, par)
 
     @functools.partial(at_matmul_precision, cfg)
@@ -231,7 +232,7 @@ def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callabl
         batch = take(data, jnp.maximum(batch_idx, 0))
         run = lambda v: apply(v, batch.static, batch.historical, batch.known, True,  # noqa: E731
                               batch.instrument)
-        if cfg.ensemble == 1:
+        if cfg.model.ensemble == 1:
             pred, interp = run(variables)
             pred = forecast(pred, batch, cfg)
         else:  # every member's quantiles, averaged (and its interpretation)

@@ -33,8 +33,7 @@ class TFTTask:
     """The TFT for :func:`tftjax.runloop.run`: an epoch of jitted steps, validation, summary."""
 
     kind, score, mode, epoch_bar = "tft", "val_loss", "min", False
-    may_change = ("train.epochs", "train.accumulate") + tuple(
-        f"model.{f}" for f in TFTConfig.EXECUTION_FIELDS)
+    may_change = ("train.epochs", "train.accumulate", "model.execution")
 
     def __init__(self, cfg: TFTConfig, tc: TrainConfig, ds: Dataset, workdir: Path, *,
                  progress: bool = True, profile_dir: str | None = None,
@@ -46,18 +45,18 @@ class TFTTask:
         f = ds.features
         self.par = (par if par is not None else make_parallel()).for_features(
             sum(a.nbytes for a in (f.historical, f.known, f.target, f.future)) + f.target.nbytes)
-        kernels = cfg.pallas_flags()
+        kernels = cfg.execution.describe_kernels()
         if kernels and self.par.size > 1:
-            raise ConfigError(f"{kernels} run(s) on one device: the Pallas "
-                              f"kernels are not sharded over a mesh, and this run has "
-                              f"{self.par.size} devices (give --devices 1)")
-        if cfg.qat:
+            raise ConfigError(f"{kernels} runs on one device: the Pallas kernels are not "
+                              f"sharded over a mesh, and this run has {self.par.size} devices "
+                              "(give --devices 1)")
+        if cfg.quant.qat:
             shapes = jax.eval_shape(lambda k: init_variables(cfg, k), jax.random.key(0))
-            if bad := unmatched(cfg.qat_layers, shapes["params"]):
+            if bad := unmatched(cfg.quant.qat_layers, shapes["params"]):
                 raise ConfigError(f"--qat-layers {' '.join(bad)} matches no layer; layers are "
                                   "named like " + ", ".join(layer_names(shapes["params"])[:4])
                                   + ", … (tftjax.quant_tree.layer_names)")
-        if tc.ema > 0 and cfg.qat:
+        if tc.ema > 0 and cfg.quant.qat:
             raise ConfigError("--ema and --qat do not go together (the observers follow the "
                               "raw weights, not their average)")
         # --evals-per-epoch k: the loop's "epochs" are the k checks of every data epoch
@@ -69,8 +68,8 @@ class TFTTask:
         # epoch 0 is the anchor: early stopping may keep it (not under QAT: its observers
         # need a training step before fake-quant can run), ranking epochs on the validation
         # P90 the anchor was chosen on, so the weights kept are never worse there than it
-        self.score_at_start = cfg.anchor != "none" and not cfg.qat
-        if cfg.anchor != "none":
+        self.score_at_start = cfg.head.anchor != "none" and not cfg.quant.qat
+        if cfg.head.anchor != "none":
             self.score = "val_q_risk_90"
         self.total_steps = steps_per_epoch(tc, ds.splits.train.size) * tc.epochs
         if tc.lr_schedule == "cosine":  # the schedule spans the run's epochs: they are fixed
@@ -78,7 +77,7 @@ class TFTTask:
         self.progress, self.profile_dir, self.plots = progress, profile_dir, plots
         self.trainer = Trainer(cfg, tc, self.par.put_data(ds.features), par=self.par)
         self._identity = {"data": ds.identity(workdir), "model": cfg.to_json(),
-                          "train": tc.to_json(), **({"quant_format": QUANT_FORMAT} if cfg.qat else {})}
+                          "train": tc.to_json(), **({"quant_format": QUANT_FORMAT} if cfg.quant.qat else {})}
         # Dropout masks from the RBG generator: same quality for dropout, and
         # XLA:CPU compiles it much faster than threefry (17 s → 11 s, tiny preset).
         self.dropout_key = self.par.replicate(jax.random.key(tc.seed, impl="rbg"))
@@ -127,7 +126,8 @@ class TFTTask:
     def normalize_identity(identity: dict) -> dict:
         """A saved identity with the fields added since (at their defaults) filled in."""
         out = dict(identity)
-        if out.get("model", {}).get("qat"):
+        model = out.get("model", {})
+        if model.get("qat") or model.get("quant", {}).get("qat"):
             if quant_format(out) < 2:
                 raise ConfigError(f"--resume: {OLD_QAT}; train another --workdir (--init-from "
                                   "keeps its weights, with fresh observers)")
@@ -140,17 +140,17 @@ class TFTTask:
         return out
 
     def describe(self, state) -> str:
-        ds, note = self.ds, remat_plan(self.cfg.remat).note
-        pallas = self.cfg.pallas_flags()
-        if self.cfg.grn_kernel == "pallas" and not grn_kernel(self.cfg):
+        ds, note = self.ds, remat_plan(self.cfg.execution.remat).note
+        pallas = self.cfg.execution.describe_kernels()
+        if self.cfg.execution.pallas("grn") and not grn_kernel(self.cfg):
             note = (note + "\n" if note else "") + (
-                f"note: --grn-kernel pallas does not take hidden size {self.cfg.hidden} at "
-                f"--precision {self.cfg.precision} (tftjax.models.pallas_gated.supported: a "
-                "power of two of at least 16 whose two d x d weights fit 128 KB), or a QAT "
-                "model: the GRNs and gates run in XLA")
+                f"note: the GRN kernels do not take hidden size {self.cfg.model.hidden} at "
+                f"--precision {self.cfg.execution.precision} (tftjax.models.pallas_gated."
+                "supported: a power of two of at least 16 whose two d x d weights fit 128 KB), "
+                "or a QAT model: the GRNs and gates run in XLA")
         if pallas and not is_gpu():
             note = (note + "\n" if note else "") + (
-                f"note: {pallas} run(s) in Pallas' interpreter on "
+                f"note: {pallas} runs in Pallas' interpreter on "
                 f"{jax.default_backend()}: the same numbers, many times slower (the kernels "
                 "are for NVIDIA GPUs)")
         n = sum(x.size for x in jax.tree.leaves(state.params))
@@ -164,19 +164,19 @@ class TFTTask:
         cal = "; " + ("; ".join(f"{', '.join(n)}: {t}" for t, n in clocks.items())
                       if len(clocks) > 1 else next(iter(clocks)))
         return (warn + (note + "\n" if note else "")
-                + f"TFT {n:,} parameters" + (f" ({self.cfg.ensemble} members)"
-                                              if self.cfg.ensemble > 1 else "")
+                + f"TFT {n:,} parameters" + (f" ({self.cfg.model.ensemble} members)"
+                                              if self.cfg.model.ensemble > 1 else "")
                 + f"; {ds.describe()}; windows "
                 f"train {ds.splits.train.size:,} / val {ds.splits.val.size:,} / test "
-                f"{ds.splits.test.size:,}{cal}; remat={self.cfg.remat}, batch "
+                f"{ds.splits.test.size:,}{cal}; remat={self.cfg.execution.remat}, batch "
                 f"{self.tc.batch_size}"
                 + (f" as {self.tc.accumulate} accumulated micro-batches of "
                    f"{self.tc.batch_size // self.tc.accumulate}" if self.tc.accumulate > 1 else "")
                 + f"; {self.par.describe()}"
-                + (f"; QAT (int8 fake-quant of {', '.join(self.cfg.qat_layers)}"
-                   + (f", observers frozen after {self.cfg.qat_freeze_after} steps)"
-                      if self.cfg.qat_freeze_after is not None else ")")
-                   if self.cfg.qat else ""))
+                + (f"; QAT (int8 fake-quant of {', '.join(self.cfg.quant.qat_layers)}"
+                   + (f", observers frozen after {self.cfg.quant.qat_freeze_after} steps)"
+                      if self.cfg.quant.qat_freeze_after is not None else ")")
+                   if self.cfg.quant.qat else ""))
 
     def train_epoch(self, state: TrainState, epoch: int):
         """One pass over the training windows.

@@ -103,11 +103,11 @@ def inference_config(cfg: TFTConfig) -> TFTConfig:
     experiments/forecast_speed.py); the same function to float32 rounding (the remat tiers
     share their weights). Elsewhere, and for quantized models (the fused kernel is float
     only), the model's own tier."""
-    if cfg.qat or jax.default_backend() != "cpu":
+    if cfg.quant.qat or jax.default_backend() != "cpu":
         return cfg
     import dataclasses
 
-    return dataclasses.replace(cfg, remat="full")
+    return cfg.override(remat="full")
 
 
 _min_max = jax.jit(lambda a: (a.min(), a.max()))
@@ -120,12 +120,12 @@ def check_instruments(cfg: TFTConfig, data: DeviceData) -> None:
     Raises:
       ConfigError: naming the index and the vocabulary's size.
     """
-    if not cfg.instruments or data.instrument.size == 0:
+    if not cfg.model.instruments or data.instrument.size == 0:
         return
     lo, hi = (int(x) for x in _min_max(data.instrument))
-    if lo < 0 or hi > cfg.instruments:
+    if lo < 0 or hi > cfg.model.instruments:
         raise ConfigError(f"instrument index {lo if lo < 0 else hi} is outside this model's "
-                          f"vocabulary (rows 0..{cfg.instruments}: {cfg.instruments} "
+                          f"vocabulary (rows 0..{cfg.model.instruments}: {cfg.model.instruments} "
                           "instruments and the unknown one)")
 
 

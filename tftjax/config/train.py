@@ -1,10 +1,11 @@
-"""How the TFT is optimised: :class:`TrainConfig` (also importable from :mod:`tftjax.config`)."""
+"""How the TFT is optimised: :class:`TrainConfig`."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Literal
 
+from tftjax.config.fields import choice_errors, from_json, to_json
 from tftjax.errors import check
 from tftjax.errors import finite as _finite
 
@@ -83,11 +84,17 @@ class TrainConfig:
             f"--smooth must be >= 1 check, got {self.smooth}": self.smooth >= 1,
             f"batch_size {self.batch_size} is not divisible by --accumulate {self.accumulate}":
                 self.accumulate < 1 or self.batch_size % self.accumulate == 0,
+            **choice_errors(self),
         }, "training config")  # fmt: skip
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return to_json(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "TrainConfig":
-        return cls(**d)
+    def from_json(cls, d: dict) -> TrainConfig:
+        """A config from :meth:`to_json`'s dict (a saved run's, or a settings file's).
+
+        Raises:
+          ConfigError: unknown fields, or values it refuses.
+        """
+        return from_json(cls, d, "training config")

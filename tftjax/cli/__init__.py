@@ -4,20 +4,24 @@ Library code raises typed errors naming the file, field and value
 (:class:`~tftjax.errors.DataError`, :class:`~tftjax.errors.ConfigError`);
 :func:`main` turns them into one line on stderr and exit code 2, a diverged
 run into exit code 1 and Ctrl-C into 130, so that no user meets a traceback
-for a mistake of theirs. :func:`parse` builds the command line with tyro from
-the dataclasses themselves (a nested config's fields become top-level flags:
-``--batch-size``, not ``--train.batch-size``).
+for a mistake of theirs. The flags are the config dataclasses' own fields
+(:mod:`tftjax.cli.flags`: ``--batch-size``, not ``--train.batch-size``), read in one parse
+and laid over a preset, a settings file, or a checkpoint's own settings
+(:func:`tft_configs`).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable
 
-T = TypeVar("T")
+from tftjax.cli.flags import CommandLine, Parsed
+
+__all__ = ["CommandLine", "Parsed", "data_file", "data_files", "exit", "main", "quant_options",
+           "run_folder", "tft_command_line", "tft_configs"]
 
 
 def main(run: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
@@ -60,15 +64,6 @@ def exit(code: int) -> None:
         except Exception:  # noqa: BLE001 - leaving anyway
             pass
     os._exit(code)
-
-
-def parse(cls: type[T], argv: list[str] | None, default: T, prog: str, description: str) -> T:
-    """``tyro.cli`` over ``cls`` with ``default`` (e.g. a preset, or a checkpoint's settings
-    on resume) and un-prefixed flags."""
-    import tyro
-
-    return tyro.cli(cls, args=argv, default=default, prog=prog, description=description,
-                    config=(tyro.conf.OmitArgPrefixes,))
 
 
 def run_folder(given: str | Path | None, root: str | Path, resume: bool) -> Path:
@@ -130,71 +125,6 @@ def data_files(parquet_files, dataset: str | None):
     return None if not files else files[0] if len(files) == 1 else files
 
 
-def apply_settings(model, train, settings: dict, source: str = "--config"):
-    """``{"model": {...}, "train": {...}}`` (e.g. ``python -m tftjax.tune``'s best.json)
-    applied to a model and a training config.
-
-    Raises:
-      ConfigError: unknown sections or fields, or values the configs refuse.
-    """
-    import dataclasses
-
-    from tftjax.errors import ConfigError
-
-    known = {"model": {f.name for f in dataclasses.fields(model)},
-             "train": {f.name for f in dataclasses.fields(train)}}
-    bad = [s for s in settings if s not in known] + [
-        f"{sec}.{k}" for sec, kv in settings.items() if sec in known for k in kv
-        if k not in known[sec]]
-    if bad:
-        raise ConfigError(f"{source}: unknown setting(s) {', '.join(bad)}")
-    return (dataclasses.replace(model, **settings.get("model", {})),
-            dataclasses.replace(train, **settings.get("train", {})))
-
-
-def with_config(argv: list[str] | None, model, train):
-    """The preset's configs with ``--config FILE`` (a JSON settings file) applied: the defaults
-    the command-line flags then override.
-
-    Raises:
-      ConfigError: a missing or unreadable file, or settings the configs refuse.
-    """
-    import json
-
-    from tftjax.errors import ConfigError
-
-    given = peek(argv, config=None).config
-    if given is None:
-        return model, train
-    try:
-        data = json.loads(Path(given).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"--config {given}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--config {given}: not a JSON settings file ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {given}: expected an object with 'model' and 'train'")
-    data.pop("tuned", None)  # how the settings were found: a record, not a setting
-    return apply_settings(model, train, data, f"--config {given}")
-
-
-def peek(argv: list[str] | None, **flags) -> argparse.Namespace:
-    """Flags needed before the full parse (a preset, ``--resume``, ``--workdir``); the full
-    parse validates them and everything else. ``flags``: name → default (bool: a switch)."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name, default in flags.items():
-        opt = "--" + name.replace("_", "-")
-        if isinstance(default, bool):
-            p.add_argument(opt, action="store_true", default=default)
-        else:
-            p.add_argument(opt, default=default)
-    argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:  # help reads no file and starts nothing: defaults
-        return argparse.Namespace(**flags)
-    ns, _ = p.parse_known_args(argv)
-    return ns
-
-
 def enable_compilation_cache() -> None:
     """Keep compiled XLA programs on disk (``$XDG_CACHE_HOME/tftjax/jax``, else
     ``~/.cache/tftjax/jax``) so that a second run of the same model skips its
@@ -210,16 +140,55 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-def quant_options(args) -> dict:
+def quant_options(act_symmetric: bool, weight_granularity: str, stacked_scales: str) -> dict:
     """A PTQ's quantization options (``--act-symmetric``, ``--weight-granularity``,
     ``--stacked-scales`` of evaluate and export) that are set away from their defaults."""
-    from tftjax.errors import ConfigError
-
-    choices = {"weight_granularity": ("channel", "tensor"), "stacked_scales": ("channel", "variable")}
-    for k, ok in choices.items():
-        if getattr(args, k) not in ok:
-            raise ConfigError(f"--{k.replace('_', '-')} must be {' or '.join(ok)}, got "
-                              f"{getattr(args, k)!r}")
+    given = {"act_symmetric": act_symmetric, "weight_granularity": weight_granularity,
+             "stacked_scales": stacked_scales}
     default = {"act_symmetric": False, "weight_granularity": "channel",
                "stacked_scales": "channel"}
-    return {k: getattr(args, k) for k, v in default.items() if getattr(args, k) != v}
+    return {k: v for k, v in given.items() if v != default[k]}
+
+
+MODEL_PARTS = ("model", "head", "quant", "execution", "data")
+
+
+def tft_command_line(prog: str, description: str, options: type, preset_name: str,
+                     train_defaults: dict | None = None) -> CommandLine:
+    """The command line of a command that trains TFTs (train, tune, backtest): every field
+    of the model's five parts and of the training config, the command's ``options``, and
+    the old per-family kernel switches (hidden). The help shows ``preset_name``'s values."""
+    from tftjax.config import SECTIONS, TrainConfig, get_preset
+
+    p = get_preset(preset_name)
+    display = {**{name: getattr(p.model, name) for name in MODEL_PARTS},
+               "train": p.train_for(**(train_defaults or {})), "options": options()}
+    parts = {**{name: SECTIONS[name] for name in MODEL_PARTS}, "train": TrainConfig,
+             "options": options}
+    return CommandLine(prog, description, parts, display, legacy_kernel_flags=True)
+
+
+def tft_configs(parsed: Parsed, preset_name: str, *, train_defaults: dict | None = None,
+                settings: str | Path | None = None, saved=None):
+    """``(TFTConfig, TrainConfig)`` of a command line: the preset's (training: the
+    command's ``train_defaults`` under the preset's own), or ``saved`` (a resumed run's
+    pair); then the ``settings`` file (``--config``); then the flags given.
+
+    Raises:
+      ConfigError: a bad settings file, or values the configs refuse.
+    """
+    from tftjax.config import apply_settings, get_preset, read_settings
+    from tftjax.config.execution import legacy_kernels
+
+    if saved is not None:
+        cfg, tc = saved
+    else:
+        p = get_preset(preset_name)
+        cfg, tc = p.model, p.train_for(**(train_defaults or {}))
+    if settings is not None:
+        cfg, tc = apply_settings(cfg, tc, read_settings(settings), f"--config {settings}")
+    cfg = cfg.override(**parsed.model_settings(MODEL_PARTS))
+    if parsed.legacy_kernels:
+        cfg = cfg.override(execution=legacy_kernels(
+            cfg.execution, parsed.legacy_kernels, parsed.given_flag("execution", "kernels")))
+    return cfg, dataclasses.replace(tc, **parsed.part("train"))
