@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--remat", default="off")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/bf16_accuracy.json"))
     args = ap.parse_args()
-    from tftjax.provenance import write_result
+    from tftjax.runner.provenance import write_result
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

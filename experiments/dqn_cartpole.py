@@ -30,7 +30,7 @@ import numpy as np
 from tftjax.dqn.config import DQN_PRESETS
 from tftjax.dqn.cartpole import EVAL_EPISODES, greedy_episodes, make_cartpole
 from tftjax.dqn.train import iterations_per_epoch, make_train
-from tftjax.provenance import write_result
+from tftjax.runner.provenance import write_result
 
 TARGET = 475.0
 _many = None

@@ -20,7 +20,7 @@ from pathlib import Path
 from tftjax.config import NUM_HISTORICAL, NUM_KNOWN
 from tftjax.data import build_features, make_splits, read_bars, write_bars
 from tftjax.data.synthetic import generate
-from tftjax.provenance import write_result
+from tftjax.runner.provenance import write_result
 
 
 def main() -> None:

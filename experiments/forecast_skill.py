@@ -10,7 +10,7 @@ BTC → 24/7), each preset and each seed, a TFT is trained with the usual loop
 (early stopping on validation loss, the best epoch's weights) and its test
 forecasts are scored beside every baseline on the same test windows:
 zero, training quantiles, rolling quantiles, EWMA (RiskMetrics) with Gaussian
-and with empirical residual quantiles (``tftjax.baselines``) and GARCH(1,1)
+and with empirical residual quantiles (``tftjax.stats.baselines``) and GARCH(1,1)
 with Gaussian quantiles (``arch``; parameters fitted on the training rows
 only, variance forecasts per horizon for every test origin).
 
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tftjax import baselines, losses
-from tftjax.scoring import from_sums, window_sums  # noqa: F401 (used below, and by other experiments)
+from tftjax.stats import baselines, losses
+from tftjax.stats.scoring import from_sums, window_sums  # noqa: F401 (used below, and by other experiments)
 from tftjax.config import TrainConfig, preset
 from tftjax.data import bundled_path, load_dataset, to_device
-from tftjax.provenance import write_result
+from tftjax.runner.provenance import write_result
 from tftjax.training import (Trainer, open_checkpoint, restore_checkpoint, train_and_evaluate,
                              window_targets)
 

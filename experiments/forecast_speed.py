@@ -5,7 +5,7 @@
 The model is TFT-225 with its initial weights (a forecast's cost does not depend on what
 the weights learnt), its statistics fitted on the bundled BTC hourly bars (20,111 bars,
 enough for 10,000 origins), saved as a run would save them. The call timed is the one
-``python -m tftjax.predict --origins 10000`` makes (:func:`tftjax.forecast.forecast`), twice
+``python -m tftjax.predict --origins 10000`` makes (:func:`tftjax.serving.forecast.forecast`), twice
 in one process: the first pays the eval step's compile, the second does not. Its parts:
 reading and featurising the file, and the batched pass over every origin.
 """
@@ -31,9 +31,9 @@ def main() -> None:
 
     from tftjax.config import TrainConfig, preset
     from tftjax.data import bundled_path, load_dataset
-    from tftjax.forecast import forecast
+    from tftjax.serving.forecast import forecast
     from tftjax.models.tft import init_variables
-    from tftjax.provenance import write_result
+    from tftjax.runner.provenance import write_result
     from tftjax.training import SavedModel
 
     cfg = preset(a.preset)

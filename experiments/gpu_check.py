@@ -68,8 +68,8 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
               "tests/test_multi_tensor.py", "tests/test_recurrence.py"])
     plan = [("tests", "tests", 200, [PY, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p",
                                      "no:cacheprovider", *tests])]
-    # the six Pallas kernels (tftjax.models.pallas_vsn, pallas_lstm, pallas_grn and
-    # pallas_gated, pallas_attention, tftjax.training.pallas_adamw) right after the
+    # the six Pallas kernels (tftjax.models.kernels.pallas_vsn, pallas_lstm, pallas_grn and
+    # pallas_gated, pallas_attention, tftjax.models.kernels.pallas_adamw) right after the
     # target's own row: the design's candidate for it (predicted from the compile-only
     # census at 78ba504: 262 launches and 5.6 MB per sample against 1,690 and 93.0)
     points = [("bf16", "off", big, "xla"), ("bf16", "off", big, "pallas"),

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tftjax.config import preset  # noqa: E402
 from tftjax.models.tft import TFT, init_variables, quant_spec  # noqa: E402
-from tftjax.provenance import describe, provenance  # noqa: E402
-from tftjax.quant import update_observers  # noqa: E402
-from tftjax.quant_tree import int8_variables  # noqa: E402
+from tftjax.runner.provenance import describe, provenance  # noqa: E402
+from tftjax.quant.core import update_observers  # noqa: E402
+from tftjax.quant.tree import int8_variables  # noqa: E402
 
 
 def random_inputs(cfg, batch: int, key):

@@ -14,7 +14,7 @@ windows (early stopping, the best epoch's weights); the test windows are scored 
 Per series: the P90 (and P50) q-risk of each seed, of the seed-averaged per-window sums, and
 the paired difference joint - separate with a 95% circular block bootstrap interval over the
 test windows (block length by the Politis-White rule on the per-window P90 differences,
-``tftjax.scoring.block_length``) and a Diebold-Mariano test (Newey-West, HLN) on the
+``tftjax.stats.scoring.block_length``) and a Diebold-Mariano test (Newey-West, HLN) on the
 per-window P90 pinball differences. Negative: the joint model is better. ``--score-only``
 scores the runs already in ``--work`` again without training.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tftjax import scoring
+from tftjax.stats import scoring
 from tftjax.config import TrainConfig, preset
 from tftjax.data import bundled_path, load_dataset, to_device  # noqa: E402
 from tftjax.training import Trainer, open_checkpoint, restore_checkpoint, train_and_evaluate  # noqa: E402

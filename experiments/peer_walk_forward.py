@@ -18,7 +18,7 @@ dropout, one LSTM layer, the preset's quantiles), trained with Adam at the same 
 and batch for at most ``--epochs`` epochs, early-stopped on its validation loss with the
 same patience, its best epoch restored; then it forecasts the validation and test windows.
 
-Scored by :mod:`tftjax.verdict` as the backtest scores tftjax (the targets tftjax's: on the
+Scored by :mod:`tftjax.stats.verdict` as the backtest scores tftjax (the targets tftjax's: on the
 calendar grid, NaN where a slot has no bar; the peer trained on the next rows' returns, which
 differ only where a session had no bar). The JSON has the backtest's shape (the peer as the
 ``tft`` row), so ``experiments/verdicts.py`` takes it as one more row of the table.
@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from tftjax import backtest as bt
-    from tftjax import scoring, verdict
-    from tftjax.baselines import NAMES
+    from tftjax.stats import scoring, verdict
+    from tftjax.stats.baselines import NAMES
     from tftjax.cli import data_files, tft_configs
     from tftjax.data import default_parquet, load_dataset
     from tftjax.data.bars import read_series

@@ -30,7 +30,7 @@ from tftjax.config import preset
 from tftjax.data import epoch_batches, load_dataset, to_device
 from tftjax.data.windows import gather
 from tftjax.models.tft import TFT
-from tftjax.provenance import write_result
+from tftjax.runner.provenance import write_result
 from tftjax.config import TrainConfig
 from tftjax.training import create_train_state, make_train_step
 

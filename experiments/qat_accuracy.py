@@ -33,12 +33,12 @@ from pathlib import Path
 
 import jax
 
-from tftjax import export as export_lib
+from tftjax.serving import export as export_lib
 from tftjax.config import TrainConfig, preset
 from tftjax.data import default_parquet, load_dataset, saved_featurisation, to_device
 from tftjax.data.synthetic import generate
 from tftjax.data.bars import write_bars
-from tftjax.provenance import write_result
+from tftjax.runner.provenance import write_result
 from tftjax.training import (Trainer, calibrate, create_train_state, model_variables,
                              open_checkpoint, restore_checkpoint, train_and_evaluate)
 
@@ -102,7 +102,7 @@ def one_dataset(name: str, parquet: Path, args, work: Path) -> dict:
 def int8_bytes(cfg, params) -> int:
     """Bytes of the int8 weights and their scales of ``params`` quantized under ``cfg``."""
     from tftjax.models.tft import quant_spec
-    from tftjax.quant_tree import int8_variables
+    from tftjax.quant.tree import int8_variables
 
     q = jax.device_get(int8_variables(params, quant_spec(cfg, "int8")))
     return (export_lib.nbytes(export_lib.flatten(q["params"], "p"))
@@ -177,7 +177,7 @@ def main() -> None:
 
 
 def table(results: dict, args) -> str:
-    from tftjax.provenance import describe, provenance
+    from tftjax.runner.provenance import describe, provenance
 
     lines = [describe(provenance(args)), "",
              f"preset {args.preset}; test split; loss vs float in %; int8 bytes: weights and "

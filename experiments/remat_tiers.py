@@ -19,10 +19,11 @@ from pathlib import Path
 import jax
 from jax._src.ad_checkpoint import saved_residuals
 
-from tftjax import losses, memory
+from tftjax.stats import losses
+from tftjax import memory
 from tftjax.config import preset
 from tftjax.models.tft import TFT, dummy_inputs, init_params
-from tftjax.provenance import write_result
+from tftjax.runner.provenance import write_result
 
 
 def residual_share(cfg, batch: int) -> dict:

@@ -22,10 +22,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from tftjax import remat
+from tftjax.models import remat
 from tftjax.config import TrainConfig, preset
 from tftjax.data import load_dataset, to_device
-from tftjax.provenance import write_result
+from tftjax.runner.provenance import write_result
 from tftjax.training import Trainer, leaf_differences, train_epochs
 
 

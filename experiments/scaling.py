@@ -48,9 +48,9 @@ def main() -> None:
 
     from tftjax.config import TrainConfig, preset
     from tftjax.data import load_dataset
-    from tftjax.parallel import make_parallel
-    from tftjax.provenance import write_result
-    from tftjax.remat import default_tier
+    from tftjax.runner.mesh import make_parallel
+    from tftjax.runner.provenance import write_result
+    from tftjax.models.remat import default_tier
     from tftjax.training import Trainer, create_train_state
 
     cfg = preset(args.preset, remat=args.remat or default_tier())

@@ -25,7 +25,7 @@ from tftjax.data import epoch_batches, load_dataset, to_device
 from tftjax.config import TrainConfig
 from tftjax.training import create_train_state, make_train_step
 from tftjax.memory.report import timed_steps
-from tftjax.provenance import write_result
+from tftjax.runner.provenance import write_result
 
 
 def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data,
@@ -64,16 +64,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--precision", default="f32", help="comma-separated: f32, bf16")
     ap.add_argument("--vsn-kernel", default="xla",
-                    help="the VSNs: xla, or pallas (tftjax.models.pallas_vsn; a GPU)")
+                    help="the VSNs: xla, or pallas (tftjax.models.kernels.pallas_vsn; a GPU)")
     ap.add_argument("--lstm-kernel", default="xla",
-                    help="the LSTMs: xla, or pallas (tftjax.models.pallas_lstm; a GPU)")
+                    help="the LSTMs: xla, or pallas (tftjax.models.kernels.pallas_lstm; a GPU)")
     ap.add_argument("--grn-kernel", default="xla",
                     help="the GRNs and gates outside the VSNs: xla, or pallas "
-                         "(tftjax.models.pallas_grn and pallas_gated; a GPU)")
+                         "(tftjax.models.kernels.pallas_grn and pallas_gated; a GPU)")
     ap.add_argument("--attention-kernel", default="xla",
-                    help="the attention: xla, or pallas (tftjax.models.pallas_attention; a GPU)")
+                    help="the attention: xla, or pallas (tftjax.models.kernels.pallas_attention; a GPU)")
     ap.add_argument("--optimizer-kernel", default="xla",
-                    help="the optimizer: xla, or pallas (tftjax.training.pallas_adamw; a GPU)")
+                    help="the optimizer: xla, or pallas (tftjax.models.kernels.pallas_adamw; a GPU)")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/throughput.json"))
     args = ap.parse_args()
     cfg = preset(args.preset)

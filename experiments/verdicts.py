@@ -8,7 +8,7 @@ its own; with ``--per-series``, a panel's series too.
 
 Each argument is a ``backtest.json`` of ``python -m tftjax.backtest`` (optionally ``:label``).
 A row's p-value is its Diebold–Mariano p on the per-window P90 pinball loss against the
-stitched choice (bandwidth at least the Politis–White block; :mod:`tftjax.verdict`); Holm's
+stitched choice (bandwidth at least the Politis–White block; :mod:`tftjax.stats.verdict`); Holm's
 step-down adjustment runs over all the rows given, so a row counts as "beats" or "behind"
 only at a family-wise 5% over the whole table (and where its paired bootstrap interval of
 the P90 difference excludes 0 on the same side). Prints one Markdown row per run and one plain
@@ -39,7 +39,7 @@ def load(arg: str) -> tuple[str, dict]:
 
 
 def table(runs: list[tuple[str, dict]], per_series: bool = False) -> tuple[list[dict], str]:
-    from tftjax import scoring, verdict
+    from tftjax.stats import scoring, verdict
 
     rows = []
     for label, out in runs:

@@ -46,7 +46,7 @@ def peak_rss_bytes() -> int:
 
 
 def val_loss(y: np.ndarray, pred: np.ndarray) -> float:
-    from tftjax.losses import numpy_metrics
+    from tftjax.stats.losses import numpy_metrics
     return numpy_metrics(y, pred, QUANTILES)["loss"]
 
 
@@ -61,7 +61,7 @@ def run_tftjax(args) -> dict:
     from tftjax.data import epoch_batches, load_dataset, to_device
     from tftjax.config import TrainConfig
     from tftjax.training import Trainer, create_train_state, window_targets
-    from tftjax.remat import default_tier
+    from tftjax.models.remat import default_tier
 
     # the CLI's default tier on this backend; --precision bf16: bfloat16 compute
     cfg = preset("tft225", remat=args.remat or default_tier(),
@@ -251,7 +251,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.side:
         return child(args)
-    from tftjax.provenance import write_result
+    from tftjax.runner.provenance import write_result
     rows = []
     print(f"{os.cpu_count()} cores; each side in its own process, one after the other; "
           f"{args.warmup} warm-up + {args.steps} timed steps", flush=True)

@@ -2,7 +2,7 @@
 
     python experiments/vsn_kernel_split.py [--batch-size 64] [--reps 7]
 
-The encoder VSN's per-variable GRN kernel (``tftjax.models.fused``, TFT-225 sizes: 220
+The encoder VSN's per-variable GRN kernel (``tftjax.models.kernels.fused``, TFT-225 sizes: 220
 variables, d 128, d_v 8, 50 steps per window, dropout 0.1) is ≈ 90% of a ``full`` step on
 CPU. If XLA:CPU ran it on one core of two, two *independent* halves — the variables split
 in two scans, or the rows split in two — could run side by side and take about half the
@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tftjax.models import fused
-from tftjax.provenance import write_result
+from tftjax.models.kernels import fused
+from tftjax.runner.provenance import write_result
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ It takes the backtest's own flags (``--preset``, ``--folds``, ``--test-fraction`
 and calendar flags) and the same code: the folds of
 :func:`tftjax.data.windows.walk_forward_times`, each fold's dataset with statistics fitted on
 its own training rows, :func:`tftjax.training.evaluation.baselines_forecasts` on its
-validation and test windows, and :mod:`tftjax.scoring`'s pooled metrics and circular block
-bootstrap, and :mod:`tftjax.verdict`'s per-fold choice (each fold's baseline chosen on its
+validation and test windows, and :mod:`tftjax.stats.scoring`'s pooled metrics and circular block
+bootstrap, and :mod:`tftjax.stats.verdict`'s per-fold choice (each fold's baseline chosen on its
 own validation stretch, stitched). The baselines do not depend on the TFT, so these rows are
 the backtest's; only the bootstrap block is the backtest's choice (Politis–White on the
 TFT's per-window P90 loss differences with the stitched choice): give it with ``--block``
@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--block must be >= 1 window, got {extra.block}")
 
     from tftjax import backtest as bt
-    from tftjax import scoring, verdict
-    from tftjax.baselines import NAMES
+    from tftjax.stats import scoring, verdict
+    from tftjax.stats.baselines import NAMES
     from tftjax.cli import data_files, tft_configs
     from tftjax.data import default_parquet, load_dataset
     from tftjax.data.bars import read_series

@@ -19,10 +19,10 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")  # equality on any backend
 
-from tftjax.checkpoints import EpochCheckpointer  # noqa: E402
+from tftjax.runner.checkpoints import EpochCheckpointer  # noqa: E402
 from tftjax.config import TrainConfig, preset  # noqa: E402
 from tftjax.data import load_dataset  # noqa: E402
-from tftjax.parallel import make_parallel  # noqa: E402
+from tftjax.runner.mesh import make_parallel  # noqa: E402
 from tftjax.training import Trainer, create_train_state  # noqa: E402
 
 STEPS, BATCH = 3, 16
@@ -47,7 +47,7 @@ def train(cfg, devices, layout="replicated", accumulate=1, evaluate=False):
 def compare_observers(run, ref) -> dict:
     """QAT: the observers after the same steps (how many updates; min/max, also against
     each observer's range ``max - min``)."""
-    from tftjax.quant import MinMax
+    from tftjax.quant.core import MinMax
 
     leaf = lambda x: isinstance(x, MinMax)  # noqa: E731
     a = jax.tree.leaves(jax.device_get(run["state"].quant_stats), is_leaf=leaf)

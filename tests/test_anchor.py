@@ -11,14 +11,14 @@ import pytest
 from conftest import call, short_es
 from test_runloop import tiny_tft
 
-from tftjax import baselines, scoring
+from tftjax.stats import baselines, scoring
 from tftjax import train as train_cli
 from tftjax.config import ConfigError, TrainConfig, preset
 from tftjax.data import bundled_path, load_dataset, to_device
 from tftjax.training import Trainer, create_train_state
 from tftjax.training.anchoring import anchor_forecasts, resolve_anchor
 from tftjax.training.evaluation import baselines_forecasts, window_targets
-from tftjax.volatility import anchor, range_variance
+from tftjax.stats.volatility import anchor, range_variance
 
 CFG = preset("tiny", remat="off")
 
@@ -30,7 +30,7 @@ def spx():
 
 
 def test_anchors_are_the_baselines_quantiles_by_hand(spx):
-    # the range EWMA by hand (numpy recursion), against tftjax.volatility.anchor
+    # the range EWMA by hand (numpy recursion), against tftjax.stats.volatility.anchor
     s = spx.series[0]
     qs, (a, b) = np.asarray(CFG.head.quantiles), s.splits.train_rows
     y = s.features.target.astype(np.float64)
@@ -136,7 +136,7 @@ def test_epoch_0_is_scored_and_kept_when_nothing_better_is_learnt(tmp_path):
     assert summary["weights_epoch"] == 0
     assert summary["identity"]["model"]["head"]["anchor"] == "range_ewma"
     # the shipped model's test forecasts are the anchor's (through the saved checkpoint)
-    from tftjax.saved import open_model
+    from tftjax.serving.saved import open_model
 
     saved = open_model(wd)
     ds = load_dataset(short_es(), saved.cfg.data, **saved.featurisation)
@@ -153,7 +153,7 @@ def test_the_anchor_fit_is_saved_and_reused_on_other_data(tmp_path):
     rows than it trained on) with the anchor fitted on its own training rows: the saved z,
     not a refit on the new file."""
     from tftjax.data import read_bars, write_bars
-    from tftjax.saved import open_model
+    from tftjax.serving.saved import open_model
 
     wd = tmp_path / "run"
     assert call(train_cli.main, *tiny_tft("--anchor", "ewma_empirical", "--epochs", "1",

@@ -9,7 +9,8 @@ import pytest
 from conftest import call, short_es
 from test_runloop import TINY_TFT
 
-from tftjax import backtest, scoring, verdict
+from tftjax import backtest
+from tftjax.stats import scoring, verdict
 from tftjax.config import preset
 from tftjax.data import bundled_path, load_dataset, read_bars
 from tftjax.data.windows import walk_forward_times

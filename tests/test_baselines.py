@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from tftjax import baselines, losses
+from tftjax.stats import baselines, losses
 
 QS = (0.1, 0.5, 0.9)
 

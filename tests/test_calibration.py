@@ -10,9 +10,9 @@ from conftest import call, short_es
 
 from tftjax.models.layers import dense
 from tftjax.config import ConfigError, preset
-from tftjax.quant import MinMax, QuantSpec
-from tftjax.quant_calib import MSE_SHRINK
-from tftjax.training.ptq import calibrate, check_calibration
+from tftjax.quant.core import MinMax, QuantSpec
+from tftjax.quant.calib import MSE_SHRINK
+from tftjax.quant.ptq import calibrate, check_calibration
 
 
 class One(nn.Module):
@@ -72,7 +72,7 @@ def test_mse_records_each_candidates_error_against_numpy(x):
 def test_calibrate_reduces_the_batches_as_its_method_says():
     from tftjax.data import load_dataset, to_device
     from tftjax.models.tft import init_variables
-    from tftjax.training.ptq import _paths, _record_step
+    from tftjax.quant.ptq import _paths, _record_step
 
     cfg = preset("tiny")
     ds = load_dataset(short_es(), cfg.data)

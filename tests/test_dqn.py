@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import bars_columns, call, random_bars, write_table
 
-from tftjax.checkpoints import list_checkpoints
+from tftjax.runner.checkpoints import list_checkpoints
 from tftjax.config import DataConfig
 from tftjax.dqn.config import DQNConfig
 from tftjax.data import build_features, load_dataset, make_splits

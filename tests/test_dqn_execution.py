@@ -244,7 +244,7 @@ def test_an_early_stopped_run_can_be_extended(tmp_path, capsys):
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == list(range(1, stopped + 3))
     # the old final stays (its weights) but only the new one is final
-    from tftjax.checkpoints import list_checkpoints, read_meta
+    from tftjax.runner.checkpoints import list_checkpoints, read_meta
 
     ckpts = tmp_path / "r" / "checkpoints"
     finals = {n: read_meta(ckpts / n)["is_final"] for n in list_checkpoints(ckpts)}

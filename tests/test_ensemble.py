@@ -14,7 +14,7 @@ from tftjax import backtest
 from tftjax import train as train_cli
 from tftjax.config import TrainConfig, preset
 from tftjax.data import load_dataset, to_device
-from tftjax.losses import quantile_loss
+from tftjax.stats.losses import quantile_loss
 from tftjax.training import Trainer, create_train_state
 from tftjax.training.evaluation import window_targets
 from tftjax.training.trainer import epoch_indices

@@ -97,7 +97,7 @@ def test_a_checkpoint_from_before_ema_restores(tmp_path):
     opt_state, quant_stats) restores into today's state, the missing field empty."""
     import orbax.checkpoint as ocp
 
-    from tftjax.checkpoints import restore_state
+    from tftjax.runner.checkpoints import restore_state
     from tftjax.training.state import abstract_train_state
 
     tc = TrainConfig()

@@ -20,8 +20,8 @@ from tftjax import predict as predict_cli
 from tftjax.data import read_bars, to_device, write_bars
 from tftjax.data.calendar import day_of_week, make_clock, to_utc, to_wall
 from tftjax.data.sessions import NS_DAY, NS_MIN
-from tftjax.forecast import forecast
-from tftjax.saved import open_model
+from tftjax.serving.forecast import forecast
+from tftjax.serving.saved import open_model
 from tftjax.training import Trainer, evaluate_model
 from tftjax.training.evaluation import window_targets
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax._src.ad_checkpoint import saved_residuals  # print_saved_residuals' data
 
-from tftjax.models import fused
+from tftjax.models.kernels import fused
 from tftjax.models.dropout import keep_mask, keep_prob
 from tftjax.models.folded import EmbeddedGRN
 from tftjax.models.layers import GRN

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tftjax.config import preset
-from tftjax.devices import memory_stats
+from tftjax.runner.devices import memory_stats
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ from tftjax.memory import __main__ as memory_cli
 from tftjax.memory import targets
 from tftjax.memory.cost import CALIBRATION, MEASURED, StepCost, calibrated, fit
 from tftjax.memory.hlo_cost import Program, shape_bytes
-from tftjax.models.kernel_mode import KernelMode
+from tftjax.models.kernels.mode import KernelMode
 
 
 def test_shape_bytes():
@@ -169,7 +169,7 @@ def test_cost_reports_every_tier_on_a_target_and_the_tiers_keep_their_order(tmp_
                     reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_pallas_vsn_compiles_for_the_h100_as_two_triton_kernels(dtype):
-    from tftjax.models import pallas_vsn
+    from tftjax.models.kernels import pallas_vsn
 
     # TFT-225's widths; 32 row tiles in 8 backward splits: no padded rows
     m, n, dv, d = 33, 2048, 8, 128
@@ -229,7 +229,7 @@ def test_the_pallas_lstm_is_one_triton_kernel_each_way_on_the_h100():
                     reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
 def test_the_pallas_optimizer_is_a_few_triton_kernels_on_the_h100():
     from tftjax.config import TrainConfig
-    from tftjax.training import pallas_adamw
+    from tftjax.models.kernels import pallas_adamw
     from tftjax.training.state import make_optimizer
 
     # 60 leaves in two update kernels, named as the TFT's (decayed and spared), of one element
@@ -262,7 +262,7 @@ def test_the_pallas_optimizer_is_a_few_triton_kernels_on_the_h100():
 @pytest.mark.skipif(not targets.available(),
                     reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
 def test_the_static_grns_are_two_triton_kernels_on_the_h100():
-    from tftjax.models import pallas_grn
+    from tftjax.models.kernels import pallas_grn
 
     # TFT-225's four static context GRNs at batch 256, as bf16 runs them: a bf16 input,
     # float32 parameters cast inside the kernels, dropout on
@@ -293,7 +293,7 @@ def test_the_static_grns_are_two_triton_kernels_on_the_h100():
 @pytest.mark.skipif(not targets.available(),
                     reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
 def test_a_gate_and_a_grn_are_three_triton_kernels_each_on_the_h100():
-    from tftjax.models import pallas_gated
+    from tftjax.models.kernels import pallas_gated
 
     # TFT-225's LSTM gate and static enrichment at batch 256 (15,360 rows), as bf16 runs
     # them: bf16 inputs, float32 parameters cast inside the kernels, dropout on
@@ -327,7 +327,7 @@ def test_a_gate_and_a_grn_are_three_triton_kernels_each_on_the_h100():
 @pytest.mark.skipif(not targets.available(),
                     reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
 def test_the_attention_is_two_triton_kernels_on_the_h100():
-    from tftjax.models import pallas_attention
+    from tftjax.models.kernels import pallas_attention
     from tftjax.models.tft import causal_mask
 
     # TFT-225's attention at batch 256 in bf16: 10 queries over 60 keys, 4 heads of 32,

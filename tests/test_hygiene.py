@@ -168,7 +168,7 @@ def test_window_scale_is_the_ewma_volatility_at_the_forecast_time(regime_data):
     np.testing.assert_allclose(batch.scale, sigma[starts + e - 1], rtol=1e-6)
     assert sigma[370] > 5 * sigma[150]  # the regimes differ: the scale follows them
     # causal: rewriting every target after a window's forecast time leaves its scale
-    from tftjax.baselines import ewma_scale
+    from tftjax.stats.baselines import ewma_scale
 
     t = 150 + e - 1
     later = fs.target.copy()

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tftjax import losses
+from tftjax.stats import losses
 
 QS = (0.1, 0.5, 0.9)
 

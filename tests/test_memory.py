@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from tftjax import memory, remat
+from tftjax import memory
+from tftjax.models import remat
 from tftjax.memory import planning
 from tftjax.config import ConfigError, preset
 from tftjax.data import epoch_batches, load_dataset, to_device

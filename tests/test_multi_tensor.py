@@ -1,4 +1,4 @@
-"""Element-wise work over many arrays as one Pallas kernel (tftjax.models.multi_tensor), in
+"""Element-wise work over many arrays as one Pallas kernel (tftjax.models.kernels.multi_tensor), in
 Pallas' interpreter, against numpy: arrays of one element to several blocks with partial
 last blocks, cut into several kernels; the bf16 parameter copies and the sum over a
 kernel's row splits."""
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tftjax.models import multi_tensor
+from tftjax.models.kernels import multi_tensor
 
 INTERPRET = jax.default_backend() not in ("gpu", "cuda", "rocm")
 SHAPES = [(1,), (5, 8), (256,), (257,), (3, 300), (16, 16, 4), (7,)]

@@ -23,9 +23,9 @@ from tftjax.config import TrainConfig, preset
 from tftjax.data import gather, load_dataset, read_bars, to_device, write_bars
 from tftjax.data.bars import read_series
 from tftjax.errors import ConfigError, DataError
-from tftjax.forecast import forecast
+from tftjax.serving.forecast import forecast
 from tftjax.models.tft import apply_fn, init_variables
-from tftjax.saved import open_model
+from tftjax.serving.saved import open_model
 from tftjax.training import Trainer, train_and_evaluate
 
 CFG = preset("tiny", remat="off")

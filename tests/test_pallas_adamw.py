@@ -1,4 +1,4 @@
-"""The optimizer step as Pallas kernels (tftjax.training.pallas_adamw), in Pallas'
+"""The optimizer step as Pallas kernels (tftjax.models.kernels.pallas_adamw), in Pallas'
 interpreter, against optax's ``chain(clip_by_global_norm, adamw)`` and ``apply_updates``
 (the independent reference): a parameter tree named like the TFT's (decayed and undecayed
 leaves), cut into four update kernels, with leaves of one element to several blocks and
@@ -11,8 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from tftjax.models import multi_tensor
-from tftjax.training import pallas_adamw
+from tftjax.models.kernels import multi_tensor
+from tftjax.models.kernels import pallas_adamw
 from tftjax.config import TrainConfig
 from tftjax.training.state import decay_mask, make_optimizer
 

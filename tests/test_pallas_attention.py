@@ -1,4 +1,4 @@
-"""The attention as Pallas kernels (tftjax.models.pallas_attention), in Pallas' interpreter,
+"""The attention as Pallas kernels (tftjax.models.kernels.pallas_attention), in Pallas' interpreter,
 against the layer's own XLA path (tftjax.models.layers.InterpretableAttention, autodiff):
 outputs, the weights it reports and every gradient (the projections' parameters and the
 inputs'), with the same dropout units (drawn where the layer draws them), query and key
@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tftjax.models import pallas_attention
-from tftjax.models.kernel_mode import KernelMode
+from tftjax.models.kernels import pallas_attention
+from tftjax.models.kernels.mode import KernelMode
 from tftjax.models.layers import InterpretableAttention
 from tftjax.models.tft import causal_mask
 

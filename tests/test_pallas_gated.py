@@ -1,4 +1,4 @@
-"""The TFT's row-wise gated blocks as Pallas kernels (tftjax.models.pallas_gated), in Pallas'
+"""The TFT's row-wise gated blocks as Pallas kernels (tftjax.models.kernels.pallas_gated), in Pallas'
 interpreter, against the layers they replace (tftjax.models.layers.GateAddNorm and GRN,
 autodiff): outputs and every gradient (the parameters' and the inputs'), with the same
 dropout units (drawn where the layers draw them), the GRN with and without its context,
@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tftjax.models import pallas_gated
-from tftjax.models.triton_util import row_splits
-from tftjax.models.kernel_params import GateParams, GRNParams
+from tftjax.models.kernels import pallas_gated
+from tftjax.models.kernels.triton_util import row_splits
+from tftjax.models.kernels.params import GateParams, GRNParams
 from tftjax.models.layers import GRN, GateAddNorm
 
 D, RATE = 16, 0.3

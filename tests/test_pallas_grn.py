@@ -1,4 +1,4 @@
-"""The static context GRNs as Pallas kernels (tftjax.models.pallas_grn), in Pallas'
+"""The static context GRNs as Pallas kernels (tftjax.models.kernels.pallas_grn), in Pallas'
 interpreter, against the GRN layer they replace (tftjax.models.layers.GRN, autodiff):
 outputs and every gradient (the parameters' and the input's), with the same dropout units
 (drawn where the layer draws them), rows padded to whole tiles; float32, and bfloat16
@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tftjax.models import pallas_grn
+from tftjax.models.kernels import pallas_grn
 from tftjax.models.layers import GRN
-from tftjax.models.kernel_params import GRNParams
+from tftjax.models.kernels.params import GRNParams
 
 K, D, RATE = 2, 16, 0.3
 # compiled Triton kernels on a GPU (gpu_check runs this file there), the interpreter elsewhere

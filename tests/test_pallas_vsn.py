@@ -1,4 +1,4 @@
-"""The Pallas VSN kernels (tftjax.models.pallas_vsn), run in Pallas' interpreter on CPU (and
+"""The Pallas VSN kernels (tftjax.models.kernels.pallas_vsn), run in Pallas' interpreter on CPU (and
 compiled by Triton where the tests run on a GPU: experiments/gpu_check.py), against
 the reference: autodiff of the plain stacked GRNs (tftjax.models.vsn.stacked_grn), in
 float32 and bfloat16, with and without dropout, with padded columns and rows and split
@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tftjax.models import pallas_vsn
+from tftjax.models.kernels import pallas_vsn
 from tftjax.models.dropout import keep_mask
-from tftjax.models.kernel_mode import KernelMode
+from tftjax.models.kernels.mode import KernelMode
 from tftjax.models.vsn import stacked_grn
 
 from test_fused import stacked_params

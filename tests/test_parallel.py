@@ -202,7 +202,7 @@ def _params(path):
 
 
 def test_which_environments_start_jax_distributed(monkeypatch):
-    from tftjax import parallel
+    from tftjax.runner import mesh as parallel
 
     for var in ("JAX_COORDINATOR_ADDRESS", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
                 "OMPI_COMM_WORLD_SIZE", "TFTJAX_DISTRIBUTED"):

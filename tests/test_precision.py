@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import random_inputs, short_es
 
-from tftjax import losses
+from tftjax.stats import losses
 from tftjax.config import ConfigError, TrainConfig, preset
 from tftjax.models.tft import apply_fn, init_params
 

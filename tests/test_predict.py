@@ -9,8 +9,8 @@ from conftest import call
 
 from tftjax import predict as predict_cli
 from tftjax.data import load_dataset, read_bars, to_device, write_bars
-from tftjax.forecast import forecast
-from tftjax.saved import open_model
+from tftjax.serving.forecast import forecast
+from tftjax.serving.saved import open_model
 from tftjax.training import Trainer
 
 GROUP = pytest.mark.xdist_group("runloop_base")  # the tiny runs' compiled steps
@@ -78,7 +78,7 @@ def test_predict_writes_the_documented_file(run, tmp_path, capsys):
     assert meta[b"tftjax.checkpoint"] == str(run / "run").encode()
     assert meta[b"tftjax.checkpoint_epoch"] == b"1"
     assert meta[b"tftjax.time_zone"].startswith(b"none: naive")
-    from tftjax.provenance import tree_sha256
+    from tftjax.runner.provenance import tree_sha256
 
     assert meta[b"tftjax.weights_sha256"].decode() == tree_sha256(open_model(run / "run").variables)
     from tftjax.data.identity import content_hash

@@ -21,16 +21,17 @@ from conftest import call, random_inputs, short_es, xla_optimised
 from test_runloop import TINY_TRAIN, raw_state, tiny_tft
 
 from tftjax import export as export_cli
+from tftjax.serving import export as export_lib
 from tftjax import evaluate as evaluate_cli
-from tftjax import losses
+from tftjax.stats import losses
 from tftjax import train as train_cli
 from tftjax.config import ConfigError, preset
 from tftjax.models.tft import TFT, init_variables, quant_spec
 from tftjax.training.trainer import to_int8
-from tftjax.quant import (MinMax, activation_qparams, fake_quant, fake_quant_weight, int8_bmm,
+from tftjax.quant.core import (MinMax, activation_qparams, fake_quant, fake_quant_weight, int8_bmm,
                           int8_dense, quantize_activation, quantize_weight)
-from tftjax.quant_tree import int8_variables
-from tftjax.quant import update_observers
+from tftjax.quant.tree import int8_variables
+from tftjax.quant.core import update_observers
 
 B = 8
 
@@ -269,7 +270,7 @@ def test_int8_layer_within_one_step_of_fake_quant(name):
     # (int8 operands, int32 accumulation) gives outputs within one quantisation step of the
     # fake-quant forward. Steps: the Dense's output grid s_x·s_w (per channel); otherwise the
     # coarsest activation grid inside.
-    from tftjax.quant import QuantSpec
+    from tftjax.quant.core import QuantSpec
 
     make, args = _module_cases()[name]
     opts = OPTIONS if name.endswith("_options") else {}
@@ -298,7 +299,7 @@ def test_int8_layer_within_one_step_of_fake_quant(name):
 def test_quant_options_against_numpy():
     # symmetric activations, per-tensor weights and per-variable stacked scales against
     # numpy's round-and-clip written out (PyTorch's formulas; the reciprocal in float32)
-    from tftjax.quant import QuantSpec
+    from tftjax.quant.core import QuantSpec
 
     rng = np.random.default_rng(3)
     f32 = np.float32
@@ -371,19 +372,19 @@ def test_qat_summary_export_and_evaluate(qat_run, capsys):
     assert call(export_cli.main, "--checkpoint", qat_run / "run", "--out", out,
                 "--samples", 32) == 0
     assert "x smaller" in capsys.readouterr().out
-    exp = export_cli.load(out)
+    exp = export_lib.load(out)
     ckpt = sorted((qat_run / "run" / "checkpoints").glob("tft_final_epoch*"))[-1]
     state = raw_state(ckpt)
     chex.assert_trees_all_equal(exp.float_variables["params"], state["params"])
-    chex.assert_trees_all_equal(export_cli.flatten(exp.variables["quant_stats"], ""),
-                                export_cli.flatten(state["quant_stats"], ""))
+    chex.assert_trees_all_equal(export_lib.flatten(exp.variables["quant_stats"], ""),
+                                export_lib.flatten(state["quant_stats"], ""))
     # export → load → the same int8 predictions as the int8 path of the checkpoint
     cfg = exp.cfg
     x = inputs(cfg, 3)
     want = {**to_int8(state["params"], quant_spec(cfg, "int8")),  # (int8_variables, jitted)
             "quant_stats": state["quant_stats"]}
     # as host arrays in the export's own tree (observers as MinMax): one compiled predict
-    want = export_cli.unflatten(jax.device_get(export_cli.flatten(want, "v")))["v"]
+    want = export_lib.unflatten(jax.device_get(export_lib.flatten(want, "v")))["v"]
     a, b = predict(cfg, "int8", want, x), predict(cfg, "int8", exp.variables, x)
     chex.assert_trees_all_equal(a, b)
     assert call(evaluate_cli.main, "--checkpoint", out) == 0
@@ -468,8 +469,8 @@ def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
     init = initial_weights(ft, qcfg, ds)
     saved = raw_state(sorted((ft / "checkpoints").glob("tft_final_epoch*"))[-1])["quant_stats"]
     assert counts(saved) == {6} and counts(init.quant_stats) == {1}
-    chex.assert_trees_all_equal(export_cli.flatten(saved, "")["/quantiles/kernel_in/max"],
-                                export_cli.flatten(init.quant_stats, "")["/quantiles/kernel_in/max"])
+    chex.assert_trees_all_equal(export_lib.flatten(saved, "")["/quantiles/kernel_in/max"],
+                                export_lib.flatten(init.quant_stats, "")["/quantiles/kernel_in/max"])
 
 
 @RUN
@@ -549,7 +550,7 @@ def test_a_qat_checkpoint_from_before_the_folded_layout_is_refused(qat_run, tmp_
     # a run of the folded layout that predates the marker: its observers are kept, and its
     # identity reads as format 2 (a resume compares it equal to a new run's)
     assert initial_weights(newer, qcfg, ds).quant_stats is not None
-    from tftjax.checkpoints import read_meta
+    from tftjax.runner.checkpoints import read_meta
     from tftjax.training.task import TFTTask
 
     ck = sorted((newer / "checkpoints").glob("tft_final_epoch*"))[-1]

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tftjax.quant import channel_scale, fake_quant, fake_quant_weight
+from tftjax.quant.core import channel_scale, fake_quant, fake_quant_weight
 
 
 def np_fake_quant(x, s, zp, qmin, qmax):
@@ -82,7 +82,7 @@ def test_composes_with_jit_remat_scan_and_vmap():
 
 
 def test_moving_average_observer_and_qparams_by_hand():
-    from tftjax.quant import activation_qparams, init_minmax, observe
+    from tftjax.quant.core import activation_qparams, init_minmax, observe
 
     rng = np.random.default_rng(3)
     batches = [rng.normal(2.0, 1.0, size=(4, 5)).astype(np.float32) for _ in range(5)]
@@ -106,7 +106,7 @@ def test_moving_average_observer_and_qparams_by_hand():
 def test_an_observer_fed_one_inf_stays_finite():
     """Issue 27: a non-finite value is ignored by the observer (one inf would set the range
     for good), and a batch with nothing finite leaves the statistics as they were."""
-    from tftjax.quant import activation_qparams, init_minmax, observe
+    from tftjax.quant.core import activation_qparams, init_minmax, observe
 
     x = np.array([[-1.0, 2.0], [np.inf, 0.5], [np.nan, -3.0]], np.float32)
     s = observe(init_minmax(), jnp.asarray(x))
@@ -122,7 +122,7 @@ def test_an_observer_fed_one_inf_stays_finite():
 
 
 def test_fake_quant_floors_its_scale():
-    from tftjax.quant import SCALE_FLOOR, fake_quant
+    from tftjax.quant.core import SCALE_FLOOR, fake_quant
 
     x = jnp.asarray([0.0, 1e-9, -2.0, 3.0], jnp.float32)
     y = fake_quant(x, jnp.float32(0.0), jnp.float32(0.0))

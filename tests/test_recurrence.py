@@ -103,15 +103,15 @@ def test_the_kernel_gradient_is_one_float32_gemm(dtype):
 @pytest.mark.parametrize("recompute,b", [(False, B), (True, B), (False, 37)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_the_pallas_kernels_equal_the_scans(dtype, recompute, b):
-    """Both recurrences as persistent Pallas kernels (tftjax.models.pallas_lstm; Pallas'
+    """Both recurrences as persistent Pallas kernels (tftjax.models.kernels.pallas_lstm; Pallas'
     interpreter here, Triton on a GPU) against the scans, d = 6 padded to 16 units and B = 5
     rows to a tile of 16 (B = 37: three programs). float32: the same operations but the gates' sum (x + h·W as one
     float32 sum, not two), a few ulps as above. bfloat16: the kernel adds x and h·W in
     float32 before one rounding where the scan rounds h·W first, and takes the activations
     in float32: one bf16 rounding (u = 2⁻⁹) more or less per gate, through T = 7 steps of
     O(1) gains; 2⁻⁵ of each leaf's scale bounds it (measured: at most 2⁻⁷)."""
-    from tftjax.models.kernel_mode import KernelMode
-    from tftjax.remat import is_gpu
+    from tftjax.models.kernels.mode import KernelMode
+    from tftjax.models.remat import is_gpu
 
     args = inputs(dtype, b)
     tol = 1e-5 if dtype == jnp.float32 else 2 ** -5

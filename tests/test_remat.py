@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 from conftest import random_inputs
 
-from tftjax import losses, remat
+from tftjax.stats import losses
+from tftjax.models import remat
 from tftjax.config import preset
 from tftjax.models.tft import TFT, init_params
 
-# "gpu:…": the GPU's plan of the tier (tftjax.remat.GPU_PLANS: the VSNs in checkpointed
+# "gpu:…": the GPU's plan of the tier (tftjax.models.remat.GPU_PLANS: the VSNs in checkpointed
 # chunks of batched matmuls), traced and checked here on the CPU
 # "pallas:…": the VSNs, LSTMs, GRNs and gates through the Pallas kernels (models.pallas_vsn,
 # pallas_lstm, pallas_grn, pallas_gated), interpreted

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import short_es
 
-from tftjax import remat
+from tftjax.models import remat
 from tftjax.config import TrainConfig, preset
 from tftjax.data import load_dataset
 from tftjax.training import leaf_differences, train_epochs

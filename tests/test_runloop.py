@@ -18,13 +18,13 @@ from conftest import bars_columns, call, random_bars, short_es, write_table
 from tftjax import dqn as dqn_lib
 from tftjax import evaluate as evaluate_cli
 from tftjax import train as train_cli
-from tftjax.checkpoints import list_checkpoints
+from tftjax.runner.checkpoints import list_checkpoints
 from tftjax.config import (ConfigError, DataConfig, ExecutionConfig, HeadConfig, ModelConfig,
                            TFTConfig, TrainConfig, preset)
 from tftjax.dqn.config import DQN_PRESETS, DQNConfig
 from tftjax.data import Dataset, epoch_batches, load_dataset
 from tftjax.dqn import __main__ as dqn_cli
-from tftjax.evaluate import evaluate_checkpoint
+from tftjax.serving.saved import evaluate_checkpoint
 from tftjax.training import TrainingDiverged, train_and_evaluate
 
 # --remat off: the tier of preset("tiny") in the in-process runs, so that they and the CLI

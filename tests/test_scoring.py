@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tftjax import scoring
+from tftjax.stats import scoring
 
 
 def test_diebold_mariano_by_hand():

@@ -77,8 +77,8 @@ def test_the_reader_sees_every_module_and_their_imports():
     assert len(MODULES) > 40
     assert "tftjax.training.steps" in GRAPH["tftjax.training.trainer"]
     assert "tftjax.data.windows" in GRAPH["tftjax.data"]
-    assert "tftjax.quant" in GRAPH["tftjax.models.layers"]  # `from tftjax import quant as qt`
-    assert "tftjax.training" in GRAPH["tftjax.export"]  # an import inside a function
+    assert "tftjax.quant.core" in GRAPH["tftjax.models.layers"]  # `from tftjax.quant import core`
+    assert "tftjax.serving.export" in GRAPH["tftjax.export"]  # an import inside a function
 
 
 def test_the_cycle_finder_finds_cycles():
@@ -90,13 +90,37 @@ def test_no_import_circles_in_the_package():
     assert cycles(GRAPH) == []
 
 
-def test_training_never_imports_the_exporter_or_a_cli():
-    training = [m for m in GRAPH if m == "tftjax.training" or m.startswith("tftjax.training.")]
-    assert training
-    for m in training:
-        assert not GRAPH[m] & ({"tftjax.export", "tftjax.saved"} | set(clis())), m
+def package(name: str) -> set[str]:
+    return {m for m in GRAPH if m == name or m.startswith(name + ".")}
+
+
+def test_the_layers_import_downwards_only():
+    """What the package map says of the packages: training never imports serving (the
+    exporter) or a CLI; nothing below the data layer reads data; the models know no
+    training; the DQN reaches the TFT through its public faces (the Python API and
+    train_and_evaluate), never the trainer's internals."""
+    assert package("tftjax.training")
+    for m in package("tftjax.training"):
+        assert not GRAPH[m] & (package("tftjax.serving") | set(clis())), m
+    for m in package("tftjax.stats") | package("tftjax.config"):
+        assert not GRAPH[m] & (package("tftjax.models") | package("tftjax.training")
+                               | package("tftjax.runner")), m
+    for m in package("tftjax.stats"):
+        assert not any(x.startswith("tftjax.data") for x in GRAPH[m]), m
+    for m in package("tftjax.models"):
+        assert not GRAPH[m] & (package("tftjax.training") | package("tftjax.runner")), m
+    facades = {"tftjax.training", "tftjax.training.run", "tftjax.serving.api",
+               "tftjax.serving.saved"}
+    for m in package("tftjax.dqn"):
+        reached = {x for x in GRAPH[m] if x.startswith(("tftjax.training", "tftjax.serving"))}
+        assert reached <= facades, (m, reached - facades)
     # the mesh code never imports the memory report: the device's limit lives with devices
-    assert not any(m.startswith("tftjax.memory") for m in GRAPH["tftjax.parallel"])
+    assert not any(m.startswith("tftjax.memory") for m in GRAPH["tftjax.runner.mesh"])
+
+
+def test_at_most_twelve_modules_lie_at_the_top():
+    top = [m for m in MODULES if m.count(".") == 1 and not MODULES[m].name == "__init__.py"]
+    assert len(top) <= 12, sorted(top)
 
 
 def clis() -> list[str]:

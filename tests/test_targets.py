@@ -68,7 +68,7 @@ def test_unknown_target_exits_2(tmp_path, capsys):
 
 
 def test_gpu_plans_differ_where_the_cpu_plan_costs_memory_on_a_gpu():
-    from tftjax import remat
+    from tftjax.models import remat
 
     assert remat.plan("aggressive", "cpu").vsn_scan and not remat.plan("aggressive", "gpu").vsn_scan
     assert remat.plan("full", "cpu").fused and not remat.plan("full", "gpu").fused

@@ -5,7 +5,7 @@ import pytest
 from conftest import call, short_es
 from test_runloop import TINY_TRAIN
 
-from tftjax.tensorboard import read_scalars, tag
+from tftjax.runner.tensorboard import read_scalars, tag
 
 GROUP = pytest.mark.xdist_group("runloop_base")  # the tiny runs' compiled steps
 
@@ -30,7 +30,7 @@ def test_a_tiny_run_writes_its_scalars_and_config(predict_run):
     assert scalars["val/q_risk_90"][0][1] == pytest.approx(history[-1]["val_q_risk_90"],
                                                            rel=1e-6)
     # a constant schedule without warm-up (the tiny run's): the configured rate, 1e-3
-    from tftjax.saved import open_model
+    from tftjax.serving.saved import open_model
 
     tc = open_model(predict_run / "run").tc
     assert (tc.lr_schedule, tc.warmup_steps) == ("constant", 0)

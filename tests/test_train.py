@@ -13,7 +13,7 @@ from conftest import call, random_bars, short_es, xla_optimised
 
 from tftjax import train as train_cli
 
-from tftjax.checkpoints import list_checkpoints
+from tftjax.runner.checkpoints import list_checkpoints
 from tftjax.config import preset
 from tftjax.data import Dataset, load_dataset, make_splits, to_device
 from tftjax.data.features import FeatureSet, FeatureStats

@@ -114,7 +114,7 @@ def test_decoder_targets_are_masked_at_the_bundled_es_gaps(dataset):
     """A missing minute is a missing target, not the next bar shifted into its step: at every
     window whose 10 decoder slots cross one of the ES file's gaps, the steps after the gap
     keep their own minutes' bars, and the loss and the metrics leave the missing ones out."""
-    from tftjax import losses, scoring
+    from tftjax.stats import losses, scoring
     from tftjax.config import preset
     from tftjax.training.evaluation import window_targets
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from tftjax.cli import CommandLine, data_files, quant_options
 from tftjax.cli import main as cli_main
@@ -62,37 +62,13 @@ class EvaluateOptions:
     """With --calibrate: stacked GRN weight scales per (variable, channel), or per variable."""
 
 
-def evaluate_checkpoint(checkpoint: str | Path, parquet_file=None,
-                        split: str = "test", *, int8: bool = False, calibrate_batches: int = 0,
-                        unknown: str = "refuse", instrument: str | None = None,
-                        log: Callable = print, calibration: str = "minmax",
-                        quant_options: dict | None = None) -> dict:
-    """Metrics of a saved TFT (checkpoint, run folder or export) on one split beside the
-    baselines: :func:`tftjax.training.evaluate_model` of :func:`tftjax.saved.open_model`.
-
-    Raises:
-      DataError: no checkpoint, not a TFT checkpoint, or the data is missing or changed.
-      ConfigError: ``int8`` of a float checkpoint without calibration, and the like.
-    """
-    from tftjax.saved import open_model
-    from tftjax.training import evaluate_model
-
-    if calibrate_batches and not int8:  # before anything is read, as the model's own checks
-        raise ConfigError("--calibrate needs --int8 (it calibrates the int8 activation ranges)")
-    from tftjax.training.ptq import check_calibration
-
-    check_calibration(calibration)
-    return evaluate_model(open_model(checkpoint), parquet_file, split, int8=int8,
-                          calibrate_batches=calibrate_batches, unknown=unknown,
-                          instrument=instrument, log=log, calibration=calibration,
-                          quant_options=quant_options)
-
-
 COMMAND_LINE = CommandLine("python -m tftjax.evaluate", __doc__.split("\n\n")[0],
                            {"options": EvaluateOptions})
 
 
 def run(argv: list[str] | None = None) -> int:
+    from tftjax.serving.saved import evaluate_checkpoint
+
     args = COMMAND_LINE.parse(argv).options(EvaluateOptions)
     if args.calibrate is not None and args.calibrate < 1:
         raise ConfigError(f"--calibrate must be >= 1 batch, got {args.calibrate}")

@@ -152,7 +152,7 @@ def dqn_plots(workdir: Path, history: list[dict], score: str, rollouts: dict) ->
 
 def pit_histogram(path: Path, pit: dict, quantiles) -> None:
     """Where the targets fell among the forecast quantiles (``{"counts", "expected"}``, from
-    :func:`tftjax.scoring.pit_counts`), as shares per bin against the shares the quantile
+    :func:`tftjax.stats.scoring.pit_counts`), as shares per bin against the shares the quantile
     levels imply: a calibrated forecast matches them bar for bar."""
     plt = _plt()
     counts, expected = np.asarray(pit["counts"], float), np.asarray(pit["expected"], float)

@@ -11,7 +11,7 @@ it carries a UTC offset); ``--origins N|all`` forecasts from the last N (or ever
 bar up to it, and ``--start``/``--end`` or ``--split`` from a range of origins, with the
 realised targets and losses where known. The forecast of an origin is the prediction
 ``evaluate`` scores for the same window, and no bar after the origin enters it (tested).
-Writes parquet or CSV by ``--out``'s suffix (columns: :mod:`tftjax.forecast_table`) and
+Writes parquet or CSV by ``--out``'s suffix (columns: :mod:`tftjax.serving.table`) and
 prints each series' last origin. A thin layer over :func:`tftjax.load` (the Python API).
 """
 
@@ -131,7 +131,7 @@ def run(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--stale-after must be >= 0, got {args.stale_after}")
     if not args.out.parent.is_dir():  # before any work: nothing is written on a refusal
         raise ConfigError(f"--out {args.out}: no such folder {args.out.parent}")
-    from tftjax.api import load
+    from tftjax.serving.api import load
 
     model = load(args.checkpoint, int8=args.int8)
     f = model.run(data_files(args.parquet_file, args.dataset) or None, as_of=args.as_of,

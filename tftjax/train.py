@@ -90,7 +90,7 @@ def configs(parsed: Parsed) -> tuple[TFTConfig, TrainConfig, TrainOptions]:
     the preset's (or on ``--resume`` the checkpoint's) settings, the ``--config`` file, then
     the flags. A ``--preset`` given with ``--resume`` sets the model, so that a different
     one is refused."""
-    from tftjax.runloop import latest_meta
+    from tftjax.runner.loop import latest_meta
 
     opts = parsed.options(TrainOptions)
     workdir = run_folder(opts.workdir, "runs/tft", opts.resume)
@@ -109,7 +109,7 @@ def configs(parsed: Parsed) -> tuple[TFTConfig, TrainConfig, TrainOptions]:
 
 def run(argv: list[str] | None = None) -> int:
     # before anything touches a JAX backend: multi-host start-up
-    from tftjax import parallel
+    from tftjax.runner import mesh as parallel
 
     parsed = COMMAND_LINE.parse(argv)
     opts = parsed.options(TrainOptions)
@@ -126,7 +126,7 @@ def run(argv: list[str] | None = None) -> int:
 
         cfg, tc = resolve_auto(cfg, tc, paths, par.size, opts.resume, opts.workdir)
 
-    from tftjax.tensorboard import LOGDIR
+    from tftjax.runner.tensorboard import LOGDIR
     from tftjax.training import train_and_evaluate
 
     primary = parallel.is_primary()

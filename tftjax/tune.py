@@ -29,7 +29,7 @@ from tftjax.cli import data_files, run_folder, tft_command_line, tft_configs
 from tftjax.cli import main as cli_main
 from tftjax.config import ConfigError, TFTConfig
 from tftjax.config.presets import PresetName
-from tftjax.resume import identity_diff
+from tftjax.runner.resume import identity_diff
 from tftjax.training.search import SPACE, format_trials, suggest, tune
 
 __all__ = ["SPACE", "format_trials", "main", "run", "suggest", "tune"]

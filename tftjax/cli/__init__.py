@@ -76,7 +76,7 @@ def run_folder(given: str | Path | None, root: str | Path, resume: bool) -> Path
     """
     import re
 
-    from tftjax.checkpoints import list_checkpoints
+    from tftjax.runner.checkpoints import list_checkpoints
     from tftjax.errors import ConfigError
 
     if given is not None:

@@ -2,7 +2,7 @@
 
 ``load_dataset`` runs the whole chain for one or more series: read and validate
 the bars (:mod:`~tftjax.data.bars`), split rows in time order and fit the
-feature statistics on the training rows only (:mod:`~tftjax.data.stats`), and
+feature statistics on the training rows only (:mod:`~tftjax.data.feature_stats`), and
 build the feature arrays (:mod:`~tftjax.data.features`, with the calendar's
 known inputs from :mod:`~tftjax.data.calendar`); :mod:`~tftjax.data.windows`
 cuts windows on the device. This package re-exports the names its users need.
@@ -19,7 +19,7 @@ from tftjax.data.features import FeatureSet, build_features
 from tftjax.data.identity import (content_hash, data_identity, file_sha256, find_data_file,
                                   find_data_files)
 from tftjax.data.quality import quality_warnings
-from tftjax.data.stats import FeatureStats
+from tftjax.data.feature_stats import FeatureStats
 from tftjax.data.windows import (Batch, DeviceData, Splits, epoch_batches, gather, make_splits,
                                  to_device)
 from tftjax.errors import DataError

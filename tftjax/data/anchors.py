@@ -1,6 +1,6 @@
 """The anchor of ``--anchor`` on every row of a dataset's series.
 
-A series' anchor (:func:`tftjax.volatility.anchor`) comes from its own bars (the range
+A series' anchor (:func:`tftjax.stats.volatility.anchor`) comes from its own bars (the range
 variance of its OHLC), its own target scale and the training rows its feature statistics
 were fitted on (the HAR fit and the standardised quantiles; a saved model's, on the data it
 was trained on), like its baselines (:func:`tftjax.training.evaluation.baselines_forecasts`
@@ -27,9 +27,9 @@ def is_daily(features: FeatureSet) -> bool:
 
 def series_anchor(name: str, bars, features: FeatureSet, train_rows: tuple[int, int],
                   quantiles, horizon: int, cumulative: bool):
-    """One series' :class:`tftjax.volatility.Anchor` on every row (``ConfigError`` where it is
+    """One series' :class:`tftjax.stats.volatility.Anchor` on every row (``ConfigError`` where it is
     not defined: ``har`` on bars finer than daily)."""
-    from tftjax.volatility import anchor, range_variance
+    from tftjax.stats.volatility import anchor, range_variance
 
     if name == "har" and not is_daily(features):
         raise ConfigError(f"--anchor har needs daily or coarser bars (HAR-RV is a daily "

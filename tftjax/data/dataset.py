@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tftjax.baselines import ewma_scale
+from tftjax.stats.baselines import ewma_scale
 from tftjax.config import WARMUP, DataConfig, TFTConfig
 from tftjax.data.anchors import with_anchor
 from tftjax.data.bars import Bars, read_series
@@ -31,7 +31,7 @@ from tftjax.data.features import FeatureSet, FeatureStats, build_features
 from tftjax.data.identity import combined_identity, data_identity
 from tftjax.data.panel import check_shared_dates, fold_members
 from tftjax.data.quality import series_warnings
-from tftjax.data.stats import pooled_stats
+from tftjax.data.feature_stats import pooled_stats
 from tftjax.data.windows import (Splits, fold_splits, global_cuts, make_splits, splits_at,
                                  window_decoder_targets)
 from tftjax.errors import DataError

@@ -67,7 +67,7 @@ at least the 5 most extreme values of each tail (so that a bad print cannot
 set the scale), and clipped to ``±target_clip``
 scales (0: no clip);
 decoder step ``k`` forecasts the bar of the ``k``-th calendar slot after the origin, missing
-(NaN, masked) where the slot has no bar (:func:`~tftjax.data.stats.decoder_targets`).
+(NaN, masked) where the slot has no bar (:func:`~tftjax.data.feature_stats.decoder_targets`).
 """
 
 from __future__ import annotations
@@ -80,10 +80,10 @@ from tftjax.config import NUM_HISTORICAL, WARMUP, DataConfig
 from tftjax.data.calendar import (KNOWN_NAMES, NS_MIN, Clock, Timeline, calendar_features,
                                   make_clock)
 from tftjax.data.rolling import Extreme, Rolling, shift
-from tftjax.data.stats import (FAMILIES, HISTORICAL_NAMES, LPV_COLUMNS, STATIC_NAMES, V2_FAMILIES,
+from tftjax.data.feature_stats import (FAMILIES, HISTORICAL_NAMES, LPV_COLUMNS, STATIC_NAMES, V2_FAMILIES,
                                WINDOWS, FeatureStats, causal_z, column_stats, decoder_targets,
                                finish_stats, historical_names, log_returns, train_block)
-from tftjax.volatility import LAMBDA, ewma_variance, range_variance
+from tftjax.stats.volatility import LAMBDA, ewma_variance, range_variance
 
 __all__ = ["CLIP", "FAMILIES", "HISTORICAL_NAMES", "historical_names", "KNOWN_NAMES", "STATIC_NAMES", "WINDOWS",
            "WARMUP", "FeatureSet", "FeatureStats", "build_features", "historical_columns",
@@ -177,7 +177,7 @@ def historical_columns(bars, slot: np.ndarray | None = None, features: str = "v1
 
 
 def log_vol_columns(o, h, lo, c, lam: float = LAMBDA) -> list[np.ndarray]:
-    """``--features v2``'s ``lpv`` family (:data:`~tftjax.data.stats.LPV_COLUMNS`), float64
+    """``--features v2``'s ``lpv`` family (:data:`~tftjax.data.feature_stats.LPV_COLUMNS`), float64
     ``[n]`` each: with ``pv_t = log(o_t / c_{t-1})² + log(h_t / l_t)² / (4 log 2)`` (the
     Parkinson variance plus the squared opening gap; row 0 has no gap), ``log pv_t``, ``log
     mean_L pv`` for each L, and the log variance forecasts of the EWMA (``λ`` on ``r²``,

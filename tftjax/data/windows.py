@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tftjax.baselines import ewma_scale
+from tftjax.stats.baselines import ewma_scale
 from tftjax.config import WARMUP, DataConfig
 from tftjax.data.features import FeatureSet
-from tftjax.data.stats import decoder_targets
+from tftjax.data.feature_stats import decoder_targets
 from tftjax.errors import DataError
 
 

@@ -1,4 +1,4 @@
-"""The DQN's part of the shared run loop (:mod:`tftjax.runloop`): environments from the
+"""The DQN's part of the shared run loop (:mod:`tftjax.runner.loop`): environments from the
 data, one jitted epoch, greedy validation, and the summary table and plots.
 
 :func:`run` is the library behind ``python -m tftjax.dqn``: epochs, greedy
@@ -21,14 +21,14 @@ from typing import Callable
 import jax
 import numpy as np
 
-from tftjax import runloop
+from tftjax.runner import loop as runloop
 from tftjax.config import ConfigError, DataConfig
 from tftjax.dqn.config import DQNConfig, with_costs
 from tftjax.dqn.cartpole import make_cartpole
 from tftjax.dqn.env import make_trading_env
 from tftjax.dqn.metrics import bars_per_year
 from tftjax.dqn.train import iterations_per_epoch, make_train
-from tftjax.runloop import TrainingDiverged
+from tftjax.runner.loop import TrainingDiverged
 
 # Filled from the data when left None; on resume they follow the checkpoint (ε's decay
 # depends on the run's length, which a resume may extend).
@@ -79,7 +79,7 @@ def build_envs(cfg: DQNConfig, parquet_file=None, stats=None, fold=None, extra=N
 
 
 class DQNTask:
-    """The DQN for :func:`tftjax.runloop.run`."""
+    """The DQN for :func:`tftjax.runner.loop.run`."""
 
     kind, mode, epoch_bar = "dqn", "max", True
     may_change = ("config.epochs", "config.patience")

@@ -88,9 +88,8 @@ def tft_model(workdir: Path, path, calendar: str | None, preset_name: str = "sma
     ``path`` with that model's statistics (:func:`~tftjax.dqn.tft_inputs.tft_forecasts`)."""
     from tftjax.config import TrainConfig, preset
     from tftjax.data import load_dataset, write_bars
-    from tftjax.dqn.tft_inputs import tft_forecasts
+    from tftjax.dqn.tft_inputs import load_tft, tft_forecasts
     from tftjax.training import train_and_evaluate
-    from tftjax.training.restore import load_checkpoint
 
     def fit(head, m):
         run_dir = Path(workdir) / f"model_{m + 1}"
@@ -103,6 +102,6 @@ def tft_model(workdir: Path, path, calendar: str | None, preset_name: str = "sma
         return run_dir / "tft"
 
     def predict(run_dir):
-        return tft_forecasts(load_checkpoint(run_dir), path)
+        return tft_forecasts(load_tft(run_dir), path)
 
     return fit, predict

@@ -34,9 +34,9 @@ def run_seeds(cfg: DQNConfig, seeds: int, workdir: Path, parquet_file=None,
               log=print) -> dict:
     """Train ``seeds`` agents in one vmapped program; the report (``seeds.json``,
     ``seeds.md``) and the agents (``checkpoints/dqn_seeds_final_epoch{N}``, stacked)."""
-    from tftjax.checkpoints import EpochCheckpointer
+    from tftjax.runner.checkpoints import EpochCheckpointer
     from tftjax.dqn.loop import build_envs
-    from tftjax.provenance import provenance
+    from tftjax.runner.provenance import provenance
 
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")

@@ -18,7 +18,7 @@ key) is one pytree: it is what a checkpoint holds, so ``--resume`` continues
 exactly where the run stopped.
 
 The host side (greedy validation, checkpoints, resume, early stopping) is
-:mod:`tftjax.dqn.loop` on the shared :mod:`tftjax.runloop`.
+:mod:`tftjax.dqn.loop` on the shared :mod:`tftjax.runner.loop`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ can be analysed (and planned for) without allocating them.
 
 from __future__ import annotations
 
-from tftjax.devices import device_limit
+from tftjax.runner.devices import device_limit
 from tftjax.memory.analysis import (GB, Compiled, abstract_inputs, analyse, analyse_eval,
                                     compile_eval_step, compile_step, for_target, min_bytes,
                                     release_executables)

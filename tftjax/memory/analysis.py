@@ -86,7 +86,7 @@ def target_name() -> str:
 
 
 def _targeted(cfg: TFTConfig) -> TFTConfig:
-    """``cfg`` with the remat plan of the target's platform (a GPU's differs, tftjax.remat)."""
+    """``cfg`` with the remat plan of the target's platform (a GPU's differs, tftjax.models.remat)."""
     return cfg if _TARGET[0] is None else cfg.override(platform="gpu")
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tftjax import remat
+from tftjax.models import remat
 from tftjax.config import ConfigError, TFTConfig, parse_bytes
-from tftjax.devices import device_limit
+from tftjax.runner.devices import device_limit
 from tftjax.memory.analysis import (GB, Compiled, analyse, analyse_eval, min_bytes,
                                     targeting)
 
@@ -95,7 +95,7 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
     """``--remat auto``: three knobs, the remat tier, gradient accumulation and the batch.
 
     The batch first runs whole (``accumulate`` micro-batches), the tiers tried fastest first
-    by modelled step time (:data:`tftjax.remat.STEP_TIME`; ties: the smaller tier); where
+    by modelled step time (:data:`tftjax.models.remat.STEP_TIME`; ties: the smaller tier); where
     none fits, as 2×, 4×, … as many micro-batches (up to ``max_accumulate``): accumulation
     keeps the update of the whole batch at the memory of one micro-batch, but small
     micro-batches use an accelerator poorly, so a rematerialising tier comes first. The first
@@ -186,7 +186,7 @@ def resolve_auto(cfg: TFTConfig, tc, paths, devices: int = 1, resume: bool = Fal
 
     budget = cfg.execution.memory_budget
     if paths is None and resume:
-        from tftjax.runloop import latest_meta
+        from tftjax.runner.loop import latest_meta
 
         saved = latest_meta(Path(workdir) / "checkpoints", "tft")
         paths = find_data_files(saved["identity"]["data"], workdir)

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tftjax import remat
+from tftjax.models import remat
 from tftjax.config import TFTConfig, TrainConfig
-from tftjax.devices import device_limit
+from tftjax.runner.devices import device_limit
 from tftjax.memory.analysis import (GB, Compiled, analyse, compile_step, for_target,
                                     release_executables, target_name)
 from tftjax.memory.planning import fit_linear, largest_batch

@@ -25,7 +25,7 @@ from typing import Callable
 import jax
 
 from tftjax.config import TFTConfig, TrainConfig
-from tftjax.devices import memory_stats
+from tftjax.runner.devices import memory_stats
 from tftjax.errors import ConfigError
 
 MiB = 1 << 20

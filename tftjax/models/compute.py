@@ -8,16 +8,16 @@ import jax
 import jax.numpy as jnp
 
 from tftjax.config import TFTConfig
-from tftjax.models import pallas_gated, pallas_grn
-from tftjax.models.kernel_mode import KernelMode
-from tftjax.quant import MODES, QuantSpec
+from tftjax.models.kernels import pallas_gated, pallas_grn
+from tftjax.models.kernels.mode import KernelMode
+from tftjax.quant.core import MODES, QuantSpec
 
 
 def quant_spec(cfg: TFTConfig, mode: str | None = None,
                calibration: str | None = None) -> QuantSpec | None:
     """How a TFT of ``cfg`` quantizes in ``mode`` (``None``: fake-quant for a QAT config,
     float otherwise); ``None`` means float. ``calibration``: a PTQ calibration pass
-    (:attr:`tftjax.quant.QuantSpec.calibrate`)."""
+    (:attr:`tftjax.quant.core.QuantSpec.calibrate`)."""
     mode = mode or ("fake" if cfg.quant.qat else "float")
     if mode not in MODES:
         raise ValueError(f"unknown quantization mode {mode!r}; choose one of {MODES}")
@@ -30,7 +30,7 @@ def quant_spec(cfg: TFTConfig, mode: str | None = None,
 
 def kernel_mode(cfg: TFTConfig, family: str) -> KernelMode:
     """How ``family`` (tftjax.config.KERNEL_FAMILIES) runs for ``cfg`` on its platform."""
-    from tftjax.remat import is_gpu
+    from tftjax.models.remat import is_gpu
 
     if not cfg.execution.pallas(family):
         return KernelMode.XLA
@@ -52,17 +52,17 @@ ROW_BLOCKS = ("lstm_gate", "enrichment", "attention_gate", "positionwise", "outp
 
 def grn_kernel(cfg: TFTConfig) -> bool:
     """Whether the GRNs and gates outside the VSNs run as Pallas kernels (the static context
-    GRNs, tftjax.models.pallas_grn; the row-wise blocks, tftjax.models.pallas_gated):
+    GRNs, tftjax.models.kernels.pallas_grn; the row-wise blocks, tftjax.models.kernels.pallas_gated):
     ``--grn-kernel pallas`` where the kernels take the width in the compute dtype
-    (tftjax.models.pallas_gated.supported; the quantized layers always run in XLA)."""
+    (tftjax.models.kernels.pallas_gated.supported; the quantized layers always run in XLA)."""
     return (cfg.execution.pallas("grn") and not cfg.quant.qat
             and pallas_gated.supported(cfg.model.hidden, COMPUTE_DTYPES[cfg.execution.precision]))
 
 
 def static_stack(cfg: TFTConfig) -> bool:
     """Under :func:`grn_kernel`: whether the four static context GRNs run as one stacked
-    kernel each way (tftjax.models.pallas_grn, where the width fits it), else each through
-    the row kernels (tftjax.models.pallas_gated)."""
+    kernel each way (tftjax.models.kernels.pallas_grn, where the width fits it), else each through
+    the row kernels (tftjax.models.kernels.pallas_gated)."""
     return grn_kernel(cfg) and pallas_grn.supported(cfg.model.hidden, COMPUTE_DTYPES[cfg.execution.precision])
 
 
@@ -83,7 +83,7 @@ def compute_params(cfg: TFTConfig, params: dict, cast_leaves=None, mode: str | N
     recurrent kernels, the modules a Pallas kernel casts itself: :func:`kernel_cast`);
     float32 and quantized models: ``params`` as they are. ``cast_leaves``: casts a list of
     float32 leaves to bfloat16 (default: each on its own, ``astype``); the train step passes
-    one that casts them all in a few launches (tftjax.training.pallas_adamw.cast). Casting
+    one that casts them all in a few launches (tftjax.models.kernels.pallas_adamw.cast). Casting
     cast parameters again changes nothing, so :func:`apply_fn` takes either."""
     if cfg.execution.precision == "f32" or quant_spec(cfg, mode) is not None:  # quantized: float32
         return params

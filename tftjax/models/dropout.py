@@ -6,7 +6,7 @@ the site's own (``make_rng("dropout")`` at the site's module path, as flax's
 ``nn.Dropout`` takes it); the hash is element-wise integer arithmetic: XLA fuses it into the
 mask's consumer instead of drawing and storing random bits at each site (on a GPU, flax's
 ``nn.Dropout`` is three to four launches a site and a stored mask), and a layer and the
-Pallas kernel that replaces it (tftjax.models.kernel_params) drop the same units because
+Pallas kernel that replaces it (tftjax.models.kernels.params) drop the same units because
 both call :class:`Dropout` at the same path.
 
 The hash: murmur3's 32-bit finaliser, twice, over ``i`` mixed with the key's two words (the

@@ -7,7 +7,7 @@ The flattened embeddings ``concat_j (x_j k_j + b_j)`` are affine in the m scalar
 the observer watches ``x`` itself (the raw inputs, ``[N, m]``) and the weight quantized is
 the folded ``A`` (int8 symmetric per output channel; ``k`` as the VSN uses it, itself
 fake-quantized when ``emb_k`` is covered); ``b @ K`` stays a float bias. The int8
-tree (:func:`tftjax.quant_tree.int8_variables`) holds ``A`` as the int8 ``kernel`` and
+tree (:func:`tftjax.quant.tree.int8_variables`) holds ``A`` as the int8 ``kernel`` and
 ``b @ K`` as ``fold_bias``. For TFT-225's encoder VSN this is the largest dense matmul of
 the model: folding it makes the int8 path as lean as the float one.
 """
@@ -18,11 +18,11 @@ import flax.linen as nn
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
-from tftjax import quant as qt
+from tftjax.quant import core as qt
 from tftjax.models.layers import GLU, Dense, LayerNorm
-from tftjax.quant import QuantSpec
-from tftjax.quant_calib import calibration_record
-from tftjax.quant_tree import fold_kernel
+from tftjax.quant.core import QuantSpec
+from tftjax.quant.calib import calibration_record
+from tftjax.quant.tree import fold_kernel
 
 Array = jax.Array
 

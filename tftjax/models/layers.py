@@ -26,13 +26,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from tftjax.models.kernel_mode import KernelMode
-from tftjax import quant as qt
-from tftjax.models import pallas_attention
+from tftjax.models.kernels.mode import KernelMode
+from tftjax.quant import core as qt
+from tftjax.models.kernels import pallas_attention
 from tftjax.models.dropout import Dropout
 from tftjax.models.recurrence import lstm_recurrence
-from tftjax.quant import QuantSpec
-from tftjax.quant_calib import calibration_record, calibration_stats
+from tftjax.quant.core import QuantSpec
+from tftjax.quant.calib import calibration_record, calibration_stats
 
 Array = jax.Array
 Policy = Callable[..., Any] | None
@@ -207,7 +207,7 @@ class LSTM(nn.Module):
     forget_bias: float = 0.0
     """Initial forget-gate bias (gates are laid out i, f, g, o)."""
     kernel: KernelMode = KernelMode.XLA
-    """Float: both recurrences as persistent Pallas kernels (tftjax.models.pallas_lstm),
+    """Float: both recurrences as persistent Pallas kernels (tftjax.models.kernels.pallas_lstm),
     compiled (GPU) or interpreted (CPU tests); XLA: ``lax.scan``s."""
 
     @nn.compact
@@ -289,7 +289,7 @@ class InterpretableAttention(nn.Module):
     dropout: float = 0.0
     quant: QuantSpec | None = None
     kernel: KernelMode = KernelMode.XLA
-    """The attention itself as Pallas kernels (tftjax.models.pallas_attention), compiled (GPU)
+    """The attention itself as Pallas kernels (tftjax.models.kernels.pallas_attention), compiled (GPU)
     or interpreted (CPU tests)."""
 
     @nn.compact

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from tftjax.models.kernel_mode import KernelMode
-from tftjax.models import pallas_lstm
+from tftjax.models.kernels.mode import KernelMode
+from tftjax.models.kernels import pallas_lstm
 
 Array = jax.Array
 F32 = jnp.float32
@@ -47,7 +47,7 @@ def _scan(xp: Array, w_h: Array, c0: Array, h0: Array):
 
 def _recur(xp: Array, w_h: Array, c0: Array, h0: Array, kernel: KernelMode):
     """The forward recurrence: a ``lax.scan``, or one Pallas kernel
-    (``tftjax.models.pallas_lstm``, compiled for a GPU or interpreted)."""
+    (``tftjax.models.kernels.pallas_lstm``, compiled for a GPU or interpreted)."""
     if not kernel.pallas:
         return _scan(xp, w_h, c0, h0)
     gates, cs, hs = pallas_lstm.forward(xp, w_h.astype(xp.dtype), c0, h0,
@@ -68,7 +68,7 @@ def lstm_recurrence(xs: Array, w_i: Array, b: Array, w_h: Array, c0: Array, h0: 
     the gates from ``xs`` and the saved outputs, so the step keeps only the cell states and
     outputs (``xs`` is the VSN's output, kept anyway); else it keeps the gates too.
 
-    ``kernel``: both recurrences as persistent Pallas kernels (``tftjax.models.pallas_lstm``),
+    ``kernel``: both recurrences as persistent Pallas kernels (``tftjax.models.kernels.pallas_lstm``),
     compiled (GPU) or interpreted (CPU tests); XLA: ``lax.scan``s."""
     carry, hs, _, _ = _recur(_project(xs, w_i, b), w_h, c0, h0, kernel)
     return carry, hs

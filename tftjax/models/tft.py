@@ -27,15 +27,15 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from tftjax.config import TFTConfig
-from tftjax.models import pallas_gated, pallas_grn
+from tftjax.models.kernels import pallas_gated, pallas_grn
 from tftjax.models.compute import (COMPUTE_DTYPES, FLOAT32_MODULES, FLOAT32_PARAMS,  # noqa: F401
                                    ROW_BLOCKS, STATIC_CONTEXTS, KernelMode, compute_params, grn_kernel, kernel_mode,
                                    kernel_cast, quant_spec, static_stack)
-from tftjax.models.kernel_params import GateParams, GRNParams
+from tftjax.models.kernels.params import GateParams, GRNParams
 from tftjax.models.layers import GRN, LSTM, Dense, GateAddNorm, InterpretableAttention
 from tftjax.models.vsn import VariableSelection
-from tftjax.remat import is_gpu
-from tftjax.remat import plan as remat_plan
+from tftjax.models.remat import is_gpu
+from tftjax.models.remat import plan as remat_plan
 
 Array = jax.Array
 

@@ -7,7 +7,7 @@ The per-variable GRNs (pytorch-forecasting's ``Linear(1 → d_v)`` embedding the
 ``GRN(d_v, d_v, d)``) run variable-major (``[m, N, ·]``, per-variable matmuls as one
 batched ``lax.dot_general``), optionally in checkpointed chunks of variables scanned with
 ``lax.scan`` (the remat knob that really saves memory on XLA:CPU, see architecture.md), or
-for float models through the fused recomputing kernel (:mod:`tftjax.models.fused`).
+for float models through the fused recomputing kernel (:mod:`tftjax.models.kernels.fused`).
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from tftjax.models.kernel_mode import KernelMode
-from tftjax import quant as qt
-from tftjax.models import fused, pallas_vsn
+from tftjax.models.kernels.mode import KernelMode
+from tftjax.quant import core as qt
+from tftjax.models.kernels import fused, pallas_vsn
 from tftjax.models.dropout import keep_mask, keep_prob
 from tftjax.models.folded import EmbeddedGRN
 from tftjax.models.layers import GRN, einsum_f32, norm_stats
-from tftjax.quant import QuantSpec
-from tftjax.quant_calib import calibration_stats
+from tftjax.quant.core import QuantSpec
+from tftjax.quant.calib import calibration_stats
 
 Array = jax.Array
 Policy = Callable[..., Any] | None
@@ -156,11 +156,11 @@ class VariableSelection(nn.Module):
     embedding is a row of a learned ``[vocab, d_v]`` table (``instrument_table``), chosen by
     the ``index`` argument (variable 0's real value is ignored)."""
     fused: bool = False
-    """Float per-variable GRNs through the fused recomputing kernel (tftjax.models.fused)
+    """Float per-variable GRNs through the fused recomputing kernel (tftjax.models.kernels.fused)
     instead of ``chunk``/``policy``: same function and gradients, a fraction of the time
     and memory. Quantized layers always take the stacked path."""
     kernel: KernelMode = KernelMode.XLA
-    """Float per-variable GRNs through the Pallas kernels (tftjax.models.pallas_vsn) in any
+    """Float per-variable GRNs through the Pallas kernels (tftjax.models.kernels.pallas_vsn) in any
     tier, compiled (GPU) or interpreted (CPU tests). Quantized layers always take the
     stacked path."""
 

@@ -7,7 +7,7 @@
 ``restore``               open and restore checkpoints, ``--init-from``, :class:`SavedModel`
 ``ptq``                   post-training calibration of the int8 activation ranges
 ``evaluation``            metrics beside the baselines, the summary table
-``task``                  the TFT's part of the shared run loop (:mod:`tftjax.runloop`)
+``task``                  the TFT's part of the shared run loop (:mod:`tftjax.runner.loop`)
 ``run``                   :func:`train_and_evaluate`, the whole job
 ========================  ==============================================================
 
@@ -17,7 +17,7 @@ Nothing here imports the exporter or a CLI: :mod:`tftjax.export` and the CLIs st
 from tftjax.errors import TrainingDiverged
 from tftjax.training.evaluation import (baselines, evaluate_model, format_summary, summarize,
                                         window_targets)
-from tftjax.training.ptq import calibrate
+from tftjax.quant.ptq import calibrate
 from tftjax.training.restore import (Checkpoint, SavedModel, initial_weights, load_checkpoint,
                                      open_checkpoint, restore_checkpoint)
 from tftjax.training.run import train_and_evaluate

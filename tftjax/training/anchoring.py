@@ -1,6 +1,6 @@
 """``--anchor``: which volatility baseline the TFT's head starts from, and the data with it.
 
-``auto`` takes, of the anchors defined for the data (:data:`tftjax.volatility.ANCHORS`;
+``auto`` takes, of the anchors defined for the data (:data:`tftjax.stats.volatility.ANCHORS`;
 ``har`` only where every series has daily or coarser bars), the one of lowest P90 q-risk on
 the **validation** windows of the dataset it is given (a walk-forward fold's own
 validation stretch); nothing is read of the test windows. Each series' anchor is fitted on
@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from tftjax import scoring
+from tftjax.stats import scoring
 from tftjax.config import ConfigError, TFTConfig
 from tftjax.data import Dataset
 from tftjax.data.anchors import is_daily, series_anchor
@@ -36,7 +36,7 @@ def anchor_forecasts(ds: Dataset, name: str, quantiles, starts: np.ndarray) -> n
 
 
 def candidates(ds: Dataset) -> list[str]:
-    from tftjax.volatility import ANCHORS
+    from tftjax.stats.volatility import ANCHORS
 
     daily = all(is_daily(s.features) for s in ds.series)
     return [n for n in ANCHORS if n != "har" or daily]

@@ -11,11 +11,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tftjax import losses
+from tftjax.stats import losses
 from tftjax.config import ConfigError, TFTConfig
 from tftjax.data import Dataset, find_data_files, load_dataset, to_device
 from tftjax.data.sessions import DAILY
-from tftjax.training.ptq import calibrate
+from tftjax.quant.ptq import calibrate
 from tftjax.training.restore import SavedModel
 from tftjax.training.trainer import Trainer
 
@@ -45,7 +45,7 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
     purpose, featurised with the *training* statistics. ``int8``: also the int8 inference
     path (and the float weights without quantization) of a QAT checkpoint, or of a float
     one calibrated on ``calibrate_batches`` training batches (PTQ, under ``quant_options``:
-    :func:`tftjax.training.ptq.calibrate`). An int8 export is
+    :func:`tftjax.quant.ptq.calibrate`). An int8 export is
     evaluated as int8 beside its float32 weights.
 
     Raises:
@@ -167,7 +167,7 @@ def window_targets(ds: Dataset, starts: np.ndarray) -> np.ndarray:
 
 def baselines(ds: Dataset, quantiles, split: str, starts: np.ndarray | None = None
               ) -> dict[str, dict]:
-    """Metrics of every baseline (:mod:`tftjax.baselines`) on the windows of ``split`` (or
+    """Metrics of every baseline (:mod:`tftjax.stats.baselines`) on the windows of ``split`` (or
     those of them at ``starts``), each series' fitted on its own training rows."""
     starts = getattr(ds.splits, split) if starts is None else np.asarray(starts)
     y = window_targets(ds, starts)
@@ -179,7 +179,7 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
     """Every baseline's quantiles ``[n, D, Q]`` for the windows at ``starts``: each series'
     from its own returns and ranges, fitted on its own training rows (range baselines from
     the bars' high, low and opening gap; HAR for daily and coarser bars)."""
-    from tftjax import baselines as bl
+    from tftjax.stats import baselines as bl
     from tftjax.data.windows import window_decoder_targets
 
     starts = np.asarray(starts)
@@ -208,7 +208,7 @@ VARIANT_NAMES = {"float": "TFT: float, no quant", "int8": "TFT: int8 inference"}
 def format_summary(summary: dict, qat: bool | None = None, int8_model: bool = False,
                    ptq: bool = False) -> str:
     """The metrics table: the model, its quantization variants, the baselines."""
-    from tftjax.baselines import NAMES
+    from tftjax.stats.baselines import NAMES
 
     qat = summary.get("quantized", bool(summary.get("variants"))) if qat is None else qat
     name = ("TFT int8 (export)" if int8_model else "TFT: fake-quant (PTQ)" if ptq

@@ -4,7 +4,7 @@
 config, its variables, the feature statistics and the training data's identity,
 whatever the model was saved as. :func:`load_checkpoint` makes one from an Orbax
 checkpoint; :mod:`tftjax.export` makes one from an export folder, and
-:func:`tftjax.saved.open_model` dispatches between them (training never imports the
+:func:`tftjax.serving.saved.open_model` dispatches between them (training never imports the
 exporter).
 """
 
@@ -18,11 +18,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from tftjax import runloop
-from tftjax.checkpoints import list_checkpoints, read_meta, restore_state
+from tftjax.runner import loop as runloop
+from tftjax.runner.checkpoints import list_checkpoints, read_meta, restore_state
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import DataError, Dataset, FeatureStats, saved_featurisation
-from tftjax.quant_tree import as_minmax
+from tftjax.quant.tree import as_minmax
 from tftjax.training.state import TrainState, abstract_train_state
 
 
@@ -110,7 +110,7 @@ def restore_checkpoint(ck: Checkpoint, *, old_observers: bool = False) -> TrainS
 
     Raises:
       DataError: the state cannot be restored (damaged, or not this model's shapes), or it is
-      a QAT state from before :data:`~tftjax.quant_tree.QUANT_FORMAT` (unless
+      a QAT state from before :data:`~tftjax.quant.tree.QUANT_FORMAT` (unless
       ``old_observers``: the caller drops its observers).
     """
     if is_old_qat(ck) and not old_observers:
@@ -130,7 +130,7 @@ def restore_checkpoint(ck: Checkpoint, *, old_observers: bool = False) -> TrainS
 
 
 def quant_format(identity: dict) -> int:
-    """The observers' layout of a saved run (:data:`~tftjax.quant_tree.QUANT_FORMAT`): as
+    """The observers' layout of a saved run (:data:`~tftjax.quant.tree.QUANT_FORMAT`): as
     recorded, else 2 for a run written by 917d886 or later (its model settings name
     ``stacked_scales``, added with the folded layout), else 1."""
     if "quant_format" in identity:

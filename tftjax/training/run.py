@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable
 
-from tftjax import runloop
+from tftjax.runner import loop as runloop
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import Dataset, find_data_files, load_dataset, saved_featurisation
 from tftjax.training.anchoring import resolve_anchor
@@ -36,8 +36,8 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
       callback: ``(epoch, state, metrics, is_final)`` after each epoch.
       plots: draw the loss curves, quantile fans and variable importance (off for the
         walk-forward's and the tuner's many runs).
-      tensorboard: write ``workdir/tensorboard`` (:mod:`tftjax.tensorboard`).
-      par: the device mesh (:func:`tftjax.parallel.make_parallel`; default: every local
+      tensorboard: write ``workdir/tensorboard`` (:mod:`tftjax.runner.tensorboard`).
+      par: the device mesh (:func:`tftjax.runner.mesh.make_parallel`; default: every local
         device, features replicated).
 
     Returns:
@@ -85,7 +85,7 @@ def concrete_remat(cfg: TFTConfig) -> TFTConfig:
         (:func:`tftjax.memory.resolve_auto`: it compiles the steps).
     """
     from tftjax.config import AUTO, FASTEST
-    from tftjax.remat import default_tier
+    from tftjax.models.remat import default_tier
 
     if cfg.execution.remat == AUTO:
         raise ConfigError("--remat auto is resolved before training, by tftjax.memory."

@@ -156,14 +156,15 @@ def format_trials(out: dict) -> str:
 def release_compiled() -> None:
     """Forget every compiled program this process keeps for reuse: the step, init and
     optimizer caches here and in :mod:`tftjax.training.state`, :mod:`tftjax.models.tft` and
-    :mod:`tftjax.training.ptq`, and JAX's own. A search that trains many configurations in
+    :mod:`tftjax.quant.ptq`, and JAX's own. A search that trains many configurations in
     one process (``tftjax.tune``, ``backtest --tune-trials``) calls it between trials;
     otherwise each trial's executables stay alive, and after a few dozen the process runs out
     of memory mappings (LLVM: "Cannot allocate memory")."""
     import jax
 
     from tftjax.models import tft
-    from tftjax.training import ptq, state
+    from tftjax.quant import ptq
+    from tftjax.training import state
     from tftjax.training.steps import make_eval_step, make_train_step
 
     for fn in (make_train_step, make_eval_step, state._optimizer, state._init_fn,

@@ -19,7 +19,7 @@ from flax.training import train_state
 
 from tftjax.config import TFTConfig, TrainConfig
 from tftjax.models.tft import apply_fn, init_variables
-from tftjax.training import pallas_adamw
+from tftjax.models.kernels import pallas_adamw
 
 Array = jax.Array
 

@@ -16,14 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tftjax import losses
-from tftjax import quant as qt
+from tftjax.stats import losses
+from tftjax.quant import core as qt
 from tftjax.config import TFTConfig
 from tftjax.data import DeviceData, gather
 from tftjax.models.tft import apply_fn, compute_params, kernel_mode, quant_spec
-from tftjax.remat import is_gpu
-from tftjax.models import multi_tensor
-from tftjax.training import pallas_adamw
+from tftjax.models.remat import is_gpu
+from tftjax.models.kernels import multi_tensor
+from tftjax.models.kernels import pallas_adamw
 from tftjax.training.state import TrainState, member_keys
 
 Array = jax.Array
@@ -33,7 +33,7 @@ def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key,
              cfg: TFTConfig | None = None):
     # quant_batch is mutable: the forward records each observed tensor's range in this
     # (micro-)batch (once: a rematerialised block's recomputation only rebuilds residuals);
-    # the step merges them and moves every observer once (tftjax.quant.update_observers).
+    # the step merges them and moves every observer once (tftjax.quant.core.update_observers).
     (pred, _), recorded = apply_fn({"params": params, "quant_stats": quant_stats},
                                    batch.static, batch.historical, batch.known, False,
                                    batch.instrument, rngs={"dropout": dropout_key},
@@ -84,7 +84,7 @@ def anchored(raw: Array, sigma: Array, z: Array, cfg: TFTConfig) -> Array:
 
 
 def no_ranges(quant_stats):
-    """An empty :func:`tftjax.quant.batch_range` for every observer (``[..., 2]`` of
+    """An empty :func:`tftjax.quant.core.batch_range` for every observer (``[..., 2]`` of
     ``+inf, -inf``): the start of the micro-batches' merge."""
     def one(st):
         return jnp.stack([jnp.full(st.min.shape, jnp.inf), jnp.full(st.min.shape, -jnp.inf)], -1)
@@ -94,7 +94,7 @@ def no_ranges(quant_stats):
 
 def _gather_fn(cfg: TFTConfig, par):
     if par is not None and par.feature_rows_sharded:
-        from tftjax.parallel import gather_rows_sharded
+        from tftjax.runner.mesh import gather_rows_sharded
 
         g = lambda data, idx: gather_rows_sharded(par, data, idx, cfg.data.encoder_steps,  # noqa: E731
                                                   cfg.data.decoder_steps)
@@ -108,7 +108,7 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
                     accumulate: int = 1, ema: float = 0.0) -> Callable:
     """The jitted ``step(state, data, batch_idx, key) -> (state, metrics)``, state donated.
 
-    ``par`` (a :class:`tftjax.parallel.Parallel`): compiled for its mesh, the batch sharded
+    ``par`` (a :class:`tftjax.runner.mesh.Parallel`): compiled for its mesh, the batch sharded
     over the devices and the state replicated (None: one default device, no shardings).
     ``accumulate`` K: the batch runs as K micro-batches (micro-batch k holds rows k, k+K,
     k+2K, … so that every device works on each) in a ``lax.scan``; their gradients are

@@ -1,4 +1,4 @@
-"""The TFT's part of the shared run loop (:func:`tftjax.runloop.run`): an epoch of jitted
+"""The TFT's part of the shared run loop (:func:`tftjax.runner.loop.run`): an epoch of jitted
 steps with a progress bar and a per-step NaN check, validation, the epoch line and the
 end-of-run summary with plots."""
 
@@ -18,10 +18,10 @@ from tftjax.data import Dataset
 from tftjax.data.calendar import format_interval
 from tftjax.errors import TrainingDiverged
 from tftjax.models.tft import grn_kernel, init_variables
-from tftjax.parallel import is_primary, make_parallel
-from tftjax.quant_tree import QUANT_FORMAT, layer_names, unmatched
-from tftjax.remat import is_gpu
-from tftjax.remat import plan as remat_plan
+from tftjax.runner.mesh import is_primary, make_parallel
+from tftjax.quant.tree import QUANT_FORMAT, layer_names, unmatched
+from tftjax.models.remat import is_gpu
+from tftjax.models.remat import plan as remat_plan
 from tftjax.training.evaluation import format_summary, summarize
 from tftjax.training.restore import OLD_QAT, Initial, quant_format, restore_without_observers
 from tftjax.training.state import (TrainState, abstract_train_state, create_train_state,
@@ -30,7 +30,7 @@ from tftjax.training.trainer import Trainer, epoch_indices, steps_per_epoch
 
 
 class TFTTask:
-    """The TFT for :func:`tftjax.runloop.run`: an epoch of jitted steps, validation, summary."""
+    """The TFT for :func:`tftjax.runner.loop.run`: an epoch of jitted steps, validation, summary."""
 
     kind, score, mode, epoch_bar = "tft", "val_loss", "min", False
     may_change = ("train.epochs", "train.accumulate", "model.execution")
@@ -55,7 +55,7 @@ class TFTTask:
             if bad := unmatched(cfg.quant.qat_layers, shapes["params"]):
                 raise ConfigError(f"--qat-layers {' '.join(bad)} matches no layer; layers are "
                                   "named like " + ", ".join(layer_names(shapes["params"])[:4])
-                                  + ", … (tftjax.quant_tree.layer_names)")
+                                  + ", … (tftjax.quant.tree.layer_names)")
         if tc.ema > 0 and cfg.quant.qat:
             raise ConfigError("--ema and --qat do not go together (the observers follow the "
                               "raw weights, not their average)")
@@ -145,7 +145,7 @@ class TFTTask:
         if self.cfg.execution.pallas("grn") and not grn_kernel(self.cfg):
             note = (note + "\n" if note else "") + (
                 f"note: the GRN kernels do not take hidden size {self.cfg.model.hidden} at "
-                f"--precision {self.cfg.execution.precision} (tftjax.models.pallas_gated."
+                f"--precision {self.cfg.execution.precision} (tftjax.models.kernels.pallas_gated."
                 "supported: a power of two of at least 16 whose two d x d weights fit 128 KB), "
                 "or a QAT model: the GRNs and gates run in XLA")
         if pallas and not is_gpu():

@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tftjax import losses
+from tftjax.stats import losses
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import Dataset, DeviceData, epoch_batches, to_device
 from tftjax.models.tft import quant_spec
-from tftjax.quant_tree import int8_variables, unobserved
+from tftjax.quant.tree import int8_variables, unobserved
 from tftjax.training.state import TrainState, create_train_state
 from tftjax.training.steps import make_eval_step, make_train_step
 
@@ -35,7 +35,7 @@ class Trainer:
         self.cfg, self.tc, self.data, self.par = cfg, tc, data, par
         check_instruments(cfg, data)
         if par is not None:
-            from tftjax.parallel import check_divisible
+            from tftjax.runner.mesh import check_divisible
 
             check_divisible(tc.batch_size // tc.accumulate, par.size,
                             "--batch-size" if tc.accumulate == 1 else
@@ -203,7 +203,7 @@ def model_variables(cfg: TFTConfig, variables: dict, mode: str | None = None) ->
 
 @functools.partial(jax.jit, static_argnums=1)
 def to_int8(params, spec):
-    """:func:`tftjax.quant_tree.int8_variables`, jitted (one compile instead of one per eager op
+    """:func:`tftjax.quant.tree.int8_variables`, jitted (one compile instead of one per eager op
     of every kernel)."""
     return int8_variables(params, spec)
 

@@ -1,0 +1,284 @@
+"""The walk-forward's verdict (numpy and scipy only).
+
+Each fold chooses its baseline on **its own validation stretch** (the one of lowest P90
+q-risk there), and the picks are stitched over the folds into one forecast, "the baseline
+chosen per fold": the bar a model must clear. Nothing is chosen on a test target: fold k's
+validation stretch ends one embargo before its test stretch, so its choice reads no target
+of its own test stretch or of any later fold's (it may read earlier folds' test targets,
+which lie before it: they are the past by then).
+
+Every model (the TFT, each baseline and the stitched choice) gets the same figures: pooled
+P50/P90 q-risk and 10-90% coverage with circular-block-bootstrap intervals, the CRPS, the
+80% interval score, per-quantile hit rates with Kupiec and Christoffersen tests on the
+one-step-ahead forecasts, the quantile-crossing rate and the PIT counts. The model is
+compared with each of the others by Diebold–Mariano on the per-window P90 pinball loss (the
+metric the choice is made on) and on the mean quantile loss, each with a Newey–West
+bandwidth never shorter than the Politis–White block of its own loss differential, and by
+a paired circular-bootstrap interval of the P90 q-risk difference (the same resampled
+windows for both). The verdict rests on one test per run, the model against the stitched
+choice; across runs (sets × variants), ``experiments/verdicts.py`` adjusts those by Holm
+over every row reported. Holm over this run's baselines adjusts the side comparisons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tftjax.stats import scoring
+
+CHOSEN = "chosen"
+"""The stitched per-fold choice's name in a verdict's tables."""
+MODEL = "tft"
+COMBO = "combination"
+"""The per-fold combination ``w · TFT + (1 - w) · the fold's chosen baseline`` (:func:`combine`)."""
+MODELS = (MODEL, COMBO)
+"""What is compared, never a baseline to choose."""
+WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))
+"""The combination weights tried on each fold's validation stretch."""
+LEVEL = 0.05
+"""The Holm-adjusted p-value under which a difference counts."""
+
+
+@dataclasses.dataclass
+class Fold:
+    """One fold's scored windows: per model, per-window sums (:data:`tftjax.stats.scoring.SUMS`)
+    of its validation and test windows, and its test quantiles ``[n, D, Q]`` against the
+    test targets ``y [n, D]``."""
+
+    val: dict[str, np.ndarray]
+    test: dict[str, np.ndarray]
+    y: np.ndarray
+    pred: dict[str, np.ndarray]
+
+
+def choose(fold: Fold, candidates: list[str]) -> str:
+    """The candidate of lowest P90 q-risk on the fold's validation windows (the first of a
+    tie, in ``candidates``' order)."""
+    scores = [scoring.from_sums(fold.val[n])["q_risk_90"] for n in candidates]
+    return candidates[int(np.nanargmin(scores))]
+
+
+def with_choice(folds: list[Fold], candidates: list[str]) -> tuple[list[Fold], list[str]]:
+    """Each fold with the stitched choice added as :data:`CHOSEN` (its pick's validation and
+    test rows and test quantiles), and the picks."""
+    picks = [choose(f, candidates) for f in folds]
+    out = [dataclasses.replace(f, val={**f.val, CHOSEN: f.val[p]},
+                               test={**f.test, CHOSEN: f.test[p]},
+                               pred={**f.pred, CHOSEN: f.pred[p]})
+           for f, p in zip(folds, picks)]
+    return out, picks
+
+
+def combine(y_val: np.ndarray, model_val: np.ndarray, base_val: np.ndarray, qs) -> float:
+    """The weight ``w`` (:data:`WEIGHTS`) of the model in ``w · model + (1 - w) · baseline``
+    of lowest P90 q-risk on the fold's validation windows (the smallest of a tie: the
+    baseline, unless the model adds something there)."""
+    scores = np.array([scoring.from_sums(scoring.window_sums(
+        y_val, w * model_val + (1 - w) * base_val, qs))["q_risk_90"] for w in WEIGHTS])
+    best = np.nanmin(scores)  # within 1e-9 relative: a tie (w·b + (1-w)·b is b to an ulp)
+    return WEIGHTS[int(np.flatnonzero(scores <= best + 1e-9 * abs(best))[0])]
+
+
+def by_series(fold: Fold, val_series: np.ndarray, test_series: np.ndarray):
+    """A panel's fold split by series: ``(series index, Fold)`` for each series with test
+    windows in it, its own validation windows for its choice (the fold's pooled ones where
+    it has none: a series that joined at the validation stretch's end)."""
+    for i in np.unique(test_series):
+        v, t = val_series == i, test_series == i
+        val = {n: r[v] for n, r in fold.val.items()} if v.any() else fold.val
+        yield int(i), Fold(val, {n: r[t] for n, r in fold.test.items()}, fold.y[t],
+                           {n: p[t] for n, p in fold.pred.items()})
+
+
+def brief(out: dict, model: str = MODEL) -> dict:
+    """A verdict cut to its row: the model's and the stitched choice's test metrics, their
+    comparison, the picks and the verdict (a panel's per-series rows)."""
+    rows = out["pooled"]
+    return {"windows": int(sum(out["fold_windows"])), "folds": len(out["fold_windows"]),
+            "chosen_per_fold": out["chosen_per_fold"], "verdict": out["verdict"],
+            model: {**rows[model]["test"], "ci95": rows[model]["ci95"]},
+            CHOSEN: {**rows[CHOSEN]["test"], "ci95": rows[CHOSEN]["ci95"]},
+            "vs": rows[CHOSEN]["vs"]}
+
+
+def holm_rows(rows: dict) -> dict:
+    """:func:`brief` rows with the DM P90 p-values Holm-adjusted over all of them
+    (``p_holm``) and each verdict taken at the adjusted p."""
+    names = list(rows)
+    for n, adj in zip(names, scoring.holm([rows[n]["vs"]["dm_p90"]["p"] for n in names])):
+        v = rows[n]["vs"]
+        v["dm_p90"]["p_holm"] = float(adj)
+        rows[n]["verdict"] = verdict(v["dm_p90"], v["p90_diff_ci95"], "p_holm")
+    return rows
+
+
+def format_series(rows: dict) -> str:
+    """A panel's per-series table (:func:`brief` rows by series name)."""
+    lines = ["per series (each over the folds it was scored in, its baseline chosen per fold "
+             "on its own validation; Holm over the series):",
+             "| series | folds | windows | TFT P90 | chosen P90 | P90 diff [95% CI] | DM P90 (p, Holm) "
+             "| verdict |", "|---|---|---|---|---|---|---|---|"]
+    for n, r in rows.items():
+        v, ci = r["vs"], r["vs"]["p90_diff_ci95"]
+        lines.append(f"| {n} | {r['folds']} | {r['windows']:,} | {r[MODEL]['q_risk_90']:.4f} | "
+                     f"{r[CHOSEN]['q_risk_90']:.4f} | {v['p90_diff']:+.4f} [{ci[0]:+.4f}, "
+                     f"{ci[1]:+.4f}] | {v['dm_p90']['stat']:+.2f} ({v['dm_p90']['p']:.3g}, "
+                     f"{v['dm_p90'].get('p_holm', float('nan')):.3g}) | "
+                     f"{r['verdict']} |")
+    return "\n".join(lines)
+
+
+def dm(a: np.ndarray, b: np.ndarray, horizon: int) -> dict:
+    """Diebold–Mariano of ``a - b`` (per-window losses; negative: ``a`` is better) with a
+    bandwidth of at least the Politis–White block of the differential (overlapping
+    ``horizon``-step forecasts and slowly varying volatility make the differences
+    dependent over far more windows than Newey–West's rule of thumb allows)."""
+    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    block = scoring.block_length(d)
+    lags = max(scoring.default_lags(d.size, horizon), block)
+    return {**scoring.diebold_mariano(a, b, horizon, lags=lags), "block": block}
+
+
+def compare(a: np.ndarray, b: np.ndarray, horizon: int, reps: int, seed: int = 0) -> dict:
+    """Model ``a`` against model ``b`` on the same windows (per-window sums ``[n, 6]``): DM
+    on the P90 pinball loss and on the mean quantile loss, and the P90 q-risk difference
+    ``a - b`` with its paired 95% circular-block-bootstrap interval."""
+    seen = a[:, 5] > 0  # windows with an observed target (the same for every model)
+    a, b = a[seen], b[seen]
+    out = {"dm_p90": dm(a[:, 2], b[:, 2], horizon), "dm_loss": dm(a[:, 0], b[:, 0], horizon)}
+    block = out["dm_p90"]["block"]
+    idx = scoring.circular_bootstrap_index(a.shape[0], block, reps, seed)
+    diffs = np.array([scoring.from_sums(a[i])["q_risk_90"] - scoring.from_sums(b[i])["q_risk_90"]
+                      for i in idx])
+    point = scoring.from_sums(a)["q_risk_90"] - scoring.from_sums(b)["q_risk_90"]
+    out["p90_diff"] = float(point)
+    out["p90_diff_ci95"] = [float(np.quantile(diffs, 0.025)), float(np.quantile(diffs, 0.975))]
+    return out
+
+
+def calibration(y: np.ndarray, pred: np.ndarray, qs) -> dict:
+    """Calibration and sharpness of stitched quantile forecasts ``pred [n, D, Q]`` of the
+    targets ``y [n, D]`` (NaN: not observed): CRPS, the 80% interval score, crossing rate,
+    PIT counts, and the one-step-ahead hits of every quantile but the median (Kupiec's
+    coverage and Christoffersen's independence tests)."""
+    qarr = np.asarray(qs, np.float64)
+    out = {"crossing_rate": scoring.crossing_rate(pred),
+           "crps": float(np.nanmean(scoring.crps_from_quantiles(y, pred, qs))),  # NaN: no y
+           "missing_targets": float(np.mean(~np.isfinite(y))), "hits": {}}
+    i10, i90 = scoring.level(qs, 0.1, required=False), scoring.level(qs, 0.9, required=False)
+    if i10 is not None and i90 is not None:
+        out["interval_score_80"] = float(np.nanmean(scoring.interval_score(
+            y, pred[..., i10], pred[..., i90], 0.2)))
+    y1, p1 = y[:, 0], pred[:, 0]
+    seen = np.isfinite(y1)
+    y1, p1 = y1[seen], p1[seen]
+    for j, q in enumerate(qarr):  # y below a lower quantile, or above an upper one
+        if q == 0.5:
+            continue
+        hits = y1 < p1[:, j] if q < 0.5 else y1 > p1[:, j]
+        p = q if q < 0.5 else 1 - q
+        out["hits"][f"{q:g}"] = {"kupiec": scoring.kupiec(hits, p),
+                                 "christoffersen": scoring.christoffersen(hits)}
+    counts, expected = scoring.pit_counts(y, pred, qs)
+    out["pit"] = {"counts": counts.tolist(), "expected": expected.tolist()}
+    return out
+
+
+def _metrics(sums: np.ndarray) -> dict:
+    return {k: float(v) for k, v in scoring.from_sums(sums).items()}
+
+
+def summarize(folds: list[Fold], qs, horizon: int, reps: int, model: str | None = MODEL,
+              block: int | None = None) -> dict:
+    """The verdict of a walk-forward (see the module docstring): ``pooled`` (a row per model:
+    validation and test metrics, intervals, calibration, and ``vs``: the model against it),
+    ``chosen_per_fold``, ``block``, ``comparisons`` and, with a ``model``, ``verdict``.
+    ``model=None``: the baselines alone (no comparison). ``block``: the intervals' bootstrap
+    block (default: Politis–White on the model's P90 loss differential with the stitched
+    choice, or on the choice's own P90 loss without a model)."""
+    baselines = [n for n in folds[0].val if n != model and n not in MODELS]
+    folds, picks = with_choice(folds, baselines)
+    names = ([model] if model else []) + baselines + [CHOSEN]
+    cat = lambda part, n: np.concatenate([getattr(f, part)[n] for f in folds])  # noqa: E731
+    test = {n: cat("test", n) for n in names}
+    seen = test[CHOSEN][:, 5] > 0
+    ref = test[model][seen, 2] - test[CHOSEN][seen, 2] if model else test[CHOSEN][seen, 2]
+    block = block or scoring.block_length(ref)
+    y = np.concatenate([f.y for f in folds])
+    table = {}
+    for n in names:
+        s = test[n]
+        table[n] = {"val": _metrics(cat("val", n)), "test": _metrics(s),
+                    "ci95": {m: scoring.bootstrap_interval(
+                        lambda x, m=m: scoring.from_sums(x)[m], s, block, reps)
+                        for m in ("q_risk_50", "q_risk_90", "coverage_80")},
+                    "calibration": calibration(y, cat("pred", n), qs)}
+        if model and n != model:
+            table[n]["vs"] = compare(test[model], s, horizon, reps)
+    out = {"pooled": table, "chosen_per_fold": picks, "block": block,
+           "fold_windows": [int(f.y.shape[0]) for f in folds]}
+    if model:  # the side comparisons, one per baseline: Holm over this run's baselines
+        for n, adj in zip(baselines, scoring.holm([table[n]["vs"]["dm_p90"]["p"]
+                                                   for n in baselines])):
+            table[n]["vs"]["dm_p90"]["p_holm"] = float(adj)
+        out["comparisons"] = len(baselines)
+        main = table[CHOSEN]["vs"]  # the one test the verdict rests on (Holm across runs:
+        out["verdict"] = verdict(main["dm_p90"], main["p90_diff_ci95"])  # verdicts.py)
+    return out
+
+
+def verdict(dm_p90: dict, ci95, p_key: str = "p") -> str:
+    """``beats``, ``level`` or ``behind``: the model against the stitched choice on P90. A
+    difference counts where the DM p-value (``p_key``: raw for one run, Holm-adjusted across
+    a table) is below :data:`LEVEL` **and** the paired bootstrap interval of the P90
+    difference excludes 0 on the same side (a model that kept the anchor's weights differs
+    from it by float32 rounding only, which a DM statistic alone can call significant)."""
+    p, stat = dm_p90.get(p_key, dm_p90["p"]), dm_p90["stat"]
+    if not np.isfinite(p) or p >= LEVEL:
+        return "level"
+    if stat < 0 and ci95[1] < 0:
+        return "beats"
+    return "behind" if stat > 0 and ci95[0] > 0 else "level"
+
+
+SENTENCE = {"beats": "the TFT beats the baseline chosen per fold on validation",
+            "level": "the TFT is level with the baseline chosen per fold on validation "
+                     "(no significant difference)",
+            "behind": "the TFT is behind the baseline chosen per fold on validation "
+                      "(significantly worse): not beaten"}
+
+
+def format_table(out: dict, names: dict | None = None) -> str:
+    """The pooled table in Markdown, the stitched choice last, and the verdict's sentence."""
+    names = names or {}
+    picks = out["chosen_per_fold"]
+    label = lambda n: ("TFT" if n == MODEL else "baseline chosen per fold" if n == CHOSEN  # noqa: E731
+                       else names.get(n, n))
+    lines = [f"pooled over {len(picks)} folds; choice per fold on its own validation: "
+             + ", ".join(names.get(p, p) for p in picks)
+             + f"; 95% circular block bootstrap (block {out['block']} windows); DM: TFT - row "
+             "(negative: the TFT is better), Newey-West lags >= the Politis-White block; "
+             f"Holm over the {out.get('comparisons', 0)} baselines (the stitched choice's p is "
+             "the verdict's own test)",
+             "| model | P50 q-risk | P90 q-risk [95% CI] | cover 10-90 | CRPS | P90 diff [95% CI] "
+             "| DM P90 (p, Holm) | DM loss (p) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for n, r in out["pooled"].items():
+        t, ci = r["test"], r["ci95"]["q_risk_90"]
+        v = r.get("vs")
+        cells = "– | – | – |"
+        if v:
+            d, dl, di = v["dm_p90"], v["dm_loss"], v["p90_diff_ci95"]
+            cells = (f"{v['p90_diff']:+.4f} [{di[0]:+.4f}, {di[1]:+.4f}] | {d['stat']:+.2f} "
+                     f"({d['p']:.3g}, " + (f"{d['p_holm']:.3g}" if "p_holm" in d else "–")
+                     + f") | "
+                     f"{dl['stat']:+.2f} ({dl['p']:.3g}) |")
+        lines.append(f"| {label(n)} | {t['q_risk_50']:.4f} | {t['q_risk_90']:.4f} [{ci[0]:.4f}, "
+                     f"{ci[1]:.4f}] | {t['coverage_80']:.3f} | {r['calibration']['crps']:.4f} | "
+                     + cells)
+    if "verdict" in out:
+        lines.append("")
+        lines.append(f"verdict: {SENTENCE[out['verdict']]}.")
+    return "\n".join(lines)
