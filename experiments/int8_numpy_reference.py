@@ -24,6 +24,16 @@ import numpy as np
 F32 = np.float32
 
 
+def flat_config(model: dict) -> dict:
+    """The model config's fields by name, from either layout: schema 2 (tftjax 0.2.0 on:
+    its parts ``model``, ``head``, ``quant``, ``execution``, ``data`` nested) or schema 1
+    (flat)."""
+    parts = ("model", "head", "quant", "execution", "data")
+    if isinstance(model.get("model"), dict):
+        return {k: v for p in parts for k, v in model.get(p, {}).items()}
+    return model
+
+
 class BadExport(Exception):
     """An export this reference cannot rebuild (one line, exit 2)."""
 
@@ -83,7 +93,7 @@ class Int8TFT:
         if not (export / "model_int8.safetensors").is_file():
             raise BadExport(f"{export} holds float32 weights only (no model_int8.safetensors): "
                             "export a --qat run, or a float one with --calibrate N")
-        self.cfg = json.loads((export / "config.json").read_text())["model"]
+        self.cfg = flat_config(json.loads((export / "config.json").read_text())["model"])
         t = nest(load_file(str(export / "model_int8.safetensors")))
         if "act_qparams" not in t:
             raise BadExport(f"{export}: no act_qparams (an export from before scales and zero "

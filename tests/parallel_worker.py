@@ -121,7 +121,7 @@ if __name__ == "__main__":
     assert len(jax.devices()) == 4, jax.devices()
     DS = load_dataset(os.environ.get("TFTJAX_TEST_PARQUET"), preset("tiny").data)  # short bars
     with_dropout = preset("tiny")
-    no_dropout = dataclasses.replace(with_dropout, dropout=0.0)
+    no_dropout = with_dropout.override(dropout=0.0)
     out = {}
     one = train(with_dropout, 1, evaluate=True)
     four = train(with_dropout, 4, evaluate=True)
@@ -134,7 +134,7 @@ if __name__ == "__main__":
         train(no_dropout, 4, layout="rows", accumulate=2), train(no_dropout, 1))
     # QAT: observers move once per step by the whole batch's range, whatever the batch is
     # split into: 4 micro-batches or 4 devices equal one device's whole batch
-    qat = dataclasses.replace(no_dropout, qat=True)
+    qat = no_dropout.override(qat=True)
     q1 = train(qat, 1)
     for name, run in (("qat_accumulate_4_vs_whole", train(qat, 1, accumulate=4)),
                       ("qat_four_devices_vs_one", train(qat, 4))):

@@ -221,7 +221,7 @@ def test_no_growth_of_live_device_memory_over_20_steps(tier):
     from conftest import short_es
     from test_remat_training import TC
 
-    cfg = dataclasses.replace(TRAIN_CFG, remat=tier)
+    cfg = TRAIN_CFG.override(remat=tier)
     ds = load_dataset(short_es(), cfg.data)
     trainer = Trainer(cfg, TC, to_device(ds.features))
     state = create_train_state(cfg, TC, jax.random.key(0))
@@ -298,7 +298,8 @@ def test_memory_cli_isolated_point_runs_in_its_own_process(tmp_path):
     assert rec["isolated"] is True and rec["step_time_s"] > 0 and rec["temp_bytes"] > 0
     # one compile per point: the child's (the parent's own log shows no train step compiled)
     assert "Compiling jit(step)" not in p.stderr, p.stderr[-2000:]
-    assert json.loads((tmp_path / "point_off_b16_k1" / "config.json").read_text())["remat"] == "off"
+    assert json.loads((tmp_path / "point_off_b16_k1" / "config.json").read_text())[
+        "execution"]["remat"] == "off"
     assert (tmp_path / "memory_off_b16.prof").exists()
 
 

@@ -287,8 +287,8 @@ def test_a_checkpoint_from_before_vocabularies_still_evaluates(files, tmp_path, 
     meta = json.loads(meta_file.read_text())
     for k in ("series", "vocab", "cuts"):
         meta.pop(k)
-    meta["identity"]["model"].pop("instruments")
-    meta["identity"]["model"].pop("instrument_dropout")
+    meta["identity"]["model"]["model"].pop("instruments")
+    meta["identity"]["model"]["model"].pop("instrument_dropout")
     meta_file.write_text(json.dumps(meta))
     saved = open_model(tmp_path / "old")
     assert saved.cfg.model.instruments == 0 and saved.featurisation["vocab"] is None

@@ -169,7 +169,7 @@ def test_bf16_training_and_evaluation_on_the_bundled_bars():
     batches = [np.asarray(ds.splits.train[i * 32:(i + 1) * 32], np.int32) for i in range(8)]
     losses_by = {}
     for p in ("f32", "bf16"):
-        trainer = Trainer(dataclasses.replace(cfg32, precision=p), tc, data)
+        trainer = Trainer(cfg32.override(precision=p), tc, data)
         state = create_train_state(cfg32, tc, jax.random.key(0))
         seen = []
         for b in batches:
@@ -180,7 +180,7 @@ def test_bf16_training_and_evaluation_on_the_bundled_bars():
             params = state.params
     test = np.asarray(ds.splits.test, np.int32)
     l32 = Trainer(cfg32, tc, data).evaluate(params, test)["loss"]
-    l16 = Trainer(dataclasses.replace(cfg32, precision="bf16"), tc, data).evaluate(params, test)["loss"]
+    l16 = Trainer(cfg32.override(precision="bf16"), tc, data).evaluate(params, test)["loss"]
     assert l16 == pytest.approx(l32, rel=0.01), (l16, l32)
     for p, seen in losses_by.items():  # the first batches against the last
         assert np.mean(seen[-3:]) < np.mean(seen[:3]), (p, seen)

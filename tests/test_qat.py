@@ -496,7 +496,7 @@ def test_init_from_another_model_and_bad_exports_exit_2(qat_run, tmp_path, capsy
     rc = call(train_cli.main, *tiny_tft(), "--hidden-size", "8", "--qat", "--init-from",
               qat_run / "run", "--workdir", tmp_path / "run")
     err = capsys.readouterr().err
-    assert rc == 2 and "another model than this run's: hidden: 16 there, 8 now" in err, err
+    assert rc == 2 and "another model than this run's: model.hidden: 16 there, 8 now" in err, err
     from test_runloop import other_file
 
     rc = call(train_cli.main, *TINY_TRAIN, "--qat", "--init-from", qat_run / "run",
@@ -529,6 +529,9 @@ def test_a_qat_checkpoint_from_before_the_folded_layout_is_refused(qat_run, tmp_
                                "act_symmetric")), (newer, ("quant_format",))):
         for meta in run.glob("checkpoints/*/meta/metadata"):
             m = json.loads(meta.read_text())
+            model = m["identity"]["model"]  # written flat, as tftjax wrote it then (schema 1)
+            m["identity"]["model"] = {k: v for part in ("model", "head", "quant", "execution",
+                                                        "data") for k, v in model[part].items()}
             for f in fields:
                 (m["identity"] if f == "quant_format" else m["identity"]["model"]).pop(f)
             meta.write_text(json.dumps(m))

@@ -127,7 +127,8 @@ def test_resume_through_the_cli_equals_the_uninterrupted_run(base, tmp_path, cap
     capsys.readouterr()
     assert call(train_cli.main, "--resume", "--workdir", copy / "run", "--epochs", "3",
                 "--no-progress", "--matmul-precision", "highest", "--no-plots") == 0
-    assert ("--resume: model.matmul_precision: 'default' in the checkpoint, 'highest' now"
+    assert ("--resume: model.execution.matmul_precision: 'default' in the checkpoint, "
+            "'highest' now"
             in capsys.readouterr().out)
     a = raw_state(ckpts / "tft_epoch_3")
     chex.assert_trees_all_equal(a, raw_state(straight / "checkpoints" / "tft_epoch_3"))
