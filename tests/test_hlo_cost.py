@@ -229,12 +229,12 @@ def test_the_pallas_lstm_is_one_triton_kernel_each_way_on_the_h100():
                     reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
 def test_the_pallas_optimizer_is_a_few_triton_kernels_on_the_h100():
     from tftjax.config import TrainConfig
-    from tftjax.models.kernels import pallas_adamw
-    from tftjax.training.state import make_optimizer
+    from tftjax.training.optimizer import make_optimizer
 
     # 60 leaves in two update kernels, named as the TFT's (decayed and spared), of one element
     # to several blocks; AdamW with its decay mask and a schedule
-    tx = make_optimizer(TrainConfig(decay_all=False, lr_schedule="cosine", warmup_steps=2), 10)
+    tx = make_optimizer(TrainConfig(decay_all=False, lr_schedule="cosine", warmup_steps=2), 10,
+                        "pallas", False)
     s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
     shapes = [(128, 128), (128,), (7,), (220, 8, 32)] * 15
     names = ["kernel", "bias", "ln_scale", "glu_k"] * 15
@@ -242,12 +242,7 @@ def test_the_pallas_optimizer_is_a_few_triton_kernels_on_the_h100():
               for i, (k, v) in enumerate(zip(names, shapes))}
     state = jax.eval_shape(tx.init, params)
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state)
-    h = pallas_adamw.hyper(tx)
-
-    def step(p, g, o):
-        return pallas_adamw.step(h, p, g, o, interpret=False)
-
-    compiled = jax.jit(step, donate_argnums=(0, 2)).lower(params, params, state).compile()
+    compiled = jax.jit(tx.step, donate_argnums=(0, 2)).lower(params, params, state).compile()
     text = compiled.as_text()
     calls = [ln for ln in text.splitlines() if "custom_call_target=\"__gpu$xla.gpu.triton\"" in ln]
     names = sorted(c.split('name = "')[1].split('"')[0] for c in calls)

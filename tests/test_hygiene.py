@@ -13,7 +13,7 @@ import pytest
 from tftjax.config import TrainConfig, preset
 from tftjax.models.layers import LSTM
 from tftjax.models.tft import init_params, monotone
-from tftjax.training.state import decay_mask, make_optimizer
+from tftjax.training.optimizer import decay_mask, make_optimizer
 
 CFG = preset("tiny")
 

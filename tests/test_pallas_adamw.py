@@ -14,7 +14,7 @@ import pytest
 from tftjax.models.kernels import multi_tensor
 from tftjax.models.kernels import pallas_adamw
 from tftjax.config import TrainConfig
-from tftjax.training.state import decay_mask, make_optimizer
+from tftjax.training.optimizer import decay_mask, make_optimizer
 
 # Tolerance. Every element-wise expression is optax's own, in the same order, in float32;
 # only the global norm is summed in another order (per block, then the partial sums,
@@ -72,15 +72,17 @@ def _close(a, b, what):
     TrainConfig(learning_rate=3e-3, weight_decay=0.05, grad_clip=1.0, decay_all=False,
                 lr_schedule="cosine", warmup_steps=1),
 ], ids=["constant-decay-all", "cosine-warmup-masked"])
-def test_three_steps_match_optax_with_clipping_on_and_off(params, tc):
+@pytest.mark.parametrize("backend", ["pallas", "flat"])
+def test_three_steps_match_optax_with_clipping_on_and_off(params, tc, backend):
+    # the optimizer's two fused backends (the kernels; one flat buffer in XLA) against optax
     tx = make_optimizer(tc, total_steps=10)
-    h = pallas_adamw.hyper(tx)
+    fused = make_optimizer(tc, 10, backend, INTERPRET)
     assert len(jax.tree.leaves(params)) > 3 * pallas_adamw.GROUP  # four update kernels
     assert max(x.size for x in jax.tree.leaves(params)) > 10 * multi_tensor.BLOCK
     if not tc.decay_all:  # the mask decays some leaves and spares others
         assert len(set(jax.tree.leaves(decay_mask(params)))) == 2
 
-    run = jax.jit(lambda p, g, s: pallas_adamw.step(h, p, g, s, interpret=INTERPRET))
+    run = jax.jit(fused.step)
 
     @jax.jit
     def reference(p, g, s):
@@ -108,10 +110,11 @@ def test_three_steps_match_optax_with_clipping_on_and_off(params, tc):
 def test_bfloat16_gradients_are_converted_inside_the_kernels(params):
     # the bf16 step hands the optimizer the gradients of the parameters' bfloat16 copies:
     # the same step as optax on those gradients converted to float32 (exactly)
-    tx = make_optimizer(TrainConfig(learning_rate=1e-2, weight_decay=0.1, grad_clip=1.0))
+    tc = TrainConfig(learning_rate=1e-2, weight_decay=0.1, grad_clip=1.0)
+    tx = make_optimizer(tc)
     g = jax.tree.map(lambda a: a.astype(jnp.bfloat16), _grads(params, 5, 1.0))
-    p_k, s_k, n_k = jax.jit(lambda p, g, s: pallas_adamw.step(
-        pallas_adamw.hyper(tx), p, g, s, interpret=INTERPRET))(params, g, tx.init(params))
+    fused = make_optimizer(tc, None, "pallas", INTERPRET)
+    p_k, s_k, n_k = jax.jit(fused.step)(params, g, tx.init(params))
     g32 = jax.tree.map(lambda a: a.astype(jnp.float32), g)
     u, s_r = tx.update(g32, tx.init(params), params)
     _close(p_k, optax.apply_updates(params, u), "params")
@@ -119,18 +122,26 @@ def test_bfloat16_gradients_are_converted_inside_the_kernels(params):
     assert abs(float(n_k) - float(optax.global_norm(g32))) <= 2e-6 * float(n_k)
 
 
-def test_only_the_projects_optimizer_runs_as_kernels():
-    with pytest.raises(TypeError, match="make_optimizer"):
-        pallas_adamw.hyper(optax.adam(1e-3))
-    tx = make_optimizer(TrainConfig())
-    assert pallas_adamw.hyper(tx).clip == TrainConfig().grad_clip
+def test_the_optimizer_is_an_optax_transformation_whatever_runs_it(params):
+    # every backend keeps optax's state and gives optax's updates through ``update``
+    tc = TrainConfig(learning_rate=1e-2, weight_decay=0.1, grad_clip=1.0)
+    g = _grads(params, 3, 1.0)
+    ref = make_optimizer(tc)
+    u_ref, s_ref = ref.update(g, ref.init(params), params)
+    for backend in ("flat", "pallas"):
+        tx = make_optimizer(tc, None, backend, INTERPRET)
+        assert tx.hyper.clip == tc.grad_clip and tx.backend == backend
+        u, s = jax.jit(tx.update)(g, tx.init(params), params)
+        _close(optax.apply_updates(params, u), optax.apply_updates(params, u_ref), backend)
+        _close(s, s_ref, backend)
+    assert make_optimizer(tc) is make_optimizer(tc)  # one object: jit's cache hits
 
 
 def test_a_non_float32_leaf_is_refused(params):
-    tx = make_optimizer(TrainConfig())
+    tx = make_optimizer(TrainConfig(), None, "pallas", INTERPRET)
     p = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
     with pytest.raises(TypeError, match="float32"):
-        pallas_adamw.step(pallas_adamw.hyper(tx), p, p, tx.init(params), interpret=INTERPRET)
+        tx.step(p, p, tx.init(params))
 
 
 def test_the_train_step_runs_the_kernels_and_keeps_the_state_as_it_was():
@@ -143,7 +154,8 @@ def test_the_train_step_runs_the_kernels_and_keeps_the_state_as_it_was():
     from tftjax.memory.analysis import abstract_inputs
     from tftjax.training.steps import make_train_step
 
-    cfg = preset("tiny", precision="bf16", optimizer_kernel="pallas")
+    cfg = preset("tiny", precision="bf16", kernels="pallas",
+                 kernels_exclude=("vsn", "lstm", "grn", "attention"))
     state, data, idx, key = abstract_inputs(cfg, 8, 64)
     jaxpr, (new, metrics) = jax.make_jaxpr(make_train_step(cfg), return_shape=True)(
         state, data, idx, key)

@@ -150,7 +150,7 @@ def early(tmp_path_factory):
     # best epoch is not among the latest two, and its checkpoint is kept apart from them
     tc = TrainConfig(epochs=20, batch_size=32, learning_rate=0.03, max_steps_per_epoch=3,
                      patience=2)
-    summary = train_and_evaluate(
+    _, summary = train_and_evaluate(
         preset("tiny"), tc, root / "run", parquet_file=data,
         callback=lambda e, s, m, f: seen.__setitem__(e, jax.device_get(s.params)), **tft_quiet)
     return root, summary, seen
@@ -243,7 +243,7 @@ def test_no_validation_windows_turns_early_stopping_off(tmp_path):
     assert ds.splits.val.size == 0
     lines = []
     tc = TrainConfig(epochs=3, batch_size=32, max_steps_per_epoch=2, patience=1)
-    s = train_and_evaluate(cfg, tc, tmp_path, dataset=ds, log=lines.append, progress=False,
+    _, s = train_and_evaluate(cfg, tc, tmp_path, dataset=ds, log=lines.append, progress=False,
                            plots=False)
     assert not s["stopped_early"] and s["epochs_run"] == 3 and s["weights_epoch"] == 3
     assert "val" not in s["model"] and any("no validation windows" in x for x in lines)

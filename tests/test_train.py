@@ -78,7 +78,7 @@ def test_padded_rows_do_not_count(es):
 def test_loss_falls_well_below_naive_baseline(tmp_path):
     tc = dataclasses.replace(TC, epochs=4, max_steps_per_epoch=None)
     with xla_optimised():  # ~110 steps: the optimised program's speed pays for its compile
-        s = train_and_evaluate(CFG, tc, tmp_path, dataset=signal_dataset(1400), **quiet)
+        _, s = train_and_evaluate(CFG, tc, tmp_path, dataset=signal_dataset(1400), **quiet)
     model, naive = s["model"]["val"]["loss"], s["baselines"]["train_quantiles"]["val"]["loss"]
     assert model < 0.5 * naive, (model, naive)
     assert s["history"][-1]["train_loss"] < 0.5 * s["history"][0]["train_loss"]

@@ -27,8 +27,8 @@ def test_a_search_on_validation_writes_settings_that_train_reads(tmp_path, capsy
         val = [abs(train.learning_rate - 3e-3) * 100 + model.model.dropout * (1 + e) for e in range(3)]
         for epoch, v in enumerate(val, 1):
             callback(epoch, None, {"val_loss": v}, epoch == 3)
-        return {"history": [{"val_loss": v} for v in val], "weights_epoch": 1,
-                "model": {"val": {"q_risk_90": val[0]}}}
+        return None, {"history": [{"val_loss": v} for v in val], "weights_epoch": 1,
+                      "model": {"val": {"q_risk_90": val[0]}}}
 
     monkeypatch.setattr(training, "train_and_evaluate", fake_train)
     import tftjax.training.search as search
@@ -74,8 +74,8 @@ def test_a_stopped_search_goes_on_with_resume(tmp_path, capsys, monkeypatch):
 
     def fake_train(model, train, workdir, *, dataset, callback, **kw):
         callback(1, None, {"val_loss": train.learning_rate}, True)
-        return {"history": [{"val_loss": train.learning_rate}], "weights_epoch": 1,
-                "model": {"val": {"q_risk_90": 0.5}}}
+        return None, {"history": [{"val_loss": train.learning_rate}], "weights_epoch": 1,
+                      "model": {"val": {"q_risk_90": 0.5}}}
 
     monkeypatch.setattr(training, "train_and_evaluate", fake_train)
     monkeypatch.setattr(search, "release_compiled", lambda: None)
@@ -138,7 +138,7 @@ def test_release_compiled_empties_the_step_caches():
 
     code = """
 from tftjax.config import preset
-from tftjax.training.state import _optimizer
+from tftjax.training.optimizer import _optimizer
 from tftjax.training.search import release_compiled
 from tftjax.training.steps import make_eval_step
 make_eval_step(preset("tiny"))

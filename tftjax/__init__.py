@@ -87,7 +87,8 @@ this map names every module::
   cli.flags                command lines read from the config dataclasses
   cli                      what every entry point shares: errors → exit codes, flags
   data.synthetic           ES-like synthetic bars (python -m tftjax.data.synthetic)
-  training.state           the train state and optimizer
+  training.optimizer       clip + AdamW as one optax transformation: optax, flat or Pallas
+  training.state           the train state
   training.steps           the jitted train and eval steps (accumulation, shardings)
   training.trainer         config + device data + compiled steps: train, evaluate, predict
   training.restore         open and restore checkpoints, --init-from, the SavedModel record

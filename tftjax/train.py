@@ -90,7 +90,7 @@ def configs(parsed: Parsed) -> tuple[TFTConfig, TrainConfig, TrainOptions]:
     the preset's (or on ``--resume`` the checkpoint's) settings, the ``--config`` file, then
     the flags. A ``--preset`` given with ``--resume`` sets the model, so that a different
     one is refused."""
-    from tftjax.runner.loop import latest_meta
+    from tftjax.runner.resume import latest_meta
 
     opts = parsed.options(TrainOptions)
     workdir = run_folder(opts.workdir, "runs/tft", opts.resume)

@@ -66,7 +66,7 @@ COMMAND_LINE = CommandLine("python -m tftjax.dqn", __doc__.split("\n\n")[0],
 def configs(parsed: Parsed) -> tuple[DQNConfig, DQNOptions]:
     """The ``--env`` preset, or on ``--resume`` the checkpoint's settings (unless another
     ``--env`` is given), with the flags given on top."""
-    from tftjax.runner.loop import latest_meta
+    from tftjax.runner.resume import latest_meta
 
     opts = parsed.options(DQNOptions)
     workdir = run_folder(opts.workdir, "runs/dqn", opts.resume)

@@ -28,7 +28,7 @@ from tftjax.dqn.cartpole import make_cartpole
 from tftjax.dqn.env import make_trading_env
 from tftjax.dqn.metrics import bars_per_year
 from tftjax.dqn.train import iterations_per_epoch, make_train
-from tftjax.runner.loop import TrainingDiverged
+from tftjax.errors import TrainingDiverged
 
 # Filled from the data when left None; on resume they follow the checkpoint (ε's decay
 # depends on the run's length, which a resume may extend).
@@ -312,5 +312,6 @@ def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool 
         envs, ds, c = build_envs(c, path, stats)
         return DQNTask(c, envs, ds, workdir, log)
 
-    return runloop.run(make_task, workdir, kind="dqn", resume=resume, progress=progress,
+    _, summary = runloop.run(make_task, workdir, kind="dqn", resume=resume, progress=progress,
                        callback=callback, log=log, tensorboard=tensorboard)
+    return summary

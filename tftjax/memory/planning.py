@@ -186,7 +186,7 @@ def resolve_auto(cfg: TFTConfig, tc, paths, devices: int = 1, resume: bool = Fal
 
     budget = cfg.execution.memory_budget
     if paths is None and resume:
-        from tftjax.runner.loop import latest_meta
+        from tftjax.runner.resume import latest_meta
 
         saved = latest_meta(Path(workdir) / "checkpoints", "tft")
         paths = find_data_files(saved["identity"]["data"], workdir)

@@ -27,15 +27,13 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from tftjax.runner.checkpoints import (EpochCheckpointer, checkpoint_name, epoch_checkpoints,
-                                supersede_finals,
-                                list_checkpoints, read_history)
 from tftjax.errors import ConfigError, TrainingDiverged
+from tftjax.runner.checkpoints import (EpochCheckpointer, checkpoint_name, epoch_checkpoints,
+                                       list_checkpoints, read_history, supersede_finals)
 from tftjax.runner.devices import memory_stats
 from tftjax.runner.provenance import provenance
+from tftjax.runner.resume import check_resume, latest_meta, resume_changes
 from tftjax.runner.tensorboard import LOGDIR, Board
-from tftjax.runner.resume import (KINDS, check_resume, identity_diff, latest_meta,  # noqa: F401
-                           resume_changes)
 
 
 class Task(Protocol):
@@ -66,7 +64,7 @@ def _is_better(score: float, best: float | None, mode: str) -> bool:
 
 def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: str,
         resume: bool = False, progress: bool = True, callback: Callable | None = None,
-        log: Callable = print, tensorboard: bool = True) -> dict:
+        log: Callable = print, tensorboard: bool = True) -> tuple[Any, dict]:
     """Train a task epoch by epoch, with checkpoints, early stopping and a summary.
 
     Args:
@@ -79,34 +77,210 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
       callback: ``(epoch, state, metrics, is_final)`` after each epoch's
         checkpoint (``state``: that epoch's; the final *checkpoint* holds the best).
       log: where lines go.
-      tensorboard: write ``workdir/tensorboard`` (:mod:`tftjax.runner.tensorboard`): each epoch's
-        numbers, the device's memory, the config, and at the end the plots.
+      tensorboard: write ``workdir/tensorboard`` (:mod:`tftjax.runner.tensorboard`): each
+        epoch's numbers, the device's memory, the config, and at the end the plots.
 
     Returns:
-      The summary (also ``workdir/summary.json``).
+      ``(the best epoch's state, the summary)`` (the summary is also
+      ``workdir/summary.json``).
 
     Raises:
       ConfigError: another run in ``workdir``, or a resume that does not match.
       TrainingDiverged: a NaN/inf loss (the last good checkpoint is kept).
     """
     workdir = Path(workdir)
-    ckpt_dir = workdir / "checkpoints"
-    if workdir.exists() and not workdir.is_dir():
-        raise ConfigError(f"--workdir {workdir} is a file, not a folder")
-    saved = None
-    if resume:
-        saved = latest_meta(ckpt_dir, kind)
-    elif list_checkpoints(ckpt_dir):
-        raise ConfigError(f"{ckpt_dir} already holds checkpoints "
-                          f"({', '.join(list_checkpoints(ckpt_dir)[-3:])}); pass --resume to "
-                          "continue that run or choose another --workdir")
+    saved = _saved_run(workdir, kind, resume)
     task = make_task(saved)
     if saved is not None:
-        check_resume(saved, task, ckpt_dir)
-
+        check_resume(saved, task, workdir / "checkpoints")
     # Nothing in the folder changes before this line.
     workdir.mkdir(parents=True, exist_ok=True)
     log(f"run folder: {workdir}")
+    book = _Book(task, workdir, saved, log, tensorboard)
+    try:
+        state = book.first_state(saved)
+        log(task.describe(state))
+        state = book.train(state, progress, callback)
+        best_state, final = book.finish(state)
+    except BaseException:
+        book.board.close()
+        raise
+    finally:  # an interrupted run still completes (or cleanly abandons) the saves started
+        book.checkpointer.close()
+    return best_state, book.summarize(best_state, final)
+
+
+def _saved_run(workdir: Path, kind: str, resume: bool) -> dict | None:
+    """The latest checkpoint's metadata on ``resume``; None for a new run.
+
+    Raises:
+      ConfigError: ``workdir`` is a file, holds another run's checkpoints, or (resume) none.
+    """
+    ckpt_dir = workdir / "checkpoints"
+    if workdir.exists() and not workdir.is_dir():
+        raise ConfigError(f"--workdir {workdir} is a file, not a folder")
+    if resume:
+        return latest_meta(ckpt_dir, kind)
+    if list_checkpoints(ckpt_dir):
+        raise ConfigError(f"{ckpt_dir} already holds checkpoints "
+                          f"({', '.join(list_checkpoints(ckpt_dir)[-3:])}); pass --resume to "
+                          "continue that run or choose another --workdir")
+    return None
+
+
+class _Book:
+    """One run's books: the loop's counters (``loop``, saved in every checkpoint's metadata),
+    the metrics history, the checkpointer and the TensorBoard log."""
+
+    def __init__(self, task: Task, workdir: Path, saved: dict | None, log: Callable,
+                 tensorboard: bool):
+        self.task, self.workdir, self.log = task, workdir, log
+        self.ckpt_dir = workdir / "checkpoints"
+        self.loop = _start_loop(saved, task, log)
+        self.start = self.loop["epoch"]
+        self.metrics_path = workdir / "metrics.jsonl"
+        self.history = (read_history(self.metrics_path, upto=self.start)
+                        if saved is not None else [])
+        self.primary = _is_primary()  # the one process of a multi-host run that writes files
+        if self.primary:
+            self.metrics_path.write_text("".join(json.dumps(h) + "\n" for h in self.history))
+        self.identity = task.identity()
+        self.checkpointer = EpochCheckpointer(self.ckpt_dir, task.kind)
+        self.board = Board(workdir / LOGDIR if self.primary and tensorboard else None)
+        self.board.config(self.identity)
+
+    def meta(self, metrics: dict, is_final: bool, weights_epoch: int) -> dict:
+        return {"kind": self.task.kind, "identity": self.identity, **self.task.extra_meta(),
+                "loop": dict(self.loop), "metrics": metrics, "is_final": is_final,
+                "weights_epoch": weights_epoch}
+
+    def record(self, metrics: dict, fresh: bool = False) -> None:
+        """One check's metrics into the history, ``metrics.jsonl`` and TensorBoard."""
+        self.history.append(metrics)
+        if self.primary:
+            with self.metrics_path.open("w" if fresh else "a") as f:
+                f.write(json.dumps(metrics) + "\n")
+
+    def first_state(self, saved: dict | None):
+        """The resumed state, or a new one (an anchored task's epoch 0 validated and saved:
+        its untrained model is the anchor, which early stopping may keep)."""
+        task = self.task
+        if saved is not None:
+            state = (task.restore(self.checkpointer, self.start) if hasattr(task, "restore")
+                     else self.checkpointer.restore(self.start, task.abstract_state()))
+            self.log(f"resuming from {self.ckpt_dir / checkpoint_name(task.kind, self.start, False)}")
+            return state
+        state = task.init_state()
+        if getattr(task, "score_at_start", False):
+            m0 = {"epoch": 0, "train_loss": None, **task.validate(state)}
+            self.loop["best_score"] = m0.get(task.score)
+            self.record(m0, fresh=True)
+            self.checkpointer.save(0, state, m0, self.meta(m0, False, 0), improved=True)
+            self.board.epoch(0, m0)
+            self.log(f"epoch 0 (before training): {task.score} {m0.get(task.score)}")
+        return state
+
+    def train(self, state, progress: bool, callback: Callable | None):
+        """Every epoch left, until the last or an early stop; the last epoch's state."""
+        task = self.task
+        bar = _epoch_bar(task, self.start) if progress and task.epoch_bar else None
+        say = bar.write if bar is not None else self.log  # lines above the bar
+        try:
+            for epoch in range(self.start + 1, task.epochs + 1):
+                if self.loop["stopped_early"]:
+                    break
+                state, stop = self.epoch(state, epoch, say)
+                if callback is not None:
+                    callback(epoch, state, self.history[-1], stop or epoch == task.epochs)
+                if bar is not None:
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        return state
+
+    def epoch(self, state, epoch: int, say: Callable):
+        """Train, validate, rank, record and checkpoint one epoch: ``(state, stop)``."""
+        task, loop = self.task, self.loop
+        try:
+            state, train_m = task.train_epoch(state, epoch)
+        except TrainingDiverged as e:
+            raise TrainingDiverged(f"{e}; stopped without saving epoch {epoch} (last good "
+                                   f"checkpoint: {_last(self.ckpt_dir, task.kind)})") from None
+        val = task.validate(state)
+        score = val.get(task.score)
+        if score is not None and not math.isfinite(score):
+            raise TrainingDiverged(f"{task.score} became {score} in epoch {epoch}; stopped "
+                                   f"(last good checkpoint: {_last(self.ckpt_dir, task.kind)})")
+        metrics = {"epoch": epoch, **train_m, **val}
+        if score is not None and hasattr(task, "rank"):  # e.g. smoothed over epochs
+            score = task.rank(self.history + [metrics])
+        improved = score is None or _is_better(score, loop["best_score"], task.mode)
+        if improved:
+            loop.update(best_epoch=epoch, best_score=score, bad_epochs=0)
+        else:
+            loop["bad_epochs"] += 1
+        stop = (task.patience > 0 and score is not None and loop["bad_epochs"] >= task.patience
+                and (not hasattr(task, "may_stop") or task.may_stop(epoch, metrics)))
+        loop.update(epoch=epoch, stopped_early=stop)
+        self.record(metrics)
+        self.board.epoch(epoch, metrics, memory_stats())
+        say(f"epoch {epoch}/{task.epochs}: {task.epoch_line(metrics)}"
+            + ("  *best" if improved and score is not None else ""))
+        if score is None and epoch == self.start + 1:
+            say("no validation windows: early stopping is off and the last epoch counts as "
+                "the best")
+        self.checkpointer.save(epoch, state, metrics, self.meta(metrics, False, epoch),
+                               improved=improved)
+        return state, stop
+
+    def finish(self, state):
+        """The best epoch's state and the final checkpoint (written unless it exists)."""
+        task, loop = self.task, self.loop
+        last, best_epoch = loop["epoch"], loop["best_epoch"]
+        if loop["stopped_early"]:
+            self.log(f"early stop at epoch {last}: no better {task.score} for {task.patience} "
+                     f"epochs; restoring the best epoch, {best_epoch}")
+        best_state = state if best_epoch == last else self.checkpointer.restore(
+            best_epoch, task.abstract_state())
+        final = self.ckpt_dir / checkpoint_name(task.kind, last, True)
+        if self.start == last:
+            self.log(f"{self.ckpt_dir} already holds epoch {last}"
+                     + (" (stopped early)" if loop["stopped_early"] else f" of {task.epochs}")
+                     + ": nothing to train" + ("" if final.exists() else
+                                               "; writing its missing final checkpoint"))
+        if not final.exists():
+            self.checkpointer.save_final(
+                last, best_state, self.meta(self.history[-1] if self.history else {}, True,
+                                            best_epoch))
+            for old in supersede_finals(self.ckpt_dir, task.kind, last):
+                self.log(f"{old} is no longer final (superseded by {final.name})")
+        return best_state, final
+
+    def summarize(self, best_state, final: Path) -> dict:
+        """The task's summary of the best state (its plots drawn), with the loop's record;
+        written to ``summary.json``."""
+        loop, task = self.loop, self.task
+        try:
+            summary, text = task.summarize(best_state, self.workdir, self.history)
+            self.board.images(self.workdir, loop["epoch"])
+        finally:
+            self.board.close()
+        summary.update(epochs_run=loop["epoch"], stopped_early=loop["stopped_early"],
+                       best_epoch=loop["best_epoch"], weights_epoch=loop["best_epoch"],
+                       best_score=loop["best_score"], score=task.score,
+                       final_checkpoint=str(final), identity=self.identity,
+                       provenance=provenance(), history=self.history)
+        if self.primary:
+            (self.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.log(f"weights of epoch {loop['best_epoch']} (best {task.score}) from {final}")
+        self.log(text)
+        return summary
+
+
+def _start_loop(saved: dict | None, task: Task, log: Callable) -> dict:
+    """The loop's counters: fresh, or the saved run's (what a resume changes is logged, and
+    an early-stopped run trains on only under another patience)."""
     loop = {"epoch": 0, "best_epoch": 0, "best_score": None, "bad_epochs": 0,
             "stopped_early": False}
     if saved is not None:
@@ -114,7 +288,7 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
         for line in resume_changes(saved, task):
             log(f"--resume: {line}")
         if loop["stopped_early"] and task.epochs > loop["epoch"]:
-            if loop.get("patience", task.patience) != task.patience:  # an explicit new patience
+            if loop.get("patience", task.patience) != task.patience:  # a new patience
                 log(f"--resume: the run stopped early at epoch {loop['epoch']}; training on to "
                     f"epoch {task.epochs} with patience {task.patience}")
                 loop.update(stopped_early=False, bad_epochs=0)
@@ -123,118 +297,7 @@ def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: 
                     f"{task.patience}); to train on, pass --epochs N with another --patience "
                     "(0: no early stop)")
     loop["patience"] = task.patience
-    start = loop["epoch"]
-    metrics_path = workdir / "metrics.jsonl"
-    history = read_history(metrics_path, upto=start) if saved is not None else []
-    primary = _is_primary()  # the one process of a multi-host run that writes files
-    if primary:
-        metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
-    identity = task.identity()
-
-    def meta(metrics: dict, is_final: bool, weights_epoch: int) -> dict:
-        return {"kind": task.kind, "identity": identity, **task.extra_meta(), "loop": dict(loop),
-                "metrics": metrics, "is_final": is_final, "weights_epoch": weights_epoch}
-
-    checkpointer, bar = EpochCheckpointer(ckpt_dir, task.kind), None
-    board = Board(workdir / LOGDIR if primary and tensorboard else None)
-    board.config(identity)
-    try:
-        if saved is not None:
-            state = (task.restore(checkpointer, start) if hasattr(task, "restore")
-                     else checkpointer.restore(start, task.abstract_state()))
-            log(f"resuming from {ckpt_dir / checkpoint_name(task.kind, start, False)}")
-        else:
-            state = task.init_state()
-            if getattr(task, "score_at_start", False):  # epoch 0: the untrained model's score
-                m0 = {"epoch": 0, "train_loss": None, **task.validate(state)}
-                loop["best_score"] = m0.get(task.score)
-                history.append(m0)
-                if primary:
-                    metrics_path.write_text(json.dumps(m0) + "\n")
-                checkpointer.save(0, state, m0, meta(m0, False, 0), improved=True)
-                board.epoch(0, m0)
-                log(f"epoch 0 (before training): {task.score} {m0.get(task.score)}")
-        log(task.describe(state))
-        bar = _epoch_bar(task, start) if progress and task.epoch_bar else None
-        say = bar.write if bar is not None else log  # lines above the bar
-        for epoch in range(start + 1, task.epochs + 1):
-            if loop["stopped_early"]:
-                break
-            try:
-                state, train_m = task.train_epoch(state, epoch)
-            except TrainingDiverged as e:
-                raise TrainingDiverged(f"{e}; stopped without saving epoch {epoch} (last good "
-                                       f"checkpoint: {_last(ckpt_dir, task.kind)})") from None
-            val = task.validate(state)
-            score = val.get(task.score)
-            if score is not None and not math.isfinite(score):
-                raise TrainingDiverged(f"{task.score} became {score} in epoch {epoch}; stopped "
-                                       f"(last good checkpoint: {_last(ckpt_dir, task.kind)})")
-            metrics = {"epoch": epoch, **train_m, **val}
-            if score is not None and hasattr(task, "rank"):  # e.g. smoothed over epochs
-                score = task.rank(history + [metrics])
-            improved = score is None or _is_better(score, loop["best_score"], task.mode)
-            if improved:
-                loop.update(best_epoch=epoch, best_score=score, bad_epochs=0)
-            else:
-                loop["bad_epochs"] += 1
-            stop = (task.patience > 0 and score is not None and loop["bad_epochs"] >= task.patience
-                    and (not hasattr(task, "may_stop") or task.may_stop(epoch, metrics)))
-            loop.update(epoch=epoch, stopped_early=stop)
-            history.append(metrics)
-            if primary:
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(metrics) + "\n")
-            board.epoch(epoch, metrics, memory_stats())
-            say(f"epoch {epoch}/{task.epochs}: {task.epoch_line(metrics)}"
-                + ("  *best" if improved and score is not None else ""))
-            if score is None and epoch == start + 1:
-                say("no validation windows: early stopping is off and the last epoch counts "
-                    "as the best")
-            checkpointer.save(epoch, state, metrics, meta(metrics, False, epoch), improved=improved)
-            if callback is not None:
-                callback(epoch, state, metrics, stop or epoch == task.epochs)
-            if bar is not None:
-                bar.update(1)
-        last, best_epoch = loop["epoch"], loop["best_epoch"]
-        if loop["stopped_early"]:
-            log(f"early stop at epoch {last}: no better {task.score} for {task.patience} epochs; "
-                f"restoring the best epoch, {best_epoch}")
-        best_state = state if best_epoch == last else checkpointer.restore(
-            best_epoch, task.abstract_state())
-        final = ckpt_dir / checkpoint_name(task.kind, last, True)
-        if start == last:
-            log(f"{ckpt_dir} already holds epoch {last}"
-                + (" (stopped early)" if loop["stopped_early"] else f" of {task.epochs}")
-                + ": nothing to train" + ("" if final.exists() else
-                                          "; writing its missing final checkpoint"))
-        if not final.exists():
-            checkpointer.save_final(last, best_state,
-                                    meta(history[-1] if history else {}, True, best_epoch))
-            for old in supersede_finals(ckpt_dir, task.kind, last):
-                log(f"{old} is no longer final (superseded by {final.name})")
-    except BaseException:
-        board.close()
-        raise
-    finally:  # an interrupted run still completes (or cleanly abandons) the saves started
-        if bar is not None:
-            bar.close()
-        checkpointer.close()
-
-    try:
-        summary, text = task.summarize(best_state, workdir, history)  # draws the plots
-        board.images(workdir, last)
-    finally:
-        board.close()
-    summary.update(epochs_run=last, stopped_early=loop["stopped_early"], best_epoch=best_epoch,
-                   weights_epoch=best_epoch, best_score=loop["best_score"], score=task.score,
-                   final_checkpoint=str(final), identity=identity, provenance=provenance(),
-                   history=history)
-    if primary:
-        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-    log(f"weights of epoch {best_epoch} (best {task.score}) from {final}")
-    log(text)
-    return summary
+    return loop
 
 
 def _is_primary() -> bool:

@@ -21,7 +21,8 @@ from tftjax.quant.ptq import calibrate
 from tftjax.training.restore import (Checkpoint, SavedModel, initial_weights, load_checkpoint,
                                      open_checkpoint, restore_checkpoint)
 from tftjax.training.run import train_and_evaluate
-from tftjax.training.state import TrainState, create_train_state, make_optimizer
+from tftjax.training.optimizer import make_optimizer
+from tftjax.training.state import TrainState, create_train_state
 from tftjax.training.steps import make_eval_step, make_train_step
 from tftjax.training.task import TFTTask
 from tftjax.training.trainer import Trainer, leaf_differences, model_variables, train_epochs

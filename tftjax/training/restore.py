@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from tftjax.runner import loop as runloop
+from tftjax.runner.resume import identity_diff
 from tftjax.runner.checkpoints import list_checkpoints, read_meta, restore_state
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import DataError, Dataset, FeatureStats, saved_featurisation
@@ -180,7 +180,7 @@ def initial_weights(init_from: str | Path, cfg: TFTConfig, ds: Dataset) -> Initi
         raise ConfigError(str(e)) from None
     # shapes and data must match; how the model runs and its dropout rate may differ
     skip = ("execution", "model.dropout")
-    diff = runloop.identity_diff(ck.cfg.float_twin().to_json(), cfg.float_twin().to_json(), skip)
+    diff = identity_diff(ck.cfg.float_twin().to_json(), cfg.float_twin().to_json(), skip)
     if diff:
         raise ConfigError(f"--init-from {ck.path}: another model than this run's: "
                           + "; ".join(diff).replace("in the checkpoint", "there"))

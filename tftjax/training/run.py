@@ -41,7 +41,8 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
         device, features replicated).
 
     Returns:
-      The summary dict (also written to ``workdir/summary.json``).
+      ``(state, summary)``: the best epoch's train state (the weights of the final
+      checkpoint) and the summary dict (also written to ``workdir/summary.json``).
 
     Raises:
       DataError: bad input data.

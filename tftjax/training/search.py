@@ -93,7 +93,7 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
         run = workdir / f"trial_{trial.number:03d}"
         trial.set_user_attr("run", str(run))
         try:
-            s = train_and_evaluate(model, train, run, dataset=ds, progress=progress,
+            _, s = train_and_evaluate(model, train, run, dataset=ds, progress=progress,
                                    callback=report, log=lambda *a: None, plots=False,
                                    tensorboard=tensorboard)
         finally:
@@ -155,7 +155,7 @@ def format_trials(out: dict) -> str:
 
 def release_compiled() -> None:
     """Forget every compiled program this process keeps for reuse: the step, init and
-    optimizer caches here and in :mod:`tftjax.training.state`, :mod:`tftjax.models.tft` and
+    optimizer caches here and in :mod:`tftjax.training.state` and ``optimizer``, :mod:`tftjax.models.tft` and
     :mod:`tftjax.quant.ptq`, and JAX's own. A search that trains many configurations in
     one process (``tftjax.tune``, ``backtest --tune-trials``) calls it between trials;
     otherwise each trial's executables stay alive, and after a few dozen the process runs out
@@ -164,10 +164,10 @@ def release_compiled() -> None:
 
     from tftjax.models import tft
     from tftjax.quant import ptq
-    from tftjax.training import state
+    from tftjax.training import optimizer, state
     from tftjax.training.steps import make_eval_step, make_train_step
 
-    for fn in (make_train_step, make_eval_step, state._optimizer, state._init_fn,
+    for fn in (make_train_step, make_eval_step, optimizer._optimizer, state._init_fn,
                ptq._record_step, tft.apply_fn, tft._init_fn):
         fn.cache_clear()
     jax.clear_caches()

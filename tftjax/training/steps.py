@@ -14,16 +14,13 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from tftjax.stats import losses
 from tftjax.quant import core as qt
 from tftjax.config import TFTConfig
 from tftjax.data import DeviceData, gather
 from tftjax.models.tft import apply_fn, compute_params, kernel_mode, quant_spec
-from tftjax.models.remat import is_gpu
 from tftjax.models.kernels import multi_tensor
-from tftjax.models.kernels import pallas_adamw
 from tftjax.training.state import TrainState, member_keys
 
 Array = jax.Array
@@ -152,15 +149,12 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
     quantiles = np.asarray(cfg.head.quantiles, np.float32)
     take = _gather_fn(cfg, par)
     spec = quant_spec(cfg)
-    # --optimizer-kernel pallas: compiled for a GPU (running on one or targeting one), run
-    # in Pallas' interpreter elsewhere; None: optax
-    opt_k = kernel_mode(cfg, "optimizer")
-    pallas_opt = opt_k.interpret if opt_k.pallas else None
     # bf16: the step differentiates with respect to the parameters' bfloat16 copies (the
     # gradients come back in their dtype: what the cast's transpose would convert leaf by
     # leaf, the optimizer converts), cast in a few launches under the Pallas optimizer
-    cast_leaves = None if pallas_opt is None else functools.partial(
-        multi_tensor.cast, dtype=jnp.bfloat16, interpret=pallas_opt)
+    opt_k = kernel_mode(cfg, "optimizer")
+    cast_leaves = None if not opt_k.pallas else functools.partial(
+        multi_tensor.cast, dtype=jnp.bfloat16, interpret=opt_k.interpret)
 
     def grads_of(params, stats, apply_fn, data, idx, fill, dropout_key, denom):
         # a padded row (-1: the last batch of an epoch) is masked out of the loss and gathered
@@ -198,16 +192,10 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
         # every observer moves once, by the whole batch's range, whatever the micro-batches
         stats = (qt.update_observers(state.quant_stats, ranges, spec) if spec is not None
                  else state.quant_stats)
-        if pallas_opt is None:
-            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-            new_state = state.apply_gradients(grads=grads, quant_stats=stats)
-            grad_norm = optax.global_norm(grads)
-        else:  # --optimizer-kernel pallas: the same optimizer step as Pallas kernels
-            params, opt_state, grad_norm = pallas_adamw.step(
-                pallas_adamw.hyper(state.tx), state.params, grads, state.opt_state,
-                interpret=pallas_opt)
-            new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                                      quant_stats=stats)
+        # the optimizer's fused step (optax's per leaf, a flat buffer or Pallas kernels)
+        params, opt_state, grad_norm = state.tx.step(state.params, grads, state.opt_state)
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                                  quant_stats=stats)
         if ema > 0:  # --ema: the average moves after the optimizer step
             new_state = new_state.replace(ema_params=jax.tree.map(
                 lambda e, p: ema * e + (1.0 - ema) * p, state.ema_params, new_state.params))

@@ -24,8 +24,8 @@ from tftjax.models.remat import is_gpu
 from tftjax.models.remat import plan as remat_plan
 from tftjax.training.evaluation import format_summary, summarize
 from tftjax.training.restore import OLD_QAT, Initial, quant_format, restore_without_observers
-from tftjax.training.state import (TrainState, abstract_train_state, create_train_state,
-                                   learning_rate)
+from tftjax.training.optimizer import learning_rate
+from tftjax.training.state import TrainState, abstract_train_state, create_train_state
 from tftjax.training.trainer import Trainer, epoch_indices, steps_per_epoch
 
 

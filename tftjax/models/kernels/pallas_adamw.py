@@ -48,7 +48,7 @@ GROUP = 48
 
 @dataclasses.dataclass(frozen=True)
 class AdamW:
-    """What :func:`tftjax.training.state.make_optimizer` built: optax's
+    """What :func:`tftjax.training.optimizer.make_optimizer` built: optax's
     ``chain(clip_by_global_norm(clip), adamw(rate, weight_decay=..., mask=...))``."""
 
     rate: float | Callable
@@ -57,7 +57,7 @@ class AdamW:
     clip: float
     mask: Callable | None
     """None: decay every leaf; else optax's mask of which leaves to decay
-    (:func:`~tftjax.training.state.decay_mask`)."""
+    (:func:`~tftjax.training.optimizer.decay_mask`)."""
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
@@ -104,7 +104,8 @@ def _update_kernel(*refs, leaves: tuple[mt.Leaf, ...], h: AdamW):
             mt.store(nu_out[i], sl, nu, mask)
 
 
-def _decays(h: AdamW, params) -> list[bool]:
+def decays(h: AdamW, params) -> list[bool]:
+    """Whether each leaf of ``params`` takes weight decay (optax's mask, leaf by leaf)."""
     if h.mask is None:
         return [True] * len(jax.tree.leaves(params))
     return [bool(b) for b in jax.tree.leaves(h.mask(params))]
@@ -123,12 +124,14 @@ def global_norm(grads, *, interpret: bool) -> Array:
     return jnp.sqrt(jnp.sum(partial))
 
 
-def _adam_state(opt_state):
+def adam_state(opt_state):
+    """``(clip, adam, mask, schedule)`` states of optax's ``chain(clip_by_global_norm,
+    adamw)``, the state of :func:`tftjax.training.optimizer.make_optimizer`."""
     clip_state, inner = opt_state
     adam = inner[0]
     if not isinstance(adam, optax.ScaleByAdamState) or len(inner) != 3:
         raise TypeError("pallas_adamw.step expects the optimizer state of "
-                        "tftjax.training.state.make_optimizer (clip, then adamw)")
+                        "tftjax.training.optimizer.make_optimizer (clip, then adamw)")
     return clip_state, adam, inner[1], inner[2]
 
 
@@ -136,7 +139,7 @@ def step(h: AdamW, params, grads, opt_state, *, interpret: bool
          ) -> tuple[Any, Any, Array]:
     """One optimizer step: ``(new params, new optimizer state, the gradients' global norm
     before clipping)``, as optax's chain and ``apply_updates`` would give."""
-    clip_state, adam, mask_state, sched_state = _adam_state(opt_state)
+    clip_state, adam, mask_state, sched_state = adam_state(opt_state)
     leaves_p, tree = jax.tree.flatten(params)
     leaves_g = tree.flatten_up_to(grads)
     leaves_mu, leaves_nu = tree.flatten_up_to(adam.mu), tree.flatten_up_to(adam.nu)
@@ -158,13 +161,13 @@ def step(h: AdamW, params, grads, opt_state, *, interpret: bool
         step_size = -1 * h.rate
     scalars = jnp.stack([g_norm, trigger.astype(jnp.float32), jnp.asarray(bc1, jnp.float32),
                          jnp.asarray(bc2, jnp.float32), jnp.asarray(step_size, jnp.float32)])
-    decays = _decays(h, params)
+    decays_ = decays(h, params)
     new_p, new_mu, new_nu = [], [], []
     for lo in range(0, len(leaves_p), GROUP):
         sl = slice(lo, lo + GROUP)
         flat = [[a.reshape(-1) for a in xs[sl]]
                 for xs in (leaves_p, leaves_g, leaves_mu, leaves_nu)]
-        leaves, total = mt.layout([a.size for a in flat[0]], decays[sl])
+        leaves, total = mt.layout([a.size for a in flat[0]], decays_[sl])
         n = len(leaves)
         outs = pl.pallas_call(
             functools.partial(_update_kernel, leaves=leaves, h=h),
@@ -180,19 +183,3 @@ def step(h: AdamW, params, grads, opt_state, *, interpret: bool
     unflat = functools.partial(jax.tree.unflatten, tree)
     adam = optax.ScaleByAdamState(count=count_inc, mu=unflat(new_mu), nu=unflat(new_nu))
     return unflat(new_p), (clip_state, (adam, mask_state, sched_state)), g_norm
-
-
-_HYPER: dict = {}
-"""optax transformation -> its :class:`AdamW` (filled by tftjax.training.state)."""
-
-
-def register(tx, h: AdamW) -> None:
-    _HYPER[tx] = h
-
-
-def hyper(tx) -> AdamW:
-    try:
-        return _HYPER[tx]
-    except KeyError:
-        raise TypeError("--optimizer-kernel pallas runs the optimizer of "
-                        "tftjax.training.state.make_optimizer only") from None
