@@ -35,28 +35,54 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for precision in ("f32", "bf16"):
             wd = Path(tmp) / precision
-            cmd = [sys.executable, "-m", "tftjax.train", "--preset", args.preset,
-                   "--dataset", args.dataset, "--epochs", str(args.epochs),
-                   "--max-steps-per-epoch", str(args.max_steps_per_epoch),
-                   "--batch-size", str(args.batch_size), "--remat", args.remat,
-                   "--precision", precision, "--no-progress", "--workdir", str(wd)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "tftjax.train",
+                "--preset",
+                args.preset,
+                "--dataset",
+                args.dataset,
+                "--epochs",
+                str(args.epochs),
+                "--max-steps-per-epoch",
+                str(args.max_steps_per_epoch),
+                "--batch-size",
+                str(args.batch_size),
+                "--remat",
+                args.remat,
+                "--precision",
+                precision,
+                "--no-progress",
+                "--workdir",
+                str(wd),
+            ]
             t0 = time.perf_counter()
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit(f"{precision} run failed:\n{p.stderr[-3000:]}")
             s = json.loads((wd / "summary.json").read_text())
-            rows.append({"precision": precision, "wall_s": time.perf_counter() - t0,
-                         "test_loss": s["model"]["test"]["loss"],
-                         "val_loss": s["model"]["val"]["loss"],
-                         "best_epoch": s.get("best_epoch"),
-                         "identity": s["identity"]["model"]})
-            print(f"{precision}: test loss {rows[-1]['test_loss']:.5f} "
-                  f"({rows[-1]['wall_s']:.0f} s)", flush=True)
+            rows.append(
+                {
+                    "precision": precision,
+                    "wall_s": time.perf_counter() - t0,
+                    "test_loss": s["model"]["test"]["loss"],
+                    "val_loss": s["model"]["val"]["loss"],
+                    "best_epoch": s.get("best_epoch"),
+                    "identity": s["identity"]["model"],
+                }
+            )
+            print(
+                f"{precision}: test loss {rows[-1]['test_loss']:.5f} ({rows[-1]['wall_s']:.0f} s)",
+                flush=True,
+            )
     ratio = rows[1]["test_loss"] / rows[0]["test_loss"]
     print("\n| precision | test loss | val loss | wall |\n|---|---|---|---|")
     for r in rows:
-        print(f"| {r['precision']} | {r['test_loss']:.5f} | {r['val_loss']:.5f} | "
-              f"{r['wall_s']:.0f} s |")
+        print(
+            f"| {r['precision']} | {r['test_loss']:.5f} | {r['val_loss']:.5f} | "
+            f"{r['wall_s']:.0f} s |"
+        )
     print(f"\nbf16 / f32 test loss: {ratio:.4f} ({(ratio - 1) * 100:+.2f}%)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, {"runs": rows, "bf16_over_f32": ratio}, args)

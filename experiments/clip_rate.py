@@ -28,16 +28,21 @@ def main() -> None:
 
     names = historical_names(a.features)
     cols = [i for i, n in enumerate(names) if n.split("_")[0] == a.family]
-    print(f"| --normalise | {a.family} clipped, by look-back ({', '.join(names[i].split('_')[1] for i in cols)}) | all 210 inputs |")
+    print(
+        f"| --normalise | {a.family} clipped, by look-back ({', '.join(names[i].split('_')[1] for i in cols)}) | all 210 inputs |"
+    )
     print("|---|---|---|")
     for how in ("train", "expanding", "rolling"):
-        cfg = dataclasses.replace(preset("small").data, normalise=how, calendar=a.calendar,
-                                  features=a.features)
+        cfg = dataclasses.replace(
+            preset("small").data, normalise=how, calendar=a.calendar, features=a.features
+        )
         ds = load_dataset(bundled_path(a.dataset), cfg)
         lo, hi = ds.splits.test_rows
         h = np.abs(ds.features.historical[lo:hi]) >= CLIP
-        print(f"| {how} | {', '.join(f'{100 * x:.1f}%' for x in h[:, cols].mean(axis=0))} | "
-              f"{100 * h.mean():.2f}% |")
+        print(
+            f"| {how} | {', '.join(f'{100 * x:.1f}%' for x in h[:, cols].mean(axis=0))} | "
+            f"{100 * h.mean():.2f}% |"
+        )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from tftjax.dqn.config import DQN_PRESETS
 from tftjax.dqn.cartpole import EVAL_EPISODES, greedy_episodes, make_cartpole
+from tftjax.dqn.config import DQN_PRESETS
 from tftjax.dqn.train import iterations_per_epoch, make_train
 from tftjax.runner.provenance import write_result
 
@@ -55,14 +55,21 @@ def one_seed(dqn, env, seed: int, epochs: int, evaluate, compile_s: float, compi
         jax.block_until_ready(state)
         train_s += time.perf_counter() - t
         # fresh episodes every epoch: no epoch is chosen on the episodes it is scored on
-        ret = float(np.mean(np.asarray(evaluate(state.params, env,
-                                                jax.random.fold_in(eval_key, epoch)))))
+        ret = float(
+            np.mean(np.asarray(evaluate(state.params, env, jax.random.fold_in(eval_key, epoch))))
+        )
         wall = compile_s + time.perf_counter() - t0
-        curve.append({"epoch": epoch, "env_steps": epoch * steps_per_epoch, "wall_s": wall,
-                      "greedy_return": ret})
+        curve.append(
+            {
+                "epoch": epoch,
+                "env_steps": epoch * steps_per_epoch,
+                "wall_s": wall,
+                "greedy_return": ret,
+            }
+        )
         if hit is None and ret >= TARGET:
             hit = curve[-1]
-        smoothed = float(np.mean([c["greedy_return"] for c in curve[-cfg.smooth_epochs:]]))
+        smoothed = float(np.mean([c["greedy_return"] for c in curve[-cfg.smooth_epochs :]]))
         if best is None or smoothed > best:  # the loop's selection: the smoothed score
             best, best_epoch = smoothed, epoch
             best_params = jax.device_get(state.params)
@@ -108,11 +115,14 @@ def main() -> None:
     global _many
     _many = jax.jit(lambda p, e, k: greedy_episodes(dqn.apply, p, e, k, 100))
     evaluate(probe.params, env, jax.random.PRNGKey(0)).block_until_ready()
-    print(f"CartPole-v1, {jax.devices()[0].platform}: {cfg.num_envs} envs, "
-          f"{iterations_per_epoch(cfg) * cfg.num_envs:,} env steps per epoch, {cfg.epochs} epochs; "
-          f"compile of the epoch step {compile_s:.2f} s")
-    rows = [one_seed(dqn, env, s, cfg.epochs, evaluate, compile_s, compiled)
-            for s in range(args.seeds)]
+    print(
+        f"CartPole-v1, {jax.devices()[0].platform}: {cfg.num_envs} envs, "
+        f"{iterations_per_epoch(cfg) * cfg.num_envs:,} env steps per epoch, {cfg.epochs} epochs; "
+        f"compile of the epoch step {compile_s:.2f} s"
+    )
+    rows = [
+        one_seed(dqn, env, s, cfg.epochs, evaluate, compile_s, compiled) for s in range(args.seeds)
+    ]
 
     # All seeds in one jit: vmap of the whole run (PureJaxRL style).
     keys = jax.vmap(jax.random.PRNGKey)(np.arange(args.seeds))
@@ -124,32 +134,60 @@ def main() -> None:
     jax.block_until_ready(vstate)
     v_run = time.perf_counter() - t
     v_steps = args.seeds * cfg.epochs * iterations_per_epoch(cfg) * cfg.num_envs
-    v_returns = [float(np.mean(np.asarray(evaluate(jax.tree.map(lambda x: x[i], vstate.params),
-                                                   env, jax.random.PRNGKey(10_000 + i)))))
-                 for i in range(args.seeds)]
+    v_returns = [
+        float(
+            np.mean(
+                np.asarray(
+                    evaluate(
+                        jax.tree.map(lambda x: x[i], vstate.params),
+                        env,
+                        jax.random.PRNGKey(10_000 + i),
+                    )
+                )
+            )
+        )
+        for i in range(args.seeds)
+    ]
 
-    fmt = lambda x, f: "not reached" if x is None else format(x, f)  # noqa: E731
-    print("| seed | steps/s (excl. compile) | steps/s (incl. compile) | time to 475 (incl. compile) "
-          "| env steps to 475 | selected epoch (5-epoch mean) | its return, 100 fresh episodes "
-          "(worst) | last epoch's, fresh | last 10 evaluations at 475+ |")
+    fmt = lambda x, f: "not reached" if x is None else format(x, f)
+    print(
+        "| seed | steps/s (excl. compile) | steps/s (incl. compile) | time to 475 (incl. compile) "
+        "| env steps to 475 | selected epoch (5-epoch mean) | its return, 100 fresh episodes "
+        "(worst) | last epoch's, fresh | last 10 evaluations at 475+ |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['seed']} | {r['steps_per_s_excl_compile']:,.0f} | "
-              f"{r['steps_per_s_incl_compile']:,.0f} | {fmt(r['time_to_475_s'], '.1f')} s | "
-              f"{fmt(r['steps_to_475'], ',')} | {r['selected_epoch']} | "
-              f"{r['selected_fresh_return']:.1f} ({r['selected_fresh_min']:.0f}) | "
-              f"{r['last_fresh_return']:.1f} | {r['last10_at_475']:.0%} |")
+        print(
+            f"| {r['seed']} | {r['steps_per_s_excl_compile']:,.0f} | "
+            f"{r['steps_per_s_incl_compile']:,.0f} | {fmt(r['time_to_475_s'], '.1f')} s | "
+            f"{fmt(r['steps_to_475'], ',')} | {r['selected_epoch']} | "
+            f"{r['selected_fresh_return']:.1f} ({r['selected_fresh_min']:.0f}) | "
+            f"{r['last_fresh_return']:.1f} | {r['last10_at_475']:.0%} |"
+        )
     ok = sum(r["selected_fresh_return"] >= TARGET for r in rows)
-    print(f"{ok}/{len(rows)} seeds: the selected agent's greedy return over 100 fresh episodes "
-          f">= {TARGET:.0f}")
-    print(f"all {args.seeds} seeds in one jit (vmap): {v_steps / v_run:,.0f} env steps/s summed "
-          f"({v_run:.1f} s run + {v_compile:.1f} s compile); final greedy returns "
-          f"{', '.join(f'{x:.0f}' for x in v_returns)}")
+    print(
+        f"{ok}/{len(rows)} seeds: the selected agent's greedy return over 100 fresh episodes "
+        f">= {TARGET:.0f}"
+    )
+    print(
+        f"all {args.seeds} seeds in one jit (vmap): {v_steps / v_run:,.0f} env steps/s summed "
+        f"({v_run:.1f} s run + {v_compile:.1f} s compile); final greedy returns "
+        f"{', '.join(f'{x:.0f}' for x in v_returns)}"
+    )
 
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"config": cfg.to_json(), "compile_s": compile_s, "seeds": rows,
-              "vmap": {"seeds": args.seeds, "compile_s": v_compile, "run_s": v_run,
-                       "steps_per_s": v_steps / v_run, "final_greedy_returns": v_returns}}
+    result = {
+        "config": cfg.to_json(),
+        "compile_s": compile_s,
+        "seeds": rows,
+        "vmap": {
+            "seeds": args.seeds,
+            "compile_s": v_compile,
+            "run_s": v_run,
+            "steps_per_s": v_steps / v_run,
+            "final_greedy_returns": v_returns,
+        },
+    }
     write_result(args.out / "dqn_cartpole.json", result, args)
     import matplotlib
 
@@ -158,11 +196,19 @@ def main() -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in rows:
-        ax.plot([c["wall_s"] for c in r["curve"]], [c["greedy_return"] for c in r["curve"]],
-                "o-", ms=3, label=f"seed {r['seed']}")
+        ax.plot(
+            [c["wall_s"] for c in r["curve"]],
+            [c["greedy_return"] for c in r["curve"]],
+            "o-",
+            ms=3,
+            label=f"seed {r['seed']}",
+        )
     ax.axhline(TARGET, color="grey", ls="--", lw=0.8)
-    ax.set(xlabel="wall time incl. compile (s)", ylabel="greedy return (10 episodes)",
-           title="DQN on gymnax CartPole-v1")
+    ax.set(
+        xlabel="wall time incl. compile (s)",
+        ylabel="greedy return (10 episodes)",
+        title="DQN on gymnax CartPole-v1",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(args.out / "dqn_cartpole.png", dpi=110)

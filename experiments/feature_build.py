@@ -59,12 +59,16 @@ def main() -> None:
         "matrix_bytes": matrix,
         "peak_over_matrix": peak / matrix,
     }
-    print(f"| bars | read + validate | feature build (median of {args.repeats}; min–max) "
-          "| peak memory | float32 matrix [n, 225] | peak / matrix |")
+    print(
+        f"| bars | read + validate | feature build (median of {args.repeats}; min–max) "
+        "| peak memory | float32 matrix [n, 225] | peak / matrix |"
+    )
     print("|---|---|---|---|---|---|")
-    print(f"| {n:,} | {read_s:.2f} s | {rec['build_s_median']:.2f} s ({min(times):.2f}–"
-          f"{max(times):.2f}) | {peak / 2**20:,.0f} MiB | {matrix / 2**20:,.0f} MiB "
-          f"| {peak / matrix:.2f}× |")
+    print(
+        f"| {n:,} | {read_s:.2f} s | {rec['build_s_median']:.2f} s ({min(times):.2f}–"
+        f"{max(times):.2f}) | {peak / 2**20:,.0f} MiB | {matrix / 2**20:,.0f} MiB "
+        f"| {peak / matrix:.2f}× |"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, rec, args)
 

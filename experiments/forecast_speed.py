@@ -25,15 +25,14 @@ def main() -> None:
     ap.add_argument("--preset", default="tft225")
     ap.add_argument("--out", default="experiments/results/forecast_speed.json")
     a = ap.parse_args()
-    import dataclasses
 
     import jax
 
     from tftjax.config import TrainConfig, preset
     from tftjax.data import bundled_path, load_dataset
-    from tftjax.serving.forecast import forecast
     from tftjax.models.tft import init_variables
     from tftjax.runner.provenance import write_result
+    from tftjax.serving.forecast import forecast
     from tftjax.training import SavedModel
 
     cfg = preset(a.preset)
@@ -45,22 +44,47 @@ def main() -> None:
     meta = ds.stats_meta()
     from tftjax.data import saved_featurisation
 
-    saved = SavedModel(cfg, TrainConfig(), init_variables(cfg, jax.random.key(0)),
-                       ds.series[0].features.stats, ds.identity(), Path("."), "initial weights",
-                       Path("."), None, f"TFT {a.preset} (initial weights)",
-                       featurisation=saved_featurisation(meta))
+    saved = SavedModel(
+        cfg,
+        TrainConfig(),
+        init_variables(cfg, jax.random.key(0)),
+        ds.series[0].features.stats,
+        ds.identity(),
+        Path("."),
+        "initial weights",
+        Path("."),
+        None,
+        f"TFT {a.preset} (initial weights)",
+        featurisation=saved_featurisation(meta),
+    )
     runs = []
     for attempt in ("first call (compiles)", "second call"):
         t0 = time.perf_counter()
         f = forecast(saved, path, origins=str(a.origins))
         wall = time.perf_counter() - t0
-        runs.append({"call": attempt, "origins": int(f.rows.size), "wall_s": round(wall, 2),
-                     "origins_per_s": round(f.rows.size / wall, 1)})
-        print(f"{attempt}: {f.rows.size:,} origins of {a.preset} in {wall:.1f} s "
-              f"({f.rows.size / wall:,.0f} origins/s)")
+        runs.append(
+            {
+                "call": attempt,
+                "origins": int(f.rows.size),
+                "wall_s": round(wall, 2),
+                "origins_per_s": round(f.rows.size / wall, 1),
+            }
+        )
+        print(
+            f"{attempt}: {f.rows.size:,} origins of {a.preset} in {wall:.1f} s "
+            f"({f.rows.size / wall:,.0f} origins/s)"
+        )
     print(f"featurising {len(ds.bars):,} bars alone: {featurise:.1f} s")
-    write_result(a.out, {"runs": runs, "featurise_s": round(featurise, 2),
-                         "bars": len(ds.bars), "preset": a.preset}, vars(a))
+    write_result(
+        a.out,
+        {
+            "runs": runs,
+            "featurise_s": round(featurise, 2),
+            "bars": len(ds.bars),
+            "preset": a.preset,
+        },
+        vars(a),
+    )
 
 
 if __name__ == "__main__":

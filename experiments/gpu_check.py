@@ -60,54 +60,179 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
     big, small = (16, 8) if dry else (256, 64)
     steps = "2" if dry else "10"
     r = out / "rows"
-    tests = (["tests/test_gpu.py"] if dry else
-             ["tests/test_gpu.py", "tests/test_bf16_census.py", "tests/test_precision.py",
-              "tests/test_remat.py", "tests/test_fused.py", "tests/test_pallas_vsn.py",
-              "tests/test_pallas_adamw.py", "tests/test_pallas_grn.py",
-              "tests/test_pallas_gated.py", "tests/test_pallas_attention.py",
-              "tests/test_multi_tensor.py", "tests/test_recurrence.py"])
-    plan = [("tests", "tests", 200, [PY, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p",
-                                     "no:cacheprovider", *tests])]
+    tests = (
+        ["tests/test_gpu.py"]
+        if dry
+        else [
+            "tests/test_gpu.py",
+            "tests/test_bf16_census.py",
+            "tests/test_precision.py",
+            "tests/test_remat.py",
+            "tests/test_fused.py",
+            "tests/test_pallas_vsn.py",
+            "tests/test_pallas_adamw.py",
+            "tests/test_pallas_grn.py",
+            "tests/test_pallas_gated.py",
+            "tests/test_pallas_attention.py",
+            "tests/test_multi_tensor.py",
+            "tests/test_recurrence.py",
+        ]
+    )
+    plan = [
+        (
+            "tests",
+            "tests",
+            200,
+            [PY, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider", *tests],
+        )
+    ]
     # the six Pallas kernels (tftjax.models.kernels.pallas_vsn, pallas_lstm, pallas_grn and
     # pallas_gated, pallas_attention, tftjax.models.kernels.pallas_adamw) right after the
     # target's own row: the design's candidate for it (predicted from the compile-only
     # census at 78ba504: 262 launches and 5.6 MB per sample against 1,690 and 93.0)
-    points = [("bf16", "off", big, "xla"), ("bf16", "off", big, "pallas"),
-              ("f32", "off", small, "xla"), ("f32", "off", big, "xla"),
-              ("f32", "off", big, "pallas"), ("bf16", "off", small, "xla")]
+    points = [
+        ("bf16", "off", big, "xla"),
+        ("bf16", "off", big, "pallas"),
+        ("f32", "off", small, "xla"),
+        ("f32", "off", big, "xla"),
+        ("f32", "off", big, "pallas"),
+        ("bf16", "off", small, "xla"),
+    ]
     points += [(p, t, big, "xla") for t in TIERS[1:] for p in ("bf16", "f32")]
     for prec, tier, b, kernel in points:
         name = f"{prec}_{tier}_b{b}" + ("_pallas" if kernel == "pallas" else "")
-        plan.append(("throughput", name, 45, [
-            PY, "experiments/throughput.py", "--preset", preset, "--batch-sizes", str(b),
-            "--remat", tier, "--precision", prec, "--steps", steps, "--vsn-kernel", kernel,
-            "--lstm-kernel", kernel, "--grn-kernel", kernel, "--attention-kernel", kernel,
-            "--optimizer-kernel", kernel,
-            "--out", str(r / f"{name}.json")]))
+        plan.append(
+            (
+                "throughput",
+                name,
+                45,
+                [
+                    PY,
+                    "experiments/throughput.py",
+                    "--preset",
+                    preset,
+                    "--batch-sizes",
+                    str(b),
+                    "--remat",
+                    tier,
+                    "--precision",
+                    prec,
+                    "--steps",
+                    steps,
+                    "--vsn-kernel",
+                    kernel,
+                    "--lstm-kernel",
+                    kernel,
+                    "--grn-kernel",
+                    kernel,
+                    "--attention-kernel",
+                    kernel,
+                    "--optimizer-kernel",
+                    kernel,
+                    "--out",
+                    str(r / f"{name}.json"),
+                ],
+            )
+        )
     for prec in ("f32", "bf16"):
-        plan.append(("peer", f"peer_{prec}", 60, [
-            PY, "experiments/vs_pytorch_forecasting.py", "--accelerator",
-            "cpu" if dry else "gpu", "--precision", prec, "--batch-sizes", str(small),
-            "--steps", "3" if dry else "10", "--out", str(r / f"peer_{prec}.json")]))
-    plan.append(("memory", "memory", 100, [
-        PY, "-m", "tftjax.memory", "--preset", preset, "--tiers", ",".join(TIERS[::-1]),
-        "--batch-sizes", str(big), "--steps", "2", "--isolate" if not dry else "--no-isolate",
-        "--budgets", "24,80",
-        "--out", str(r / "memory")]))
-    plan.append(("soak", "soak", 60, [
-        PY, "-m", "tftjax.memory", "--preset", preset, "--tiers", "off", "--batch-sizes",
-        str(small), "--soak", "3", "--soak-steps", "3" if dry else "20",
-        "--out", str(r / "soak")]))
-    plan.append(("dqn", "dqn", 60, [
-        PY, "-m", "tftjax.dqn", "--epochs", "2" if dry else "100", "--no-progress",
-        "--no-tensorboard", "--workdir", str(r / "dqn")]))
+        plan.append(
+            (
+                "peer",
+                f"peer_{prec}",
+                60,
+                [
+                    PY,
+                    "experiments/vs_pytorch_forecasting.py",
+                    "--accelerator",
+                    "cpu" if dry else "gpu",
+                    "--precision",
+                    prec,
+                    "--batch-sizes",
+                    str(small),
+                    "--steps",
+                    "3" if dry else "10",
+                    "--out",
+                    str(r / f"peer_{prec}.json"),
+                ],
+            )
+        )
+    plan.append(
+        (
+            "memory",
+            "memory",
+            100,
+            [
+                PY,
+                "-m",
+                "tftjax.memory",
+                "--preset",
+                preset,
+                "--tiers",
+                ",".join(TIERS[::-1]),
+                "--batch-sizes",
+                str(big),
+                "--steps",
+                "2",
+                "--isolate" if not dry else "--no-isolate",
+                "--budgets",
+                "24,80",
+                "--out",
+                str(r / "memory"),
+            ],
+        )
+    )
+    plan.append(
+        (
+            "soak",
+            "soak",
+            60,
+            [
+                PY,
+                "-m",
+                "tftjax.memory",
+                "--preset",
+                preset,
+                "--tiers",
+                "off",
+                "--batch-sizes",
+                str(small),
+                "--soak",
+                "3",
+                "--soak-steps",
+                "3" if dry else "20",
+                "--out",
+                str(r / "soak"),
+            ],
+        )
+    )
+    plan.append(
+        (
+            "dqn",
+            "dqn",
+            60,
+            [
+                PY,
+                "-m",
+                "tftjax.dqn",
+                "--epochs",
+                "2" if dry else "100",
+                "--no-progress",
+                "--no-tensorboard",
+                "--workdir",
+                str(r / "dqn"),
+            ],
+        )
+    )
     return plan
 
 
 def env_for(stage: str, out: Path, dry: bool) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT),
-               JAX_COMPILATION_CACHE_DIR=str(out / "jax_cache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        JAX_COMPILATION_CACHE_DIR=str(out / "jax_cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="1",
+    )
     env["JAX_PLATFORMS"] = "cpu" if dry else os.environ.get("JAX_PLATFORMS", "cuda")
     if not dry:
         flag = f"--xla_gpu_per_fusion_autotune_cache_dir={out / 'autotune'}"
@@ -116,16 +241,24 @@ def env_for(stage: str, out: Path, dry: bool) -> dict:
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     if dry:  # the check of the check: compiles as the quick test tier does (tests/conftest.py)
         env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "")
-                            + " --xla_cpu_use_fusion_emitters=false").strip()
+        env["XLA_FLAGS"] = (
+            env.get("XLA_FLAGS", "") + " --xla_cpu_use_fusion_emitters=false"
+        ).strip()
     return env
 
 
 def run_row(stage: str, name: str, seconds: int, cmd: list[str], env: dict) -> dict:
     """One row in its own process group, killed whole (grandchildren too) on timeout."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = p.communicate(timeout=seconds)
         rc: int | str = p.returncode
@@ -133,26 +266,49 @@ def run_row(stage: str, name: str, seconds: int, cmd: list[str], env: dict) -> d
         os.killpg(p.pid, signal.SIGKILL)
         stdout, stderr = p.communicate()
         rc = "timed out"
-    return {"stage": stage, "row": name, "rc": rc, "seconds": round(time.perf_counter() - t0, 1),
-            "box_s": seconds, "command": " ".join(str(c) for c in cmd[1:]),
-            "stdout_tail": (stdout or "")[-6000:], "stderr_tail": (stderr or "")[-2000:]}
+    return {
+        "stage": stage,
+        "row": name,
+        "rc": rc,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "box_s": seconds,
+        "command": " ".join(str(c) for c in cmd[1:]),
+        "stdout_tail": (stdout or "")[-6000:],
+        "stderr_tail": (stderr or "")[-2000:],
+    }
 
 
 def skipped(stage: str, name: str, why: str) -> dict:
-    return {"stage": stage, "row": name, "rc": f"skipped: {why}", "seconds": 0.0, "box_s": 0,
-            "command": "", "stdout_tail": "", "stderr_tail": ""}
+    return {
+        "stage": stage,
+        "row": name,
+        "rc": f"skipped: {why}",
+        "seconds": 0.0,
+        "box_s": 0,
+        "command": "",
+        "stdout_tail": "",
+        "stderr_tail": "",
+    }
 
 
 def markdown(record: dict) -> str:
-    lines = [f"# GPU check{' (dry run: CPU, tiny preset)' if record['dry_run'] else ''}",
-             "", f"device: {record['device'] or 'not known yet'}", "",
-             "| stage | row | status | seconds (box) |", "|---|---|---|---|"]
+    lines = [
+        f"# GPU check{' (dry run: CPU, tiny preset)' if record['dry_run'] else ''}",
+        "",
+        f"device: {record['device'] or 'not known yet'}",
+        "",
+        "| stage | row | status | seconds (box) |",
+        "|---|---|---|---|",
+    ]
     for r in record["rows"]:
         status = "ok" if r["rc"] == 0 else r["rc"]
         lines.append(f"| {r['stage']} | {r['row']} | {status} | {r['seconds']} ({r['box_s']}) |")
     for r in record["rows"]:
-        found = [ln for ln in r["stdout_tail"].splitlines()
-                 if ln.startswith("|") or "samples/s" in ln or " passed" in ln]
+        found = [
+            ln
+            for ln in r["stdout_tail"].splitlines()
+            if ln.startswith("|") or "samples/s" in ln or " passed" in ln
+        ]
         if found:
             lines += ["", f"## {r['row']}", "", f"`{r['command']}`", "", *found]
     return "\n".join(lines) + "\n"
@@ -162,25 +318,35 @@ def device_of(rows_done: list[dict]) -> str | None:
     for r in rows_done:
         for ln in r["stdout_tail"].splitlines():
             if ln.startswith("device: "):
-                return ln[len("device: "):]
+                return ln[len("device: ") :]
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("experiments/results/gpu_check"))
-    ap.add_argument("--stages", default=",".join(STAGES),
-                    help=f"comma-separated, run in the fixed order: {', '.join(STAGES)}")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="on the CPU, tiny preset, small batches: every stage, the same files")
-    ap.add_argument("--rows", default=None,
-                    help="comma-separated row names: only these (default: every row)")
+    ap.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help=f"comma-separated, run in the fixed order: {', '.join(STAGES)}",
+    )
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="on the CPU, tiny preset, small batches: every stage, the same files",
+    )
+    ap.add_argument(
+        "--rows", default=None, help="comma-separated row names: only these (default: every row)"
+    )
     args = ap.parse_args(argv)
     wanted = [s.strip() for s in args.stages.split(",") if s.strip()]
     bad = [s for s in wanted if s not in STAGES]
     if bad or not wanted:
-        print(f"gpu_check: --stages {args.stages!r}: not a stage: {', '.join(bad) or '(none)'}; "
-              f"choose from {', '.join(STAGES)}", file=sys.stderr)
+        print(
+            f"gpu_check: --stages {args.stages!r}: not a stage: {', '.join(bad) or '(none)'}; "
+            f"choose from {', '.join(STAGES)}",
+            file=sys.stderr,
+        )
         return 2
     out = args.out.resolve()
     plan = [row for row in rows(out, args.dry_run) if row[0] in wanted]
@@ -188,9 +354,12 @@ def main(argv: list[str] | None = None) -> int:
         names = [r.strip() for r in args.rows.split(",") if r.strip()]
         bad = [r for r in names if r not in {name for _, name, _, _ in plan}]
         if bad or not names:
-            print(f"gpu_check: --rows {args.rows!r}: not a row of these stages: "
-                  f"{', '.join(bad) or '(none)'}; choose from "
-                  f"{', '.join(name for _, name, _, _ in plan)}", file=sys.stderr)
+            print(
+                f"gpu_check: --rows {args.rows!r}: not a row of these stages: "
+                f"{', '.join(bad) or '(none)'}; choose from "
+                f"{', '.join(name for _, name, _, _ in plan)}",
+                file=sys.stderr,
+            )
             return 2
         plan = [row for row in plan if row[1] in names]
     if args.dry_run:
@@ -207,10 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         if stage == "peer" and not have_peer:
             r = skipped(stage, name, "the bench extra (pytorch-forecasting) is not installed")
         elif pool is not None and stage == "throughput":
-            for st, nm, sec, cm in plan[i:i + 2]:
+            for st, nm, sec, cm in plan[i : i + 2]:
                 if st == "throughput" and nm not in ahead:
-                    ahead[nm] = pool.submit(run_row, st, nm, sec, cm,
-                                            env_for(st, out, args.dry_run))
+                    ahead[nm] = pool.submit(
+                        run_row, st, nm, sec, cm, env_for(st, out, args.dry_run)
+                    )
             r = ahead.pop(name).result()
         else:
             r = run_row(stage, name, seconds, cmd, env_for(stage, out, args.dry_run))

@@ -18,19 +18,22 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tftjax.config import preset  # noqa: E402
-from tftjax.models.tft import TFT, init_variables, quant_spec  # noqa: E402
-from tftjax.runner.provenance import describe, provenance  # noqa: E402
-from tftjax.quant.core import update_observers  # noqa: E402
-from tftjax.quant.tree import int8_variables  # noqa: E402
+from tftjax.config import preset
+from tftjax.models.compute import quant_spec
+from tftjax.models.tft import TFT, init_variables
+from tftjax.quant.core import update_observers
+from tftjax.quant.tree import int8_variables
+from tftjax.runner.provenance import describe, provenance
 
 
 def random_inputs(cfg, batch: int, key):
     k = jax.random.split(key, 3)
     te, td = cfg.data.encoder_steps, cfg.data.decoder_steps
-    return (jax.random.normal(k[0], (batch, cfg.model.num_static)),
-            jax.random.normal(k[1], (batch, te, cfg.model.num_historical)),
-            jax.random.normal(k[2], (batch, te + td, cfg.model.num_known)))
+    return (
+        jax.random.normal(k[0], (batch, cfg.model.num_static)),
+        jax.random.normal(k[1], (batch, te, cfg.model.num_historical)),
+        jax.random.normal(k[2], (batch, te + td, cfg.model.num_known)),
+    )
 
 
 def main() -> None:
@@ -46,8 +49,10 @@ def main() -> None:
     stats = update_observers(v["quant_stats"], rec["quant_batch"], spec)
     variants = {
         "float": ({"params": v["params"]}, "float"),
-        "int8": ({**int8_variables(v["params"], quant_spec(cfg, "int8")), "quant_stats": stats},
-                 "int8"),
+        "int8": (
+            {**int8_variables(v["params"], quant_spec(cfg, "int8")), "quant_stats": stats},
+            "int8",
+        ),
     }
     print(describe(provenance(args)))
     out = {}
@@ -56,8 +61,10 @@ def main() -> None:
         cost = fwd.lower(variables, *x).compile().cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
         out[name] = cost
-        print(f"{args.preset} batch {args.batch}, {name}: {cost.get('flops', 0):.3g} flops, "
-              f"{cost.get('bytes accessed', 0):.3g} bytes accessed")
+        print(
+            f"{args.preset} batch {args.batch}, {name}: {cost.get('flops', 0):.3g} flops, "
+            f"{cost.get('bytes accessed', 0):.3g} bytes accessed"
+        )
     print(f"int8 / float flops: {out['int8']['flops'] / out['float']['flops']:.2f}")
 
 

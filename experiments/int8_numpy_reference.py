@@ -75,7 +75,10 @@ def softmax(x, axis=-1):
     return (e / e.sum(axis=axis, keepdims=True)).astype(F32)
 
 
-def layer_norm(x, scale, bias, eps=F32(1e-6)):
+LN_EPS = F32(1e-6)
+
+
+def layer_norm(x, scale, bias, eps=LN_EPS):
     """flax's LayerNorm: variance as E[x²] − E[x]², floored at 0."""
     mean = x.mean(-1, keepdims=True)
     var = np.maximum(F32(0), np.square(x).mean(-1, keepdims=True) - np.square(mean))
@@ -91,13 +94,17 @@ class Int8TFT:
         if not (export / "config.json").is_file():
             raise BadExport(f"{export}: no config.json (not a tftjax export)")
         if not (export / "model_int8.safetensors").is_file():
-            raise BadExport(f"{export} holds float32 weights only (no model_int8.safetensors): "
-                            "export a --qat run, or a float one with --calibrate N")
+            raise BadExport(
+                f"{export} holds float32 weights only (no model_int8.safetensors): "
+                "export a --qat run, or a float one with --calibrate N"
+            )
         self.cfg = flat_config(json.loads((export / "config.json").read_text())["model"])
         t = nest(load_file(str(export / "model_int8.safetensors")))
         if "act_qparams" not in t:
-            raise BadExport(f"{export}: no act_qparams (an export from before scales and zero "
-                            "points were stored; export it again)")
+            raise BadExport(
+                f"{export}: no act_qparams (an export from before scales and zero "
+                "points were stored; export it again)"
+            )
         self.p, self.ws, self.aq = t["params"], t.get("weight_scale", {}), t["act_qparams"]
 
     # -------------------------------------------------------------- building blocks
@@ -204,8 +211,10 @@ class Int8TFT:
         xv = xf.T[..., None]  # [m, N, 1]
 
         def fold(k):
-            return (np.einsum("mv,mvo->mo", emb_k, k)[:, None, :],
-                    np.einsum("mv,mvo->mo", emb_b, k)[:, None, :])
+            return (
+                np.einsum("mv,mvo->mo", emb_k, k)[:, None, :],
+                np.einsum("mv,mvo->mo", emb_b, k)[:, None, :],
+            )
 
         sk, sb = fold(self.kern(path, "skip_k"))
         skip = xv * sk + (sb + p["skip_b"][:, None, :])
@@ -257,13 +266,17 @@ class Int8TFT:
         td = known.shape[1] - te
         index = None
         if self.cfg.get("instruments"):  # static input 0: the instrument, a vocabulary row
-            index = (np.asarray(instrument, np.int32) if instrument is not None  # int32 input
-                     else np.clip(static[:, 0].astype(np.int32), 0, self.cfg["instruments"]))
+            index = (
+                np.asarray(instrument, np.int32)
+                if instrument is not None  # int32 input
+                else np.clip(static[:, 0].astype(np.int32), 0, self.cfg["instruments"])
+            )
             if index.min() < 0 or index.max() > self.cfg["instruments"]:
                 raise ValueError(f"instrument indices outside 0..{self.cfg['instruments']}")
         zeta = self.vsn("static_vsn", static, index=index)
-        c_s, c_e, c_h, c_c = (self.grn(f"static_{n}", zeta)
-                              for n in ("selection", "enrichment", "state_h", "state_c"))
+        c_s, c_e, c_h, c_c = (
+            self.grn(f"static_{n}", zeta) for n in ("selection", "enrichment", "state_h", "state_c")
+        )
         past = np.concatenate([historical, known[:, :te]], axis=-1)
         xi_enc = self.vsn("encoder_vsn", past, c_s[:, None, :])
         xi_dec = self.vsn("decoder_vsn", known[:, te:], c_s[:, None, :])
@@ -292,8 +305,9 @@ class Int8TFT:
         when the head is float."""
         if self.p["quantiles"]["kernel"].dtype != np.int8:
             return None
-        return (self.aq["quantiles"]["kernel_in"]["scale"]
-                * self.ws["quantiles"]["kernel"].reshape(-1))
+        return self.aq["quantiles"]["kernel_in"]["scale"] * self.ws["quantiles"]["kernel"].reshape(
+            -1
+        )
 
 
 def compare(export: Path) -> dict:
@@ -306,21 +320,26 @@ def compare(export: Path) -> dict:
     got = model(s["static"], s["historical"], s["known"], s.get("instrument"))
     diff = np.abs(got - s["int8_output"])
     step = model.output_step()
-    return {"windows": int(got.shape[0]), "max_abs_diff": float(diff.max()),
-            # a float quantile head (not in --qat-layers): float32 round-off of the outputs
-            "float_tolerance": float(1e-5 * max(1.0, float(np.abs(s["int8_output"]).max()))),
-            "max_diff_in_steps": None if step is None else float((diff / step).max()),
-            # windows whose every output is within one step: numpy's exp/tanh and XLA's may
-            # differ in the last ulp (per CPU), and a value that then rounds to the other
-            # int8 code moves everything after it in that window, not in the others
-            "windows_within_one_step": None if step is None else int(
-                ((diff / step).reshape(diff.shape[0], -1).max(axis=1) <= 1.0).sum()),
-            "output_step": None if step is None else [float(a) for a in step]}
+    return {
+        "windows": int(got.shape[0]),
+        "max_abs_diff": float(diff.max()),
+        # a float quantile head (not in --qat-layers): float32 round-off of the outputs
+        "float_tolerance": float(1e-5 * max(1.0, float(np.abs(s["int8_output"]).max()))),
+        "max_diff_in_steps": None if step is None else float((diff / step).max()),
+        # windows whose every output is within one step: numpy's exp/tanh and XLA's may
+        # differ in the last ulp (per CPU), and a value that then rounds to the other
+        # int8 code moves everything after it in that window, not in the others
+        "windows_within_one_step": None
+        if step is None
+        else int(((diff / step).reshape(diff.shape[0], -1).max(axis=1) <= 1.0).sum()),
+        "output_step": None if step is None else [float(a) for a in step],
+    }
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python experiments/int8_numpy_reference.py",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python experiments/int8_numpy_reference.py", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--export", type=Path, required=True, help="a tftjax export folder")
     ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
     args = ap.parse_args(argv)
@@ -335,12 +354,17 @@ def main(argv=None) -> int:
         print(json.dumps(r))
     else:
         steps = r["max_diff_in_steps"]
-        print(f"{r['windows']} sample windows: largest difference from tftjax's int8 outputs "
-              f"{r['max_abs_diff']:.3g}" + ("" if steps is None else
-                                           f" ({steps:.3g} output quantisation steps)"))
+        print(
+            f"{r['windows']} sample windows: largest difference from tftjax's int8 outputs "
+            f"{r['max_abs_diff']:.3g}"
+            + ("" if steps is None else f" ({steps:.3g} output quantisation steps)")
+        )
         print(f"modules imported of jax, flax, tftjax: {imported or 'none'}")
-    ok = not imported and (r["max_diff_in_steps"] <= 1.0 if r["max_diff_in_steps"] is not None
-                           else r["max_abs_diff"] <= r["float_tolerance"])
+    ok = not imported and (
+        r["max_diff_in_steps"] <= 1.0
+        if r["max_diff_in_steps"] is not None
+        else r["max_abs_diff"] <= r["float_tolerance"]
+    )
     return 0 if ok else 1
 
 

@@ -22,7 +22,6 @@ scores the runs already in ``--work`` again without training.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import subprocess
 import time
@@ -30,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tftjax.stats import scoring
 from tftjax.config import TrainConfig, preset
-from tftjax.data import bundled_path, load_dataset, to_device  # noqa: E402
-from tftjax.training import Trainer, open_checkpoint, restore_checkpoint, train_and_evaluate  # noqa: E402
-from tftjax.training.evaluation import window_targets  # noqa: E402
+from tftjax.data import bundled_path, load_dataset, to_device
+from tftjax.stats import scoring
+from tftjax.training import Trainer, open_checkpoint, restore_checkpoint, train_and_evaluate
+from tftjax.training.evaluation import window_targets
 
 
 def test_sums(run: Path, cfg, tc, ds) -> tuple[np.ndarray, int]:
@@ -43,8 +42,9 @@ def test_sums(run: Path, cfg, tc, ds) -> tuple[np.ndarray, int]:
     model = ck.cfg
     variables = restore_checkpoint(ck).variables()
     pred, _ = Trainer(model, tc, to_device(ds.features)).predict(variables, ds.splits.test)
-    return scoring.window_sums(window_targets(ds, ds.splits.test), pred, cfg.head.quantiles), \
-        ck.meta["weights_epoch"]
+    return scoring.window_sums(
+        window_targets(ds, ds.splits.test), pred, cfg.head.quantiles
+    ), ck.meta["weights_epoch"]
 
 
 def main() -> None:
@@ -68,18 +68,24 @@ def main() -> None:
     sep_ds = {n: load_dataset(p, cfg.data, cuts=joint_ds.cuts) for n, p in zip(names, paths)}
     for i, n in enumerate(names):  # the same windows and targets in both
         mine = joint_ds.series_of(joint_ds.splits.test) == i
-        np.testing.assert_array_equal(window_targets(joint_ds, joint_ds.splits.test[mine]),
-                                      window_targets(sep_ds[n], sep_ds[n].splits.test))
+        np.testing.assert_array_equal(
+            window_targets(joint_ds, joint_ds.splits.test[mine]),
+            window_targets(sep_ds[n], sep_ds[n].splits.test),
+        )
     per = {n: {"joint": [], "separate": []} for n in names}
     epochs = {"joint": [], **{n: [] for n in names}}
     t0 = time.perf_counter()
     for seed in range(args.seeds):
-        tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, patience=args.patience,
-                         seed=seed, eval_batch_size=512)
+        tc = TrainConfig(
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            patience=args.patience,
+            seed=seed,
+            eval_batch_size=512,
+        )
         run = args.work / f"joint_{seed}"
         if not args.score_only:
-            train_and_evaluate(cfg, tc, run, dataset=joint_ds, progress=False,
-                               log=lambda *a: None)
+            train_and_evaluate(cfg, tc, run, data=joint_ds, progress=False, log=lambda *a: None)
         sums, ep = test_sums(run, cfg, tc, joint_ds)
         epochs["joint"].append(ep)
         which = joint_ds.series_of(joint_ds.splits.test)
@@ -88,44 +94,62 @@ def main() -> None:
         for n in names:
             run = args.work / f"{n}_{seed}"
             if not args.score_only:
-                train_and_evaluate(cfg, tc, run, dataset=sep_ds[n], progress=False,
-                                   log=lambda *a: None)
+                train_and_evaluate(
+                    cfg, tc, run, data=sep_ds[n], progress=False, log=lambda *a: None
+                )
             sums, ep = test_sums(run, cfg, tc, sep_ds[n])
             epochs[n].append(ep)
             per[n]["separate"].append(sums)
         print(f"seed {seed} done in {time.perf_counter() - t0:.0f} s", flush=True)
 
-    out = {"datasets": names, "preset": args.preset, "seeds": args.seeds,
-           "epochs_max": args.epochs, "patience": args.patience,
-           "cuts": [str(np.datetime64(int(c), "ns")) for c in joint_ds.cuts],
-           "best_epochs": epochs, "series": {}, "seconds": time.perf_counter() - t0,
-           "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                                      capture_output=True, text=True).stdout.strip()}
-    print("| series | test windows | joint P90 (seeds) | separate P90 (seeds) | joint P90 "
-          "| separate P90 | joint - separate [95% CI] | DM stat (p) |")
+    out = {
+        "datasets": names,
+        "preset": args.preset,
+        "seeds": args.seeds,
+        "epochs_max": args.epochs,
+        "patience": args.patience,
+        "cuts": [str(np.datetime64(int(c), "ns")) for c in joint_ds.cuts],
+        "best_epochs": epochs,
+        "series": {},
+        "seconds": time.perf_counter() - t0,
+        "revision": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+    }
+    print(
+        "| series | test windows | joint P90 (seeds) | separate P90 (seeds) | joint P90 "
+        "| separate P90 | joint - separate [95% CI] | DM stat (p) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for n in names:
         j, s = np.mean(per[n]["joint"], axis=0), np.mean(per[n]["separate"], axis=0)
         diff = j[:, 2] - s[:, 2]  # per-window P90 pinball sums
         block = scoring.block_length(diff)
-        delta = lambda x: (scoring.from_sums(x[:, :6])["q_risk_90"]  # noqa: E731
-                           - scoring.from_sums(x[:, 6:])["q_risk_90"])
+        delta = lambda x: (
+            scoring.from_sums(x[:, :6])["q_risk_90"] - scoring.from_sums(x[:, 6:])["q_risk_90"]
+        )
         both = np.concatenate([j, s], axis=1)
         ci = scoring.bootstrap_interval(delta, both, block, args.bootstrap)
         dm = scoring.diebold_mariano(j[:, 2], s[:, 2], cfg.data.decoder_steps)
-        row = {"windows": int(j.shape[0]), "block": block,
-               "joint_seeds": [scoring.from_sums(x)["q_risk_90"] for x in per[n]["joint"]],
-               "separate_seeds": [scoring.from_sums(x)["q_risk_90"] for x in per[n]["separate"]],
-               "joint": {k: float(v) for k, v in scoring.from_sums(j).items()},
-               "separate": {k: float(v) for k, v in scoring.from_sums(s).items()},
-               "delta_q_risk_90": [float(delta(both)), *ci], "dm": dm}
+        row = {
+            "windows": int(j.shape[0]),
+            "block": block,
+            "joint_seeds": [scoring.from_sums(x)["q_risk_90"] for x in per[n]["joint"]],
+            "separate_seeds": [scoring.from_sums(x)["q_risk_90"] for x in per[n]["separate"]],
+            "joint": {k: float(v) for k, v in scoring.from_sums(j).items()},
+            "separate": {k: float(v) for k, v in scoring.from_sums(s).items()},
+            "delta_q_risk_90": [float(delta(both)), *ci],
+            "dm": dm,
+        }
         out["series"][n] = row
-        fmt = lambda xs: " / ".join(f"{x:.4f}" for x in xs)  # noqa: E731
+        fmt = lambda xs: " / ".join(f"{x:.4f}" for x in xs)
         dq = row["delta_q_risk_90"]
-        print(f"| {n} | {row['windows']} | {fmt(row['joint_seeds'])} | "
-              f"{fmt(row['separate_seeds'])} | {row['joint']['q_risk_90']:.4f} | "
-              f"{row['separate']['q_risk_90']:.4f} | {dq[0]:+.4f} [{dq[1]:+.4f}, {dq[2]:+.4f}] "
-              f"| {dm['stat']:+.2f} ({dm['p']:.2g}) |")
+        print(
+            f"| {n} | {row['windows']} | {fmt(row['joint_seeds'])} | "
+            f"{fmt(row['separate_seeds'])} | {row['joint']['q_risk_90']:.4f} | "
+            f"{row['separate']['q_risk_90']:.4f} | {dq[0]:+.4f} [{dq[1]:+.4f}, {dq[2]:+.4f}] "
+            f"| {dm['stat']:+.2f} ({dm['p']:.2g}) |"
+        )
     args.out.write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_pytorch_forecasting import frame  # noqa: E402 - the same DataFrame of the features
+from vs_pytorch_forecasting import frame
 
 
 def peer_fold(ds, cfg, tc, seed: int) -> tuple[dict, dict]:
@@ -60,51 +60,83 @@ def peer_fold(ds, cfg, tc, seed: int) -> tuple[dict, dict]:
     hist = [f"h{i}" for i in range(f.historical.shape[1])]
     known = [f"k{i}" for i in range(f.known.shape[1])]
     static = [f"s{i}" for i in range(f.static.size)]
-    common = dict(time_idx="time_idx", target="target", group_ids=["group"],
-                  max_encoder_length=E, min_encoder_length=E, max_prediction_length=D,
-                  min_prediction_length=D, static_reals=static, time_varying_known_reals=known,
-                  time_varying_unknown_reals=hist,
-                  target_normalizer=TorchNormalizer(method="identity", center=False),
-                  scalers={c: None for c in hist + known + static},
-                  add_relative_time_idx=False, add_target_scales=False, add_encoder_length=False)
+    common = dict(
+        time_idx="time_idx",
+        target="target",
+        group_ids=["group"],
+        max_encoder_length=E,
+        min_encoder_length=E,
+        max_prediction_length=D,
+        min_prediction_length=D,
+        static_reals=static,
+        time_varying_known_reals=known,
+        time_varying_unknown_reals=hist,
+        target_normalizer=TorchNormalizer(method="identity", center=False),
+        scalers={c: None for c in hist + known + static},
+        add_relative_time_idx=False,
+        add_target_scales=False,
+        add_encoder_length=False,
+    )
     sp = ds.splits
     t0, t1 = sp.test_rows
     train = TimeSeriesDataSet(frame(ds, sp.train_rows), **common)
-    sets = {"val": TimeSeriesDataSet.from_dataset(train, frame(ds, sp.val_rows),
-                                                  stop_randomization=True),
-            "test": TimeSeriesDataSet.from_dataset(train, frame(ds, (t0 - E, t1)),
-                                                   stop_randomization=True)}
+    sets = {
+        "val": TimeSeriesDataSet.from_dataset(
+            train, frame(ds, sp.val_rows), stop_randomization=True
+        ),
+        "test": TimeSeriesDataSet.from_dataset(
+            train, frame(ds, (t0 - E, t1)), stop_randomization=True
+        ),
+    }
     for name, starts in (("val", sp.val), ("test", sp.test)):  # the same windows
         if len(sets[name]) != starts.size:
-            raise DataError(f"the peer's {name} set holds {len(sets[name])} windows, the "
-                            f"fold's {starts.size}")
+            raise DataError(
+                f"the peer's {name} set holds {len(sets[name])} windows, the fold's {starts.size}"
+            )
     model = TemporalFusionTransformer.from_dataset(
-        train, hidden_size=cfg.model.hidden, attention_head_size=cfg.model.heads, dropout=cfg.model.dropout,
-        hidden_continuous_size=cfg.model.d_v, lstm_layers=1, output_size=len(cfg.head.quantiles),
-        loss=QuantileLoss(quantiles=list(cfg.head.quantiles)), learning_rate=tc.learning_rate,
-        optimizer="adam")
-    best = ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=1,
-                           dirpath=tempfile.mkdtemp(prefix="peer-ckpt-"))
-    trainer = pl.Trainer(max_epochs=tc.epochs, accelerator="cpu", devices=1, logger=False,
-                         default_root_dir=tempfile.mkdtemp(prefix="peer-"),
-                         enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0, callbacks=[best] + (
-                             [EarlyStopping("val_loss", patience=tc.patience, mode="min")]
-                             if tc.patience else []), gradient_clip_val=tc.grad_clip)
+        train,
+        hidden_size=cfg.model.hidden,
+        attention_head_size=cfg.model.heads,
+        dropout=cfg.model.dropout,
+        hidden_continuous_size=cfg.model.d_v,
+        lstm_layers=1,
+        output_size=len(cfg.head.quantiles),
+        loss=QuantileLoss(quantiles=list(cfg.head.quantiles)),
+        learning_rate=tc.learning_rate,
+        optimizer="adam",
+    )
+    best = ModelCheckpoint(
+        monitor="val_loss", mode="min", save_top_k=1, dirpath=tempfile.mkdtemp(prefix="peer-ckpt-")
+    )
+    trainer = pl.Trainer(
+        max_epochs=tc.epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        default_root_dir=tempfile.mkdtemp(prefix="peer-"),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[best]
+        + ([EarlyStopping("val_loss", patience=tc.patience, mode="min")] if tc.patience else []),
+        gradient_clip_val=tc.grad_clip,
+    )
     t = time.perf_counter()
-    trainer.fit(model, train_dataloaders=train.to_dataloader(train=True,
-                                                             batch_size=tc.batch_size,
-                                                             num_workers=0),
-                val_dataloaders=sets["val"].to_dataloader(train=False, batch_size=256,
-                                                          num_workers=0))
+    trainer.fit(
+        model,
+        train_dataloaders=train.to_dataloader(train=True, batch_size=tc.batch_size, num_workers=0),
+        val_dataloaders=sets["val"].to_dataloader(train=False, batch_size=256, num_workers=0),
+    )
     fit_s = time.perf_counter() - t
     model = TemporalFusionTransformer.load_from_checkpoint(best.best_model_path)
     model.eval()
     out = {}
     with torch.no_grad():
         for name, s in sets.items():
-            preds = [model(x)["prediction"].float().numpy()
-                     for x, _ in s.to_dataloader(train=False, batch_size=256, num_workers=0)]
+            preds = [
+                model(x)["prediction"].float().numpy()
+                for x, _ in s.to_dataloader(train=False, batch_size=256, num_workers=0)
+            ]
             out[name] = np.concatenate(preds)
     epoch = int(best.best_model_path.rsplit("epoch=", 1)[1].split("-")[0]) + 1
     return out, {"epochs_run": trainer.current_epoch, "best_epoch": epoch, "fit_s": fit_s}
@@ -119,21 +151,23 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from tftjax import backtest as bt
-    from tftjax.stats import scoring, verdict
-    from tftjax.stats.baselines import NAMES
     from tftjax.cli import data_files, tft_configs
     from tftjax.data import default_parquet, load_dataset
     from tftjax.data.bars import read_series
     from tftjax.data.windows import walk_forward_times
+    from tftjax.stats import scoring, verdict
+    from tftjax.stats.baselines import NAMES
     from tftjax.training.evaluation import baselines_forecasts, window_targets
 
     parsed = bt.COMMAND_LINE.parse(rest)
     args = parsed.options(bt.BacktestOptions)
-    cfg, tc = tft_configs(parsed, args.preset, train_defaults=bt.TRAIN_DEFAULTS,
-                          settings=args.config)
+    cfg, tc = tft_configs(
+        parsed, args.preset, train_defaults=bt.TRAIN_DEFAULTS, settings=args.config
+    )
     files = data_files(args.parquet_file, args.dataset)
-    files = files if isinstance(files, list) else [files] if files is not None else [
-        default_parquet()]
+    files = (
+        files if isinstance(files, list) else [files] if files is not None else [default_parquet()]
+    )
     ts = [b.ts for p in files for b in read_series(p)]
     qs = cfg.head.quantiles
     folds, runs = [], []
@@ -151,16 +185,25 @@ def main(argv: list[str] | None = None) -> int:
                 f.y, f.pred = y, preds
         folds.append(f)
         runs.append(run)
-        print(f"fold {k}/{args.folds}: best epoch {run['best_epoch']} of {run['epochs_run']} "
-              f"({run['fit_s']:.0f} s): peer P90 "
-              f"{scoring.from_sums(f.test[verdict.MODEL])['q_risk_90']:.4f}", file=sys.stderr)
+        print(
+            f"fold {k}/{args.folds}: best epoch {run['best_epoch']} of {run['epochs_run']} "
+            f"({run['fit_s']:.0f} s): peer P90 "
+            f"{scoring.from_sums(f.test[verdict.MODEL])['q_risk_90']:.4f}",
+            file=sys.stderr,
+        )
     out = verdict.summarize(folds, qs, cfg.data.decoder_steps, args.bootstrap)
     out["folds"] = runs
-    out["settings"] = {"peer": f"pytorch-forecasting {pytorch_forecasting.__version__}, torch "
-                       f"{torch.__version__}", "preset": args.preset,
-                       "epochs": tc.epochs, "patience": tc.patience}
-    print(verdict.format_table(out, {**NAMES, verdict.MODEL: "pytorch-forecasting TFT"})
-          .replace("| TFT |", "| pytorch-forecasting TFT |"))
+    out["settings"] = {
+        "peer": f"pytorch-forecasting {pytorch_forecasting.__version__}, torch {torch.__version__}",
+        "preset": args.preset,
+        "epochs": tc.epochs,
+        "patience": tc.patience,
+    }
+    print(
+        verdict.format_table(out, {**NAMES, verdict.MODEL: "pytorch-forecasting TFT"}).replace(
+            "| TFT |", "| pytorch-forecasting TFT |"
+        )
+    )
     if extra.json:
         with open(extra.json, "w") as fh:
             json.dump(out, fh, indent=1)

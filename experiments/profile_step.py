@@ -26,20 +26,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tftjax.config import preset
+from tftjax.config import TrainConfig, preset
 from tftjax.data import epoch_batches, load_dataset, to_device
 from tftjax.data.windows import gather
 from tftjax.models.tft import TFT
 from tftjax.runner.provenance import write_result
-from tftjax.config import TrainConfig
 from tftjax.training import create_train_state, make_train_step
 
 GROUPS = {  # block name → row of the table
-    "static_vsn": "static VSN", "encoder_vsn": "encoder VSN", "decoder_vsn": "decoder VSN",
-    "static_selection": "static encoders (4 GRNs)", "static_enrichment": "static encoders (4 GRNs)",
-    "static_state_h": "static encoders (4 GRNs)", "static_state_c": "static encoders (4 GRNs)",
-    "lstm_encoder": "LSTM encoder + decoder", "lstm_decoder": "LSTM encoder + decoder",
-    "lstm_gate": "LSTM gate + static enrichment GRN", "enrichment": "LSTM gate + static enrichment GRN",
+    "static_vsn": "static VSN",
+    "encoder_vsn": "encoder VSN",
+    "decoder_vsn": "decoder VSN",
+    "static_selection": "static encoders (4 GRNs)",
+    "static_enrichment": "static encoders (4 GRNs)",
+    "static_state_h": "static encoders (4 GRNs)",
+    "static_state_c": "static encoders (4 GRNs)",
+    "lstm_encoder": "LSTM encoder + decoder",
+    "lstm_decoder": "LSTM encoder + decoder",
+    "lstm_gate": "LSTM gate + static enrichment GRN",
+    "enrichment": "LSTM gate + static enrichment GRN",
     "attention": "attention",
     "attention_gate": "attention gate, position-wise GRN, head",
     "positionwise": "attention gate, position-wise GRN, head",
@@ -65,11 +70,16 @@ def record_blocks(cfg, params, inputs, key):
 
     def interceptor(next_fun, args, kwargs, ctx):
         mod = ctx.module
-        if (ctx.method_name == "__call__" and mod.scope is not None
-                and len(mod.scope.path) == 1 and mod.name not in seen):
+        if (
+            ctx.method_name == "__call__"
+            and mod.scope is not None
+            and len(mod.scope.path) == 1
+            and mod.name not in seen
+        ):
             seen.add(mod.name)  # a remat-wrapped block calls in again, with tracers: shapes only
-            shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
-                                  if hasattr(a, "shape") else a, args)
+            shapes = jax.tree.map(
+                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a, args
+            )
             calls.append((mod.name, mod.clone(parent=None, name=None), shapes, kwargs))
         return next_fun(*args, **kwargs)
 
@@ -80,8 +90,10 @@ def record_blocks(cfg, params, inputs, key):
 
 def block_fn(module, arrays):
     """value_and_grad of ``Σ r ⊙ outputs`` w.r.t. the block's params and float inputs."""
-    is_float = tuple(a is not None and all(jnp.issubdtype(x.dtype, jnp.floating)
-                                           for x in jax.tree.leaves(a)) for a in arrays)
+    is_float = tuple(
+        a is not None and all(jnp.issubdtype(x.dtype, jnp.floating) for x in jax.tree.leaves(a))
+        for a in arrays
+    )
 
     def loss(p, floats, others, static_args, proj, key):
         fl, ot = iter(floats), iter(others)
@@ -93,6 +105,21 @@ def block_fn(module, arrays):
     floats = tuple(a for a, f in zip(arrays, is_float) if f)
     others = tuple(a for a, f in zip(arrays, is_float) if not f)
     return lambda p, static_args, proj, key: fn(p, floats, others, static_args, proj, key)
+
+
+def time_whole_step(cfg, state, data, batch_idx, key, repeat: int) -> float:
+    """The median time of the compiled train step (it donates its state: run on copies)."""
+    compiled = make_train_step(cfg).lower(state, data, batch_idx, key).compile()
+    whole = []
+    st = state
+    for i in range(repeat + 1):
+        st_in = jax.tree.map(jnp.copy, state) if i == 0 else st
+        t0 = time.perf_counter()
+        st, m = compiled(st_in, data, batch_idx, key)
+        jax.block_until_ready(m)
+        if i:
+            whole.append(time.perf_counter() - t0)
+    return statistics.median(whole)
 
 
 def main() -> None:
@@ -113,41 +140,42 @@ def main() -> None:
     batch_idx = jnp.asarray(idx[0])
     key = jax.random.key(1, impl="rbg")
 
-    step = make_train_step(cfg)
-    compiled = step.lower(state, data, batch_idx, key).compile()
-    # The step donates its state: run it on fresh copies.
-    whole = []
-    st = state
-    for i in range(args.repeat + 1):
-        st_in = jax.tree.map(jnp.copy, state) if i == 0 else st
-        t0 = time.perf_counter()
-        st, m = compiled(st_in, data, batch_idx, key)
-        jax.block_until_ready(m)
-        if i:
-            whole.append(time.perf_counter() - t0)
-    t_step = statistics.median(whole)
+    t_step = time_whole_step(cfg, state, data, batch_idx, key, args.repeat)
 
     gathered = jax.jit(gather, static_argnums=(2, 3))
     batch = gathered(data, batch_idx, cfg.data.encoder_steps, cfg.data.decoder_steps)
-    t_gather = timeit(gathered, data, batch_idx, cfg.data.encoder_steps, cfg.data.decoder_steps,
-                      repeat=args.repeat)
+    t_gather = timeit(
+        gathered,
+        data,
+        batch_idx,
+        cfg.data.encoder_steps,
+        cfg.data.decoder_steps,
+        repeat=args.repeat,
+    )
     inputs = (batch.static, batch.historical, batch.known)
 
     params = state.params
     times: dict[str, float] = defaultdict(float)
     rng = np.random.default_rng(0)
-    for name, module, bargs, kwargs in record_blocks(cfg, params, inputs, jax.random.key(2)):
+    for name, module, bargs, _kwargs in record_blocks(cfg, params, inputs, jax.random.key(2)):
         arrays = tuple(a for a in bargs if not isinstance(a, bool))
         arrays = jax.tree.map(  # random inputs of the recorded shapes
-            lambda s: jnp.asarray(rng.standard_normal(s.shape), s.dtype)
-            if s.dtype != jnp.bool_ else jnp.ones(s.shape, bool), arrays)
+            lambda s: (
+                jnp.asarray(rng.standard_normal(s.shape), s.dtype)
+                if s.dtype != jnp.bool_
+                else jnp.ones(s.shape, bool)
+            ),
+            arrays,
+        )
         static = tuple(a for a in bargs if isinstance(a, bool))
-        out = module.apply({"params": params[name]}, *arrays, *static,
-                           rngs={"dropout": jax.random.key(3)})
+        out = module.apply(
+            {"params": params[name]}, *arrays, *static, rngs={"dropout": jax.random.key(3)}
+        )
         proj = [jnp.asarray(rng.standard_normal(o.shape), o.dtype) for o in jax.tree.leaves(out)]
         fn = block_fn(module, arrays)
         times[GROUPS.get(name, name)] += timeit(
-            fn, params[name], static, proj, jax.random.key(3), repeat=args.repeat)
+            fn, params[name], static, proj, jax.random.key(3), repeat=args.repeat
+        )
 
     grads = jax.tree.map(jnp.ones_like, state.params)
     opt = state.tx
@@ -156,15 +184,18 @@ def main() -> None:
     def opt_update(g, s, p):
         return opt.update(g, s, p)
 
-    times["optimizer (AdamW update)"] = timeit(opt_update, grads, state.opt_state, state.params,
-                                               repeat=args.repeat)
+    times["optimizer (AdamW update)"] = timeit(
+        opt_update, grads, state.opt_state, state.params, repeat=args.repeat
+    )
     times["gather of the batch's windows"] = t_gather
     explained = sum(times.values())
 
-    print(f"{args.preset}, --remat {args.remat}, batch {args.batch_size}, on "
-          f"{jax.devices()[0].device_kind} ({jax.device_count()} device, "
-          f"jax {jax.__version__}); whole jitted step {t_step * 1e3:.0f} ms "
-          f"(median of {args.repeat})")
+    print(
+        f"{args.preset}, --remat {args.remat}, batch {args.batch_size}, on "
+        f"{jax.devices()[0].device_kind} ({jax.device_count()} device, "
+        f"jax {jax.__version__}); whole jitted step {t_step * 1e3:.0f} ms "
+        f"(median of {args.repeat})"
+    )
     print("| block (forward + backward) | ms | share of the step |")
     print("|---|---|---|")
     rows = []
@@ -172,8 +203,10 @@ def main() -> None:
         print(f"| {k} | {v * 1e3:.0f} | {100 * v / t_step:.0f}% |")
         rows.append({"block": k, "seconds": v, "share": v / t_step})
     rest = t_step - explained
-    print(f"| rest (loss, glue, dispatch; negative: blocks overlap less alone) | "
-          f"{rest * 1e3:.0f} | {100 * rest / t_step:.0f}% |")
+    print(
+        f"| rest (loss, glue, dispatch; negative: blocks overlap less alone) | "
+        f"{rest * 1e3:.0f} | {100 * rest / t_step:.0f}% |"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, {"step_s": t_step, "blocks": rows, "rest_s": rest}, args)
 

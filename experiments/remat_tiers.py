@@ -19,11 +19,11 @@ from pathlib import Path
 import jax
 from jax._src.ad_checkpoint import saved_residuals
 
-from tftjax.stats import losses
 from tftjax import memory
 from tftjax.config import preset
 from tftjax.models.tft import TFT, dummy_inputs, init_params
 from tftjax.runner.provenance import write_result
+from tftjax.stats import losses
 
 
 def residual_share(cfg, batch: int) -> dict:
@@ -57,11 +57,15 @@ def main() -> None:
     args = ap.parse_args()
     cfg = preset(args.preset)
     share = residual_share(cfg, args.batch_size)
-    print(f"saved residuals under 'off' at batch {args.batch_size}: VSN per-variable GRNs "
-          f"{share['vsn_bytes'] / 2**20:,.0f} MiB, elsewhere {share['other_bytes'] / 2**20:,.0f} MiB "
-          f"({100 * share['vsn_share']:.1f}% in the VSNs)")
+    print(
+        f"saved residuals under 'off' at batch {args.batch_size}: VSN per-variable GRNs "
+        f"{share['vsn_bytes'] / 2**20:,.0f} MiB, elsewhere {share['other_bytes'] / 2**20:,.0f} MiB "
+        f"({100 * share['vsn_share']:.1f}% in the VSNs)"
+    )
     tiers = ["off", "minimal", "aggressive", "full"]
-    records = memory.report(cfg, tiers, [args.batch_size], args.out, budgets_gb=(), steps=args.steps)
+    records = memory.report(
+        cfg, tiers, [args.batch_size], args.out, budgets_gb=(), steps=args.steps
+    )
     off = next(r for r in records if r["tier"] == "off")
     print("\n| tier | XLA temp | temp vs off | step time | time vs off |")
     print("|---|---|---|---|---|")
@@ -69,8 +73,10 @@ def main() -> None:
         t, t0 = r["step_time_s"], off["step_time_s"]
         time_s = f"{t:.2f} s" if t else "not run"
         ratio = f"{t / t0:.2f}×" if t and t0 else "–"
-        print(f"| {r['tier']} | {r['temp_bytes'] / 2**20:,.0f} MiB | "
-              f"{r['temp_bytes'] / off['temp_bytes']:.2f} | {time_s} | {ratio} |")
+        print(
+            f"| {r['tier']} | {r['temp_bytes'] / 2**20:,.0f} MiB | "
+            f"{r['temp_bytes'] / off['temp_bytes']:.2f} | {time_s} | {ratio} |"
+        )
     write_result(args.out / "residual_share.json", share, args)
 
 

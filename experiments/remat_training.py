@@ -15,16 +15,15 @@ what remat must give, and this shows it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from tftjax.models import remat
 from tftjax.config import TrainConfig, preset
 from tftjax.data import load_dataset, to_device
+from tftjax.models import remat
 from tftjax.runner.provenance import write_result
 from tftjax.training import Trainer, leaf_differences, train_epochs
 
@@ -39,8 +38,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("experiments/results/remat_training"))
     args = ap.parse_args()
     base = preset(args.preset)
-    tc = TrainConfig(epochs=args.epochs, batch_size=args.batch_size,
-                     max_steps_per_epoch=args.max_steps_per_epoch)
+    tc = TrainConfig(
+        epochs=args.epochs, batch_size=args.batch_size, max_steps_per_epoch=args.max_steps_per_epoch
+    )
     ds = load_dataset(None, base.data)
     tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
     if tiers[0] != "off":
@@ -59,25 +59,40 @@ def main() -> None:
         worst = max(diff, key=diff.get)
         a = np.concatenate([np.ravel(x) for x in jax.tree.leaves(params)]).astype(np.float64)
         b = np.concatenate([np.ravel(x) for x in jax.tree.leaves(ref)]).astype(np.float64)
-        row = {"tier": tier, "train_loss": history, "val_loss": val["loss"],
-               "max_leaf_rel_diff": diff[worst], "worst_leaf": worst,
-               "global_rel_diff": float(np.linalg.norm(a - b) / np.linalg.norm(b)),
-               "seconds": seconds, "per_leaf": diff}
+        row = {
+            "tier": tier,
+            "train_loss": history,
+            "val_loss": val["loss"],
+            "max_leaf_rel_diff": diff[worst],
+            "worst_leaf": worst,
+            "global_rel_diff": float(np.linalg.norm(a - b) / np.linalg.norm(b)),
+            "seconds": seconds,
+            "per_leaf": diff,
+        }
         rows.append(row)
-        print(f"{tier:10s} train loss {' '.join(f'{x:.6f}' for x in history)}  val "
-              f"{val['loss']:.6f}  max leaf diff {diff[worst]:.2e} ({worst})  global "
-              f"{row['global_rel_diff']:.2e}  ({seconds:.0f} s)", flush=True)
+        print(
+            f"{tier:10s} train loss {' '.join(f'{x:.6f}' for x in history)}  val "
+            f"{val['loss']:.6f}  max leaf diff {diff[worst]:.2e} ({worst})  global "
+            f"{row['global_rel_diff']:.2e}  ({seconds:.0f} s)",
+            flush=True,
+        )
     steps = (tc.max_steps_per_epoch or -(-ds.splits.train.size // tc.batch_size)) * tc.epochs
     print("\n| tier | train loss per epoch | val loss | max leaf diff vs off | ‖Δ‖/‖θ‖ |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['tier']} | {' / '.join(f'{x:.6f}' for x in r['train_loss'])} | "
-              f"{r['val_loss']:.6f} | {r['max_leaf_rel_diff']:.1e} | {r['global_rel_diff']:.1e} |")
-    print(f"({args.preset}, {tc.epochs} epochs, {steps} steps of batch {tc.batch_size}, "
-          f"dropout {base.dropout}, AdamW lr {tc.learning_rate})")
+        print(
+            f"| {r['tier']} | {' / '.join(f'{x:.6f}' for x in r['train_loss'])} | "
+            f"{r['val_loss']:.6f} | {r['max_leaf_rel_diff']:.1e} | {r['global_rel_diff']:.1e} |"
+        )
+    print(
+        f"({args.preset}, {tc.epochs} epochs, {steps} steps of batch {tc.batch_size}, "
+        f"dropout {base.dropout}, AdamW lr {tc.learning_rate})"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
-    write_result(args.out / "remat_training.json", {"config": vars(args) | {"out": str(args.out)},
-                                                    "steps": steps, "tiers": rows})
+    write_result(
+        args.out / "remat_training.json",
+        {"config": vars(args) | {"out": str(args.out)}, "steps": steps, "tiers": rows},
+    )
 
 
 if __name__ == "__main__":

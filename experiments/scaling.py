@@ -39,18 +39,17 @@ def main() -> None:
     if os.environ.get("JAX_PLATFORMS", "cpu") == "cpu" or "--cpu" in sys.argv:
         flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
         os.environ["XLA_FLAGS"] = " ".join(
-            flags + [f"--xla_force_host_platform_device_count={max(counts)}"])
-
-    import dataclasses
+            flags + [f"--xla_force_host_platform_device_count={max(counts)}"]
+        )
 
     import jax
     import numpy as np
 
     from tftjax.config import TrainConfig, preset
     from tftjax.data import load_dataset
+    from tftjax.models.remat import default_tier
     from tftjax.runner.mesh import make_parallel
     from tftjax.runner.provenance import write_result
-    from tftjax.models.remat import default_tier
     from tftjax.training import Trainer, create_train_state
 
     cfg = preset(args.preset, remat=args.remat or default_tier())
@@ -59,10 +58,13 @@ def main() -> None:
     rng = np.random.default_rng(0)
     batches = [rng.choice(ds.splits.train, args.batch_size) for _ in range(args.steps + 1)]
     kind = jax.devices()[0].device_kind
-    print(f"{args.preset}, remat={cfg.execution.remat}, batch {args.batch_size}"
-          + (f" as {args.accumulate} micro-batches" if args.accumulate > 1 else "")
-          + f", {len(jax.devices())} {jax.default_backend()} devices ({kind}), "
-          f"{os.cpu_count()} cores", flush=True)
+    print(
+        f"{args.preset}, remat={cfg.execution.remat}, batch {args.batch_size}"
+        + (f" as {args.accumulate} micro-batches" if args.accumulate > 1 else "")
+        + f", {len(jax.devices())} {jax.default_backend()} devices ({kind}), "
+        f"{os.cpu_count()} cores",
+        flush=True,
+    )
     rows, ref = [], None
     for n in counts:
         par = make_parallel(n, "replicated")
@@ -82,27 +84,47 @@ def main() -> None:
             losses.append(float(m["loss"]))
         ref = ref or losses
         step = float(np.median(times))
-        row = {"devices": n, "compile_s": compile_s, "step_s": step,
-               "step_s_range": [float(min(times)), float(max(times))],
-               "steps_per_s": 1 / step, "samples_per_s": args.batch_size / step,
-               "loss_rel_diff_vs_first": float(max(abs(a - b) / abs(b)
-                                                   for a, b in zip(losses, ref)))}
+        row = {
+            "devices": n,
+            "compile_s": compile_s,
+            "step_s": step,
+            "step_s_range": [float(min(times)), float(max(times))],
+            "steps_per_s": 1 / step,
+            "samples_per_s": args.batch_size / step,
+            "loss_rel_diff_vs_first": float(max(abs(a - b) / abs(b) for a, b in zip(losses, ref))),
+        }
         rows.append(row)
-        print(f"{n} device(s): compile {compile_s:.1f} s, step {step:.3f} s "
-              f"({min(times):.3f}-{max(times):.3f}), {1 / step:.2f} steps/s, "
-              f"{args.batch_size / step:.1f} samples/s, losses vs {counts[0]} device(s): "
-              f"{row['loss_rel_diff_vs_first']:.1e}", flush=True)
+        print(
+            f"{n} device(s): compile {compile_s:.1f} s, step {step:.3f} s "
+            f"({min(times):.3f}-{max(times):.3f}), {1 / step:.2f} steps/s, "
+            f"{args.batch_size / step:.1f} samples/s, losses vs {counts[0]} device(s): "
+            f"{row['loss_rel_diff_vs_first']:.1e}",
+            flush=True,
+        )
     base = rows[0]["samples_per_s"]
-    print(f"\n| devices | compile | step (median) | steps/s | samples/s | vs {counts[0]} | "
-          "loss diff |")
+    print(
+        f"\n| devices | compile | step (median) | steps/s | samples/s | vs {counts[0]} | "
+        "loss diff |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['devices']} | {r['compile_s']:.1f} s | {r['step_s']:.3f} s | "
-              f"{r['steps_per_s']:.2f} | {r['samples_per_s']:.1f} | "
-              f"{r['samples_per_s'] / base:.2f}× | {r['loss_rel_diff_vs_first']:.0e} |")
-    write_result(args.out / "scaling.json", {"config": {**vars(args), "out": str(args.out),
-                                                        "remat": cfg.execution.remat, "device": kind},
-                                             "rows": rows})
+        print(
+            f"| {r['devices']} | {r['compile_s']:.1f} s | {r['step_s']:.3f} s | "
+            f"{r['steps_per_s']:.2f} | {r['samples_per_s']:.1f} | "
+            f"{r['samples_per_s'] / base:.2f}× | {r['loss_rel_diff_vs_first']:.0e} |"
+        )
+    write_result(
+        args.out / "scaling.json",
+        {
+            "config": {
+                **vars(args),
+                "out": str(args.out),
+                "remat": cfg.execution.remat,
+                "device": kind,
+            },
+            "rows": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

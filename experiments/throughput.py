@@ -20,21 +20,37 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tftjax.config import preset
+from tftjax.config import TrainConfig, preset
 from tftjax.data import epoch_batches, load_dataset, to_device
-from tftjax.config import TrainConfig
-from tftjax.training import create_train_state, make_train_step
 from tftjax.memory.report import timed_steps
 from tftjax.runner.provenance import write_result
+from tftjax.training import create_train_state, make_train_step
 
 
-def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data,
-            precision: str = "f32", vsn_kernel: str = "xla", lstm_kernel: str = "xla",
-            optimizer_kernel: str = "xla", grn_kernel: str = "xla",
-            attention_kernel: str = "xla") -> dict:
-    cfg = preset(preset_name, remat=remat, precision=precision, vsn_kernel=vsn_kernel,
-                 lstm_kernel=lstm_kernel, optimizer_kernel=optimizer_kernel,
-                 grn_kernel=grn_kernel, attention_kernel=attention_kernel)
+def measure(
+    preset_name: str,
+    batch: int,
+    remat: str,
+    steps: int,
+    ds,
+    data,
+    precision: str = "f32",
+    vsn_kernel: str = "xla",
+    lstm_kernel: str = "xla",
+    optimizer_kernel: str = "xla",
+    grn_kernel: str = "xla",
+    attention_kernel: str = "xla",
+) -> dict:
+    cfg = preset(
+        preset_name,
+        remat=remat,
+        precision=precision,
+        vsn_kernel=vsn_kernel,
+        lstm_kernel=lstm_kernel,
+        optimizer_kernel=optimizer_kernel,
+        grn_kernel=grn_kernel,
+        attention_kernel=attention_kernel,
+    )
     tc = TrainConfig(batch_size=batch)
     state = create_train_state(cfg, tc, jax.random.key(0))
     step = make_train_step(cfg)
@@ -47,13 +63,23 @@ def measure(preset_name: str, batch: int, remat: str, steps: int, ds, data,
     temp = compiled.memory_analysis().temp_size_in_bytes
     times, state, m = timed_steps(compiled, state, data, batches, key)  # the first: warm-up
     med = statistics.median(times)
-    return {"preset": preset_name, "remat": remat, "vsn_kernel": vsn_kernel,
-            "lstm_kernel": lstm_kernel, "optimizer_kernel": optimizer_kernel,
-            "grn_kernel": grn_kernel, "attention_kernel": attention_kernel,
-            "batch_size": batch, "compile_s": compile_s,
-            "step_s_median": med, "step_s_min": min(times), "step_s_max": max(times),
-            "samples_per_s": batch / med, "temp_bytes": temp,
-            "loss_finite": bool(np.isfinite(float(m["loss"])))}
+    return {
+        "preset": preset_name,
+        "remat": remat,
+        "vsn_kernel": vsn_kernel,
+        "lstm_kernel": lstm_kernel,
+        "optimizer_kernel": optimizer_kernel,
+        "grn_kernel": grn_kernel,
+        "attention_kernel": attention_kernel,
+        "batch_size": batch,
+        "compile_s": compile_s,
+        "step_s_median": med,
+        "step_s_min": min(times),
+        "step_s_max": max(times),
+        "samples_per_s": batch / med,
+        "temp_bytes": temp,
+        "loss_finite": bool(np.isfinite(float(m["loss"]))),
+    }
 
 
 def main() -> None:
@@ -63,17 +89,32 @@ def main() -> None:
     ap.add_argument("--remat", default="off", help="comma-separated tiers")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--precision", default="f32", help="comma-separated: f32, bf16")
-    ap.add_argument("--vsn-kernel", default="xla",
-                    help="the VSNs: xla, or pallas (tftjax.models.kernels.pallas_vsn; a GPU)")
-    ap.add_argument("--lstm-kernel", default="xla",
-                    help="the LSTMs: xla, or pallas (tftjax.models.kernels.pallas_lstm; a GPU)")
-    ap.add_argument("--grn-kernel", default="xla",
-                    help="the GRNs and gates outside the VSNs: xla, or pallas "
-                         "(tftjax.models.kernels.pallas_grn and pallas_gated; a GPU)")
-    ap.add_argument("--attention-kernel", default="xla",
-                    help="the attention: xla, or pallas (tftjax.models.kernels.pallas_attention; a GPU)")
-    ap.add_argument("--optimizer-kernel", default="xla",
-                    help="the optimizer: xla, or pallas (tftjax.models.kernels.pallas_adamw; a GPU)")
+    ap.add_argument(
+        "--vsn-kernel",
+        default="xla",
+        help="the VSNs: xla, or pallas (tftjax.models.kernels.pallas_vsn; a GPU)",
+    )
+    ap.add_argument(
+        "--lstm-kernel",
+        default="xla",
+        help="the LSTMs: xla, or pallas (tftjax.models.kernels.pallas_lstm; a GPU)",
+    )
+    ap.add_argument(
+        "--grn-kernel",
+        default="xla",
+        help="the GRNs and gates outside the VSNs: xla, or pallas "
+        "(tftjax.models.kernels.pallas_grn and pallas_gated; a GPU)",
+    )
+    ap.add_argument(
+        "--attention-kernel",
+        default="xla",
+        help="the attention: xla, or pallas (tftjax.models.kernels.pallas_attention; a GPU)",
+    )
+    ap.add_argument(
+        "--optimizer-kernel",
+        default="xla",
+        help="the optimizer: xla, or pallas (tftjax.models.kernels.pallas_adamw; a GPU)",
+    )
     ap.add_argument("--out", type=Path, default=Path("experiments/results/throughput.json"))
     args = ap.parse_args()
     cfg = preset(args.preset)
@@ -81,20 +122,40 @@ def main() -> None:
     data = to_device(ds.features)
     rows = []
     print(f"device: {jax.devices()[0].device_kind}")
-    print(f"{args.preset} on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
-          f"median of {args.steps} steps")
+    print(
+        f"{args.preset} on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
+        f"median of {args.steps} steps"
+    )
     print("| precision | remat | batch | compile | step (median; min–max) | samples/s | XLA temp |")
     print("|---|---|---|---|---|---|---|")
-    for prec, remat, b in [(p, r, int(b)) for p in args.precision.split(",")
-                           for r in args.remat.split(",") for b in args.batch_sizes.split(",")]:
-        r = measure(args.preset, b, remat, args.steps, ds, data, prec, args.vsn_kernel,
-                    args.lstm_kernel, args.optimizer_kernel, args.grn_kernel,
-                    args.attention_kernel)
+    for prec, remat, b in [
+        (p, r, int(b))
+        for p in args.precision.split(",")
+        for r in args.remat.split(",")
+        for b in args.batch_sizes.split(",")
+    ]:
+        r = measure(
+            args.preset,
+            b,
+            remat,
+            args.steps,
+            ds,
+            data,
+            prec,
+            args.vsn_kernel,
+            args.lstm_kernel,
+            args.optimizer_kernel,
+            args.grn_kernel,
+            args.attention_kernel,
+        )
         r["precision"] = prec
         rows.append(r)
-        print(f"| {prec} | {remat} | {b} | {r['compile_s']:.1f} s | {r['step_s_median']:.4f} s "
-                  f"({r['step_s_min']:.4f}–{r['step_s_max']:.4f}) | {r['samples_per_s']:.0f} "
-                  f"| {r['temp_bytes'] / 2**20:,.0f} MiB |", flush=True)
+        print(
+            f"| {prec} | {remat} | {b} | {r['compile_s']:.1f} s | {r['step_s_median']:.4f} s "
+            f"({r['step_s_min']:.4f}–{r['step_s_max']:.4f}) | {r['samples_per_s']:.0f} "
+            f"| {r['temp_bytes'] / 2**20:,.0f} MiB |",
+            flush=True,
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, rows, args)
 

@@ -47,6 +47,7 @@ def peak_rss_bytes() -> int:
 
 def val_loss(y: np.ndarray, pred: np.ndarray) -> float:
     from tftjax.stats.losses import numpy_metrics
+
     return numpy_metrics(y, pred, QUANTILES)["loss"]
 
 
@@ -57,15 +58,17 @@ def run_tftjax(args) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from tftjax.config import preset
+    from tftjax.config import TrainConfig, preset
     from tftjax.data import epoch_batches, load_dataset, to_device
-    from tftjax.config import TrainConfig
-    from tftjax.training import Trainer, create_train_state, window_targets
     from tftjax.models.remat import default_tier
+    from tftjax.training import Trainer, create_train_state, window_targets
 
     # the CLI's default tier on this backend; --precision bf16: bfloat16 compute
-    cfg = preset("tft225", remat=args.remat or default_tier(),
-                 precision="bf16" if args.precision == "bf16" else "f32")
+    cfg = preset(
+        "tft225",
+        remat=args.remat or default_tier(),
+        precision="bf16" if args.precision == "bf16" else "f32",
+    )
     assert tuple(cfg.head.quantiles) == QUANTILES, cfg.head.quantiles
     ds = load_dataset(None, cfg.data)
     data = to_device(ds.features)
@@ -90,10 +93,19 @@ def run_tftjax(args) -> dict:
     val = ds.splits.val[: args.val_windows]
     pred, _ = trainer.predict(state.params, val)
     y = window_targets(ds, val)
-    return {"side": "tftjax", "remat": cfg.execution.remat, "precision": cfg.execution.precision,
-            "device": jax.devices()[0].device_kind, "compile_s": compile_s, "step_s": times,
-            "params": int(n_params), "val_loss": val_loss(y, pred), "val_windows": len(val),
-            "threads": os.cpu_count(), "jax": jax.__version__}
+    return {
+        "side": "tftjax",
+        "remat": cfg.execution.remat,
+        "precision": cfg.execution.precision,
+        "device": jax.devices()[0].device_kind,
+        "compile_s": compile_s,
+        "step_s": times,
+        "params": int(n_params),
+        "val_loss": val_loss(y, pred),
+        "val_windows": len(val),
+        "threads": os.cpu_count(),
+        "jax": jax.__version__,
+    }
 
 
 # ----------------------------------------------------------------- pytorch-forecasting
@@ -101,6 +113,7 @@ def run_tftjax(args) -> dict:
 
 def frame(ds, rows: tuple[int, int]):
     import pandas as pd
+
     f = ds.features
     a, b = rows
     cols = {"time_idx": np.arange(a, b), "group": "es", "target": f.target[a:b]}
@@ -120,6 +133,7 @@ def run_peer(args) -> dict:
 
     from tftjax.config import preset
     from tftjax.data import load_dataset
+
     threads = os.cpu_count()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -130,20 +144,39 @@ def run_peer(args) -> dict:
     hist = [f"h{i}" for i in range(f.historical.shape[1])]
     known = [f"k{i}" for i in range(f.known.shape[1])]
     static = [f"s{i}" for i in range(f.static.size)]
-    common = dict(time_idx="time_idx", target="target", group_ids=["group"],
-                  max_encoder_length=E, min_encoder_length=E, max_prediction_length=D,
-                  min_prediction_length=D, static_reals=static, time_varying_known_reals=known,
-                  time_varying_unknown_reals=hist,
-                  target_normalizer=TorchNormalizer(method="identity", center=False),
-                  scalers={c: None for c in hist + known + static},
-                  add_relative_time_idx=False, add_target_scales=False, add_encoder_length=False)
+    common = dict(
+        time_idx="time_idx",
+        target="target",
+        group_ids=["group"],
+        max_encoder_length=E,
+        min_encoder_length=E,
+        max_prediction_length=D,
+        min_prediction_length=D,
+        static_reals=static,
+        time_varying_known_reals=known,
+        time_varying_unknown_reals=hist,
+        target_normalizer=TorchNormalizer(method="identity", center=False),
+        scalers={c: None for c in hist + known + static},
+        add_relative_time_idx=False,
+        add_target_scales=False,
+        add_encoder_length=False,
+    )
     train = TimeSeriesDataSet(frame(ds, ds.splits.train_rows), **common)
-    val = TimeSeriesDataSet.from_dataset(train, frame(ds, ds.splits.val_rows),
-                                         stop_randomization=True, predict=False)
+    val = TimeSeriesDataSet.from_dataset(
+        train, frame(ds, ds.splits.val_rows), stop_randomization=True, predict=False
+    )
     model = TemporalFusionTransformer.from_dataset(
-        train, hidden_size=cfg.model.hidden, attention_head_size=cfg.model.heads, dropout=cfg.model.dropout,
-        hidden_continuous_size=cfg.model.d_v, lstm_layers=1, output_size=len(QUANTILES),
-        loss=QuantileLoss(quantiles=list(QUANTILES)), learning_rate=1e-3, optimizer="adam")
+        train,
+        hidden_size=cfg.model.hidden,
+        attention_head_size=cfg.model.heads,
+        dropout=cfg.model.dropout,
+        hidden_continuous_size=cfg.model.d_v,
+        lstm_layers=1,
+        output_size=len(QUANTILES),
+        loss=QuantileLoss(quantiles=list(QUANTILES)),
+        learning_rate=1e-3,
+        optimizer="adam",
+    )
     n_params = sum(p.numel() for p in model.parameters())
     total = args.warmup + args.steps
     loader = train.to_dataloader(train=True, batch_size=args.batch_size, num_workers=0)
@@ -165,11 +198,19 @@ def run_peer(args) -> dict:
     clock = Clock()
     # --accelerator gpu: Lightning on the GPU; --precision bf16: its "bf16-mixed" (autocast),
     # what pytorch-forecasting users switch on for a GPU
-    trainer = pl.Trainer(max_steps=total, accelerator=args.accelerator, devices=1, logger=False,
-                         precision="bf16-mixed" if args.precision == "bf16" else "32-true",
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0,
-                         limit_val_batches=0, callbacks=[clock])
+    trainer = pl.Trainer(
+        max_steps=total,
+        accelerator=args.accelerator,
+        devices=1,
+        logger=False,
+        precision="bf16-mixed" if args.precision == "bf16" else "32-true",
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[clock],
+    )
     t0 = time.perf_counter()
     trainer.fit(model, train_dataloaders=loader)
     fit_s = time.perf_counter() - t0
@@ -186,11 +227,19 @@ def run_peer(args) -> dict:
                 break
     pred = np.concatenate(preds)[: args.val_windows]
     y = np.concatenate(ys)[: args.val_windows]
-    return {"side": "pytorch-forecasting", "step_s": clock.times[args.warmup:], "fit_s": fit_s,
-            "params": int(n_params), "val_loss": val_loss(y, pred), "val_windows": len(pred),
-            "threads": threads, "torch": torch.__version__, "accelerator": args.accelerator,
-            "precision": args.precision,
-            "pytorch_forecasting": pytorch_forecasting.__version__}
+    return {
+        "side": "pytorch-forecasting",
+        "step_s": clock.times[args.warmup :],
+        "fit_s": fit_s,
+        "params": int(n_params),
+        "val_loss": val_loss(y, pred),
+        "val_windows": len(pred),
+        "threads": threads,
+        "torch": torch.__version__,
+        "accelerator": args.accelerator,
+        "precision": args.precision,
+        "pytorch_forecasting": pytorch_forecasting.__version__,
+    }
 
 
 # ------------------------------------------------------------------------------ driver
@@ -204,14 +253,32 @@ def child(args) -> None:
 
 
 def spawn(side: str, batch: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--side", side, "--batch-size", str(batch),
-           "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--val-windows", str(args.val_windows), "--accelerator", args.accelerator,
-           "--precision", args.precision]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--side",
+        side,
+        "--batch-size",
+        str(batch),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--val-windows",
+        str(args.val_windows),
+        "--accelerator",
+        args.accelerator,
+        "--precision",
+        args.precision,
+    ]
     if args.remat:
         cmd += ["--remat", args.remat]
-    env = dict(os.environ, JAX_PLATFORMS=os.environ.get(
-        "JAX_PLATFORMS", "cuda" if args.accelerator == "gpu" else "cpu"))
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS=os.environ.get(
+            "JAX_PLATFORMS", "cuda" if args.accelerator == "gpu" else "cpu"
+        ),
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode in (-9, 137):  # the kernel's OOM killer
@@ -219,7 +286,7 @@ def spawn(side: str, batch: int, args) -> dict:
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
         raise SystemExit(f"{side} at batch {batch} failed (exit {proc.returncode})")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _ram_gb() -> float:
@@ -229,8 +296,12 @@ def _ram_gb() -> float:
 def summary(r: dict) -> dict:
     t = r["step_s"]
     med = statistics.median(t)
-    return {"samples_per_s": r["batch_size"] / med, "min": r["batch_size"] / max(t),
-            "max": r["batch_size"] / min(t), "rss_gb": r["peak_rss_bytes"] / 1e9}
+    return {
+        "samples_per_s": r["batch_size"] / med,
+        "min": r["batch_size"] / max(t),
+        "max": r["batch_size"] / min(t),
+        "rss_gb": r["peak_rss_bytes"] / 1e9,
+    }
 
 
 def main() -> None:
@@ -240,46 +311,72 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--val-windows", type=int, default=512)
     ap.add_argument("--remat", default=None, help="tftjax tier (default: the CLI's default)")
-    ap.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu",
-                    help="both sides on the CPU, or both on the (first) GPU")
-    ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
-                    help="bf16: tftjax --precision bf16 against Lightning's bf16-mixed")
+    ap.add_argument(
+        "--accelerator",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="both sides on the CPU, or both on the (first) GPU",
+    )
+    ap.add_argument(
+        "--precision",
+        choices=("f32", "bf16"),
+        default="f32",
+        help="bf16: tftjax --precision bf16 against Lightning's bf16-mixed",
+    )
     ap.add_argument("--side", choices=("tftjax", "peer"), help=argparse.SUPPRESS)
     ap.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path,
-                    default=Path("experiments/results/vs_pytorch_forecasting.json"))
+    ap.add_argument(
+        "--out", type=Path, default=Path("experiments/results/vs_pytorch_forecasting.json")
+    )
     args = ap.parse_args()
     if args.side:
         return child(args)
     from tftjax.runner.provenance import write_result
+
     rows = []
-    print(f"{os.cpu_count()} cores; each side in its own process, one after the other; "
-          f"{args.warmup} warm-up + {args.steps} timed steps", flush=True)
-    table = ["| batch | side | samples/s (median; range) | peak RSS | params | val loss "
-             f"after {args.warmup + args.steps} steps |", "|---|---|---|---|---|---|"]
+    print(
+        f"{os.cpu_count()} cores; each side in its own process, one after the other; "
+        f"{args.warmup} warm-up + {args.steps} timed steps",
+        flush=True,
+    )
+    table = [
+        "| batch | side | samples/s (median; range) | peak RSS | params | val loss "
+        f"after {args.warmup + args.steps} steps |",
+        "|---|---|---|---|---|---|",
+    ]
     for b in (int(x) for x in args.batch_sizes.split(",")):
         peer = spawn("peer", b, args)
         while peer.get("oom") and b > 1:
-            table.append(f"| {b} | pytorch-forecasting | killed: out of memory "
-                         f"({_ram_gb():.0f} GB machine) | | | |")
+            table.append(
+                f"| {b} | pytorch-forecasting | killed: out of memory "
+                f"({_ram_gb():.0f} GB machine) | | | |"
+            )
             print(table[-1], flush=True)
             b //= 2
             peer = spawn("peer", b, args)
         ours = spawn("tftjax", b, args)
         for r in (peer, ours):
             s = summary(r)
-            name = r["side"] + (f" (`--remat {r['remat']}`, compile {r['compile_s']:.0f} s)"
-                                if r["side"] == "tftjax" else
-                                f" {r['pytorch_forecasting']} (torch {r['torch']}, "
-                                f"{r['threads']} threads)")
-            table.append(f"| {b} | {name} | {s['samples_per_s']:.1f} ({s['min']:.1f}–"
-                         f"{s['max']:.1f}) | {s['rss_gb']:.2f} GB | {r['params']:,} "
-                         f"| {r['val_loss']:.4f} |")
+            name = r["side"] + (
+                f" (`--remat {r['remat']}`, compile {r['compile_s']:.0f} s)"
+                if r["side"] == "tftjax"
+                else f" {r['pytorch_forecasting']} (torch {r['torch']}, {r['threads']} threads)"
+            )
+            table.append(
+                f"| {b} | {name} | {s['samples_per_s']:.1f} ({s['min']:.1f}–"
+                f"{s['max']:.1f}) | {s['rss_gb']:.2f} GB | {r['params']:,} "
+                f"| {r['val_loss']:.4f} |"
+            )
         sp, so = summary(peer), summary(ours)
-        ratio = {"batch_size": b, "speed_ratio": so["samples_per_s"] / sp["samples_per_s"],
-                 "rss_ratio": so["rss_gb"] / sp["rss_gb"]}
-        table.append(f"| {b} | **tftjax / peer** | **{ratio['speed_ratio']:.1f}×** | "
-                     f"**{ratio['rss_ratio']:.2f}×** | | |")
+        ratio = {
+            "batch_size": b,
+            "speed_ratio": so["samples_per_s"] / sp["samples_per_s"],
+            "rss_ratio": so["rss_gb"] / sp["rss_gb"],
+        }
+        table.append(
+            f"| {b} | **tftjax / peer** | **{ratio['speed_ratio']:.1f}×** | "
+            f"**{ratio['rss_ratio']:.2f}×** | | |"
+        )
         rows.append({"peer": peer, "tftjax": ours, **ratio})
         print("\n".join(table[-3:]), flush=True)
     print("\n" + "\n".join(table))

@@ -28,8 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--out", type=Path,
-                    default=Path("experiments/results/vsn_kernel_split.json"))
+    ap.add_argument("--out", type=Path, default=Path("experiments/results/vsn_kernel_split.json"))
     args = ap.parse_args()
     m, n, dv, d = 220, args.batch_size * 50, 8, 128
     rng = np.random.default_rng(0)
@@ -37,10 +36,20 @@ def main() -> None:
     def r(*shape, sc=0.3):
         return jnp.asarray(rng.normal(size=shape) * sc, jnp.float32)
 
-    p = {"emb_k": r(m, dv), "emb_b": r(m, dv), "fc2_k": r(m, dv, dv), "fc2_b": r(m, dv),
-         "fc1_k": r(m, dv, dv), "fc1_b": r(m, dv), "glu_k": r(m, dv, 2 * d),
-         "glu_b": r(m, 2 * d), "skip_k": r(m, dv, d), "skip_b": r(m, d),
-         "ln_scale": 1 + r(m, d), "ln_bias": r(m, d)}
+    p = {
+        "emb_k": r(m, dv),
+        "emb_b": r(m, dv),
+        "fc2_k": r(m, dv, dv),
+        "fc2_b": r(m, dv),
+        "fc1_k": r(m, dv, dv),
+        "fc1_b": r(m, dv),
+        "glu_k": r(m, dv, 2 * d),
+        "glu_b": r(m, 2 * d),
+        "skip_k": r(m, dv, d),
+        "skip_b": r(m, d),
+        "ln_scale": 1 + r(m, d),
+        "ln_bias": r(m, d),
+    }
     x, w = r(m, n, sc=1.0), jax.nn.softmax(r(m, n), axis=0)
     keep = jnp.asarray(rng.random((m, n, dv)) > 0.1)
     proj = r(n, d)
@@ -50,18 +59,23 @@ def main() -> None:
 
     def by_variables(k):
         b = np.linspace(0, m, k + 1).astype(int)
-        return lambda p, x, w: sum(part(jax.tree.map(lambda a: a[i:j], p), x[i:j], w[i:j],
-                                        keep[i:j]) for i, j in zip(b[:-1], b[1:]))
+        return lambda p, x, w: sum(
+            part(jax.tree.map(lambda a: a[i:j], p), x[i:j], w[i:j], keep[i:j])
+            for i, j in zip(b[:-1], b[1:])
+        )
 
     def by_rows(k):
         b = np.linspace(0, n, k + 1).astype(int)
         return lambda p, x, w: jnp.concatenate(
-            [part(p, x[:, i:j], w[:, i:j], keep[:, i:j]) for i, j in zip(b[:-1], b[1:])])
+            [part(p, x[:, i:j], w[:, i:j], keep[:, i:j]) for i, j in zip(b[:-1], b[1:])]
+        )
 
-    variants = {"one kernel": lambda p, x, w: part(p, x, w, keep),
-                "variables in 2 independent scans": by_variables(2),
-                "rows in 2 independent halves": by_rows(2),
-                "variables in 4 independent scans": by_variables(4)}
+    variants = {
+        "one kernel": lambda p, x, w: part(p, x, w, keep),
+        "variables in 2 independent scans": by_variables(2),
+        "rows in 2 independent halves": by_rows(2),
+        "variables in 4 independent scans": by_variables(4),
+    }
     steps = {}
     for name, f in variants.items():
         g = jax.jit(jax.grad(lambda p, x, w, f=f: jnp.sum(f(p, x, w) * proj), argnums=(0, 1, 2)))
@@ -74,14 +88,18 @@ def main() -> None:
             jax.block_until_ready(g(p, x, w))
             times[name].append(time.perf_counter() - t)
     base = float(np.median(times["one kernel"]))
-    print(f"| variant (batch {args.batch_size}, forward + backward) | median ms (min–max) "
-          "| vs one kernel |\n|---|---|---|")
+    print(
+        f"| variant (batch {args.batch_size}, forward + backward) | median ms (min–max) "
+        "| vs one kernel |\n|---|---|---|"
+    )
     results = {}
     for name, v in times.items():
         med = float(np.median(v))
         results[name] = {"median_s": med, "min_s": min(v), "max_s": max(v)}
-        print(f"| {name} | {med * 1e3:.0f} ({min(v) * 1e3:.0f}–{max(v) * 1e3:.0f}) "
-              f"| {base / med:.2f}× |")
+        print(
+            f"| {name} | {med * 1e3:.0f} ({min(v) * 1e3:.0f}–{max(v) * 1e3:.0f}) "
+            f"| {base / med:.2f}× |"
+        )
     write_result(args.out, {"batch_size": args.batch_size, "times": results}, args)
 
 

@@ -37,21 +37,23 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--block must be >= 1 window, got {extra.block}")
 
     from tftjax import backtest as bt
-    from tftjax.stats import scoring, verdict
-    from tftjax.stats.baselines import NAMES
     from tftjax.cli import data_files, tft_configs
     from tftjax.data import default_parquet, load_dataset
     from tftjax.data.bars import read_series
     from tftjax.data.windows import walk_forward_times
+    from tftjax.stats import scoring, verdict
+    from tftjax.stats.baselines import NAMES
     from tftjax.training.evaluation import baselines_forecasts, window_targets
 
     parsed = bt.COMMAND_LINE.parse(rest)
     args = parsed.options(bt.BacktestOptions)
-    cfg, tc = tft_configs(parsed, args.preset, train_defaults=bt.TRAIN_DEFAULTS,
-                          settings=args.config)
+    cfg, tc = tft_configs(
+        parsed, args.preset, train_defaults=bt.TRAIN_DEFAULTS, settings=args.config
+    )
     files = data_files(args.parquet_file, args.dataset)
-    files = files if isinstance(files, list) else [files] if files is not None else [
-        default_parquet()]
+    files = (
+        files if isinstance(files, list) else [files] if files is not None else [default_parquet()]
+    )
     ts = [b.ts for p in files for b in read_series(p)]
     qs = cfg.head.quantiles
     folds = []
@@ -68,25 +70,37 @@ def main(argv: list[str] | None = None) -> int:
                 f.y, f.pred = y, preds
         folds.append(f)
         print(f"fold {k}/{args.folds}: {ds.splits.test.size} test windows", file=sys.stderr)
-    out = verdict.summarize(folds, qs, cfg.data.decoder_steps, args.bootstrap, model=None,
-                            block=extra.block)
+    out = verdict.summarize(
+        folds, qs, cfg.data.decoder_steps, args.bootstrap, model=None, block=extra.block
+    )
     picks = out["chosen_per_fold"]
-    print(f"{args.folds} folds, {sum(out['fold_windows'])} test windows; chosen per fold on its "
-          f"own validation: {', '.join(NAMES.get(p, p) for p in picks)}; 95% circular block "
-          f"bootstrap (block {out['block']}"
-          + ("" if extra.block is not None else ": Politis-White on the stitched choice's P90 "
-             "loss; the backtest's is on the TFT's differential with it") + ")")
+    print(
+        f"{args.folds} folds, {sum(out['fold_windows'])} test windows; chosen per fold on its "
+        f"own validation: {', '.join(NAMES.get(p, p) for p in picks)}; 95% circular block "
+        f"bootstrap (block {out['block']}"
+        + (
+            ""
+            if extra.block is not None
+            else ": Politis-White on the stitched choice's P90 "
+            "loss; the backtest's is on the TFT's differential with it"
+        )
+        + ")"
+    )
     print("| baseline | val P90 | P50 [95% CI] | P90 [95% CI] | cover 10-90 [95% CI] | CRPS |")
     print("|---|---|---|---|---|---|")
     rows = out["pooled"]
     for n in sorted(rows, key=lambda n: rows[n]["test"]["q_risk_90"]):
         r, ci = rows[n], rows[n]["ci95"]
-        cell = lambda m: (f"{r['test'][m]:.4f} [{ci[m][0]:.4f}, {ci[m][1]:.4f}]"  # noqa: E731
-                          if m != "coverage_80" else
-                          f"{r['test'][m]:.3f} [{ci[m][0]:.3f}, {ci[m][1]:.3f}]")
+
+        def cell(m, r=r, ci=ci):
+            digits = 3 if m == "coverage_80" else 4
+            return f"{r['test'][m]:.{digits}f} [{ci[m][0]:.{digits}f}, {ci[m][1]:.{digits}f}]"
+
         name = "baseline chosen per fold" if n == verdict.CHOSEN else NAMES.get(n, n)
-        print(f"| {name} | {r['val']['q_risk_90']:.4f} | {cell('q_risk_50')} | "
-              f"{cell('q_risk_90')} | {cell('coverage_80')} | {r['calibration']['crps']:.4f} |")
+        print(
+            f"| {name} | {r['val']['q_risk_90']:.4f} | {cell('q_risk_50')} | "
+            f"{cell('q_risk_90')} | {cell('coverage_80')} | {r['calibration']['crps']:.4f} |"
+        )
     if extra.json:
         with open(extra.json, "w") as f:
             json.dump(out, f, indent=1)

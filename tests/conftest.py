@@ -23,8 +23,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 #   the programs users and experiments/ run; conftest changes nothing of the compiler.
 COMPILE_AS_USERS = os.environ.get("TFTJAX_TEST_XLA", "fast") == "users"
 if os.environ.get("TFTJAX_TEST_XLA", "fast") not in ("fast", "users"):
-    raise SystemExit(f"TFTJAX_TEST_XLA must be 'fast' or 'users', got "
-                     f"{os.environ['TFTJAX_TEST_XLA']!r}")
+    raise SystemExit(
+        f"TFTJAX_TEST_XLA must be 'fast' or 'users', got {os.environ['TFTJAX_TEST_XLA']!r}"
+    )
 
 
 def fast_compile(env: dict) -> dict:
@@ -133,8 +134,19 @@ def predict_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("predict")
     shutil.copy(short_es(), root / "bars.parquet")
-    assert call(__import__("tftjax.train").train.main, *TINY_TRAIN, "--epochs", "1",
-                "--workdir", root / "run", "--parquet-file", root / "bars.parquet") == 0
+    assert (
+        call(
+            __import__("tftjax.train").train.main,
+            *TINY_TRAIN,
+            "--epochs",
+            "1",
+            "--workdir",
+            root / "run",
+            "--parquet-file",
+            root / "bars.parquet",
+        )
+        == 0
+    )
     return root
 
 
@@ -219,7 +231,9 @@ def random_inputs(cfg, batch: int, seed: int = 0):
 
     ks = jax.random.split(jax.random.key(seed), 4)
     t = cfg.data.encoder_steps + cfg.data.decoder_steps
-    return (jax.random.normal(ks[0], (batch, cfg.model.num_static)),
-            jax.random.normal(ks[1], (batch, cfg.data.encoder_steps, cfg.model.num_historical)),
-            jax.random.normal(ks[2], (batch, t, cfg.model.num_known)),
-            jax.random.normal(ks[3], (batch, cfg.data.decoder_steps)))
+    return (
+        jax.random.normal(ks[0], (batch, cfg.model.num_static)),
+        jax.random.normal(ks[1], (batch, cfg.data.encoder_steps, cfg.model.num_historical)),
+        jax.random.normal(ks[2], (batch, t, cfg.model.num_known)),
+        jax.random.normal(ks[3], (batch, cfg.data.decoder_steps)),
+    )

@@ -10,10 +10,10 @@ from conftest import call, short_es
 from test_runloop import TINY_TFT
 
 from tftjax import backtest
-from tftjax.stats import scoring, verdict
 from tftjax.config import preset
 from tftjax.data import bundled_path, load_dataset, read_bars
 from tftjax.data.windows import walk_forward_times
+from tftjax.stats import scoring, verdict
 
 CFG = preset("tiny")
 
@@ -24,7 +24,7 @@ def test_folds_keep_train_val_and_test_apart_and_tile_the_test_region():
     W, E, enc = cfg.window, cfg.embargo_rows, cfg.encoder_steps
     times = walk_forward_times([bars.ts], cfg, 5, 0.4)
     covered = []
-    for k, fold in enumerate(times):
+    for fold in times:
         ds = load_dataset(bundled_path("spx"), cfg, fold=fold)
         sp, st = ds.splits, ds.series[0].features.stats
         t0, t1 = sp.test_rows
@@ -39,7 +39,7 @@ def test_folds_keep_train_val_and_test_apart_and_tile_the_test_region():
         covered.append((t0, t1))
     # consecutive folds: each one's test stretch starts where the previous one's ended; and
     # every fold trains on more than the one before (an expanding window)
-    for (a0, a1), (b0, b1) in zip(covered, covered[1:]):
+    for (_, a1), (b0, _) in zip(covered, covered[1:]):
         assert a1 == b0
     assert covered[-1][1] == len(bars)
 
@@ -57,21 +57,27 @@ def _sums(rng, q90, n=200):
 def _fold(rng, val: dict, test: dict, n=200):
     y = rng.normal(size=(n, 2))
     pred = {m: np.sort(rng.normal(size=(n, 2, 3)), axis=-1) for m in val}
-    return verdict.Fold({m: _sums(rng, q) for m, q in val.items()},
-                        {m: _sums(rng, q) for m, q in test.items()}, y, pred)
+    return verdict.Fold(
+        {m: _sums(rng, q) for m, q in val.items()},
+        {m: _sums(rng, q) for m, q in test.items()},
+        y,
+        pred,
+    )
 
 
 def test_the_baseline_is_chosen_per_fold_on_its_own_validation_never_on_test():
     rng = np.random.default_rng(0)
     folds = [  # fold 1: "a" best on validation, "b" on test; fold 2 the other way round
         _fold(rng, {"tft": 0.5, "a": 0.40, "b": 0.45}, {"tft": 0.5, "a": 0.60, "b": 0.30}),
-        _fold(rng, {"tft": 0.5, "a": 0.45, "b": 0.40}, {"tft": 0.5, "a": 0.30, "b": 0.60})]
+        _fold(rng, {"tft": 0.5, "a": 0.45, "b": 0.40}, {"tft": 0.5, "a": 0.30, "b": 0.60}),
+    ]
     out = verdict.summarize(folds, (0.1, 0.5, 0.9), 2, 200)
     assert out["chosen_per_fold"] == ["a", "b"]
     # the stitched choice is fold 1's "a" then fold 2's "b", window for window
     np.testing.assert_allclose(
         out["pooled"]["chosen"]["test"]["q_risk_90"],
-        scoring.from_sums(np.concatenate([folds[0].test["a"], folds[1].test["b"]]))["q_risk_90"])
+        scoring.from_sums(np.concatenate([folds[0].test["a"], folds[1].test["b"]]))["q_risk_90"],
+    )
     assert out["comparisons"] == 2  # Holm over the baselines a and b (side comparisons)
     assert set(out["pooled"]) == {"tft", "a", "b", "chosen"}
     for n in ("a", "b", "chosen"):  # every model calibrated alike; the TFT compared with each
@@ -82,10 +88,15 @@ def test_the_baseline_is_chosen_per_fold_on_its_own_validation_never_on_test():
     assert "p_holm" not in out["pooled"]["chosen"]["vs"]["dm_p90"]  # the verdict's one test
     # a fold's choice reads no target of its own test stretch, nor of any later fold's:
     # rewrite every test row (and the later fold's validation) and the first pick stands
-    changed = [verdict.Fold(f.val if k == 0 else {m: _sums(rng, 0.1 if m == "b" else 0.9)
-                                                 for m in f.val},
-                            {m: _sums(rng, 0.01 if m == "b" else 0.99) for m in f.test},
-                            f.y, f.pred) for k, f in enumerate(folds)]
+    changed = [
+        verdict.Fold(
+            f.val if k == 0 else {m: _sums(rng, 0.1 if m == "b" else 0.9) for m in f.val},
+            {m: _sums(rng, 0.01 if m == "b" else 0.99) for m in f.test},
+            f.y,
+            f.pred,
+        )
+        for k, f in enumerate(folds)
+    ]
     assert verdict.summarize(changed, (0.1, 0.5, 0.9), 2, 50)["chosen_per_fold"][0] == "a"
 
 
@@ -129,16 +140,44 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
 
     seen = []
 
-    def search(cfg, tc, paths, workdir, trials, seed=0, progress=False, log=print,
-               dataset=None, tensorboard=True):
+    def search(
+        cfg,
+        tc,
+        paths,
+        workdir,
+        trials,
+        seed=0,
+        progress=False,
+        log=print,
+        dataset=None,
+        tensorboard=True,
+    ):
         sp = dataset.splits
         seen.append((sp.train_rows, sp.val_rows, sp.test_rows, trials, tc.epochs))
         return {"settings": {"model": {"dropout": 0.05 * (seed + 1)}, "train": {}}}
 
     monkeypatch.setattr(tftjax.training.search, "tune", search)
-    assert call(backtest.main, *TINY_TFT, "--folds", "2", "--epochs", "1", "--parquet-file",
-                short_es(), "--workdir", tmp_path / "bt", "--bootstrap", "100",
-                "--tune-trials", "3", "--tune-epochs", "2") == 0
+    assert (
+        call(
+            backtest.main,
+            *TINY_TFT,
+            "--folds",
+            "2",
+            "--epochs",
+            "1",
+            "--parquet-file",
+            short_es(),
+            "--workdir",
+            tmp_path / "bt",
+            "--bootstrap",
+            "100",
+            "--tune-trials",
+            "3",
+            "--tune-epochs",
+            "2",
+        )
+        == 0
+    )
     out = json.loads((tmp_path / "bt" / "backtest.json").read_text())
     assert [f["fold"] for f in out["folds"]] == [1, 2]
     assert out["settings"]["tuned"] == "in each fold"
@@ -146,7 +185,9 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
     for k, (tr, va, te, *_) in enumerate(seen, 1):  # each fold's search: its own stretches
         assert tr[1] <= va[0] and va[1] <= te[0]
         assert out["folds"][k - 1]["tuned"] == {"model": {"dropout": 0.05 * k}, "train": {}}
-        assert open_checkpoint(tmp_path / "bt" / f"fold_{k}").cfg.model.dropout == pytest.approx(0.05 * k)
+        assert open_checkpoint(tmp_path / "bt" / f"fold_{k}").cfg.model.dropout == pytest.approx(
+            0.05 * k
+        )
     assert seen[0][2][0] < seen[1][2][0]  # the second fold's search reaches further
     assert out["folds"][0]["train_rows"][0][1] < out["folds"][1]["train_rows"][0][1]
     assert len(out["chosen_per_fold"]) == 2
@@ -171,19 +212,23 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
     assert "| TFT |" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--folds", "1"], "--folds must be >= 2"),
-    (["--folds", "40"], "leave 5 bars a fold, fewer than one 25-bar window"),
-    (["--test-fraction", "1.5"], "--test-fraction must be in (0, 1)"),
-    (["--tune-trials", "-1"], "--tune-trials must be >= 0"),
-    (["--bootstrap", "-1"], "--bootstrap must be >= 1 resample, got -1"),
-    (["--anchor", "nonsense"], "--anchor must be one of none, auto"),
-    (["--anchor", "har"], "--anchor har needs daily or coarser bars"),
-    (["--target", "nonsense"], "--target must be one of"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--folds", "1"], "--folds must be >= 2"),
+        (["--folds", "40"], "leave 5 bars a fold, fewer than one 25-bar window"),
+        (["--test-fraction", "1.5"], "--test-fraction must be in (0, 1)"),
+        (["--tune-trials", "-1"], "--tune-trials must be >= 0"),
+        (["--bootstrap", "-1"], "--bootstrap must be >= 1 resample, got -1"),
+        (["--anchor", "nonsense"], "--anchor must be one of none, auto"),
+        (["--anchor", "har"], "--anchor har needs daily or coarser bars"),
+        (["--target", "nonsense"], "--target must be one of"),
+    ],
+)
 def test_bad_backtest_input_exits_2_with_one_line(tmp_path, capsys, args, expect):
-    rc = call(backtest.main, *TINY_TFT, "--parquet-file", short_es(), "--workdir",
-              tmp_path / "bt", *args)
+    rc = call(
+        backtest.main, *TINY_TFT, "--parquet-file", short_es(), "--workdir", tmp_path / "bt", *args
+    )
     err = capsys.readouterr().err
     assert rc == 2 and expect in err and err.count("\n") == 1, err
     assert not (tmp_path / "bt").exists()
@@ -196,7 +241,8 @@ def test_holm_runs_over_every_row_of_the_table(tmp_path, capsys):
     from tftjax.cli import main as cli_main
 
     spec = importlib.util.spec_from_file_location(
-        "verdicts", backtest.__file__.replace("tftjax/backtest.py", "experiments/verdicts.py"))
+        "verdicts", backtest.__file__.replace("tftjax/backtest.py", "experiments/verdicts.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     rng = np.random.default_rng(5)

@@ -8,8 +8,7 @@ import pyarrow as pa
 import pytest
 from conftest import bars_columns, random_bars, write_table
 
-from tftjax.data import DataError, read_bars
-from tftjax.data import default_parquet
+from tftjax.data import DataError, default_parquet, read_bars
 from tftjax.data.bars import default_min_rows
 
 N = 400
@@ -175,8 +174,9 @@ def test_too_few_rows(tmp_path, cols):
 def test_cli_reports_data_error_with_exit_2(tmp_path, cols):
     cols["close"][3] = np.nan
     path = _write(tmp_path, cols)
-    proc = subprocess.run([sys.executable, "-m", "tftjax.data", path], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tftjax.data", path], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()

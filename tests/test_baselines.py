@@ -45,10 +45,12 @@ def test_every_baseline_by_hand(series):
         sigma = np.sqrt(v[T])  # uses r[0..T] only
         for k in range(horizon):  # RiskMetrics: the same one-bar variance at every step
             np.testing.assert_allclose(got["ewma_gauss"][i, k], sigma * np.array(z), rtol=1e-9)
-            np.testing.assert_allclose(got["ewma_empirical"][i, k],
-                                       sigma * np.quantile(resid, QS), rtol=1e-9)
-            np.testing.assert_allclose(got["rolling"][i, k], np.quantile(r[T - 49 : T + 1], QS),
-                                       rtol=1e-12)
+            np.testing.assert_allclose(
+                got["ewma_empirical"][i, k], sigma * np.quantile(resid, QS), rtol=1e-9
+            )
+            np.testing.assert_allclose(
+                got["rolling"][i, k], np.quantile(r[T - 49 : T + 1], QS), rtol=1e-12
+            )
             np.testing.assert_allclose(got["train_quantiles"][i, k], np.quantile(r[:200], QS))
     np.testing.assert_array_equal(got["zero"], 0)
 
@@ -84,7 +86,8 @@ def test_garch_baseline_follows_the_garch_recursion_by_hand():
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "forecast_skill", Path(__file__).parents[1] / "experiments" / "forecast_skill.py")
+        "forecast_skill", Path(__file__).parents[1] / "experiments" / "forecast_skill.py"
+    )
     fs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fs)
     rng = np.random.default_rng(5)
@@ -97,12 +100,14 @@ def test_garch_baseline_follows_the_garch_recursion_by_hand():
     var = (q[..., 2] / norm.ppf(0.9)) ** 2  # Gaussian: q = z sigma
     from arch import arch_model
 
-    p = arch_model(r, mean="Zero", vol="GARCH", p=1, q=1, rescale=False).fit(
-        last_obs=1000, disp="off").params
+    p = (
+        arch_model(r, mean="Zero", vol="GARCH", p=1, q=1, rescale=False)
+        .fit(last_obs=1000, disp="off")
+        .params
+    )
     w, a, b = p["omega"], p["alpha[1]"], p["beta[1]"]
     # one step ahead: origin T uses r[T] and the previous origin's one-step variance
-    np.testing.assert_allclose(var[1:, 0], w + a * r[origins[1:]] ** 2 + b * var[:-1, 0],
-                               rtol=1e-6)
+    np.testing.assert_allclose(var[1:, 0], w + a * r[origins[1:]] ** 2 + b * var[:-1, 0], rtol=1e-6)
     # h steps ahead: mean reversion at rate alpha + beta
     np.testing.assert_allclose(var[:, 1:], w + (a + b) * var[:, :-1], rtol=1e-6)
     np.testing.assert_allclose(q[..., 0], -q[..., 2], rtol=1e-9)
@@ -134,6 +139,7 @@ def test_range_baselines_by_hand():
     want = sig[origins][:, None] * np.quantile(res, QS)[None, :]
     np.testing.assert_allclose(got["range_ewma"][:, 0], want, rtol=1e-10)
     np.testing.assert_allclose(got["range_ewma"][:, 2], want, rtol=1e-10)
+
     # HAR: OLS of rv[t+1] on 1, rv[t], mean(rv[t-4..t]), mean(rv[t-21..t]), t in 21..78
     def x_at(series, t):
         return [1.0, series[t], np.mean(series[t - 4 : t + 1]), np.mean(series[t - 21 : t + 1])]
@@ -143,15 +149,17 @@ def test_range_baselines_by_hand():
     floor = 1e-4 * np.mean(rv[:80])
     fit = [max(np.dot(x_at(rv, t), beta), floor) if t >= 21 else None for t in range(80)]
     har = baselines.har_features(rv) @ beta  # the first 21 rows: shorter means
-    res = [r[t] / np.sqrt(fit[t - 1] if t - 1 >= 21 else max(har[t - 1], floor))
-           for t in range(1, 80)]
+    res = [
+        r[t] / np.sqrt(fit[t - 1] if t - 1 >= 21 else max(har[t - 1], floor)) for t in range(1, 80)
+    ]
     for j, T in enumerate(origins):
         path = list(rv[: T + 1])
         for k in range(horizon):
             f = max(np.dot(x_at(np.array(path), len(path) - 1), beta), floor)
             path.append(f)
-            np.testing.assert_allclose(got["har"][j, k], np.sqrt(f) * np.quantile(res, QS),
-                                       rtol=1e-9)
+            np.testing.assert_allclose(
+                got["har"][j, k], np.sqrt(f) * np.quantile(res, QS), rtol=1e-9
+            )
     assert "har" not in baselines.forecasts(r, origins, horizon, QS, train, ranges=rv)
 
 
@@ -162,11 +170,13 @@ def test_cumulative_baselines_by_hand(series):
     bar = baselines.forecasts(r, origins, horizon, QS, train, window=50)
     cum = baselines.forecasts(r, origins, horizon, QS, train, window=50, cumulative=True)
     for k in range(1, horizon + 1):
-        np.testing.assert_allclose(cum["ewma_gauss"][:, k - 1], np.sqrt(k) * bar["ewma_gauss"][:, 0])
-        sums = [r[t - k + 1: t + 1].sum() for t in range(k - 1, 200)]
+        np.testing.assert_allclose(
+            cum["ewma_gauss"][:, k - 1], np.sqrt(k) * bar["ewma_gauss"][:, 0]
+        )
+        sums = [r[t - k + 1 : t + 1].sum() for t in range(k - 1, 200)]
         np.testing.assert_allclose(cum["train_quantiles"][0, k - 1], np.quantile(sums, QS))
         for j, T in enumerate(origins):
-            last = [r[t - k + 1: t + 1].sum() for t in range(T - 49, T + 1)]
+            last = [r[t - k + 1 : t + 1].sum() for t in range(T - 49, T + 1)]
             np.testing.assert_allclose(cum["rolling"][j, k - 1], np.quantile(last, QS))
     np.testing.assert_array_equal(cum["zero"], 0.0)
 
@@ -206,8 +216,13 @@ def test_quantile_regression_reaches_the_linear_programs_optimum():
         m, p = A.shape
         for i, q in enumerate(qs):
             c = np.concatenate([np.zeros(p), np.full(m, q), np.full(m, 1 - q)])
-            res = linprog(c, A_eq=np.hstack([A, np.eye(m), -np.eye(m)]), b_eq=b,
-                          bounds=[(None, None)] * p + [(0, None)] * (2 * m), method="highs")
+            res = linprog(
+                c,
+                A_eq=np.hstack([A, np.eye(m), -np.eye(m)]),
+                b_eq=b,
+                bounds=[(None, None)] * p + [(0, None)] * (2 * m),
+                method="highs",
+            )
             exact = _pinball(b, A @ res.x[:p], q)
             ours = _pinball(b, got[: 400 - d][ok, j, i], q)
             assert exact <= ours <= exact * 1.01, (j, q, exact, ours)

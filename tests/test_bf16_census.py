@@ -25,8 +25,13 @@ def _dots(jaxpr, out):
     jaxprs inside it (scans, checkpoints, custom VJPs, nested jits)."""
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
-            out.append((str(eqn.source_info.name_stack),
-                        tuple(v.aval.dtype for v in eqn.invars), eqn.outvars[0].aval.dtype))
+            out.append(
+                (
+                    str(eqn.source_info.name_stack),
+                    tuple(v.aval.dtype for v in eqn.invars),
+                    eqn.outvars[0].aval.dtype,
+                )
+            )
         for sub in jax.core.jaxprs_in_params(eqn.params):
             _dots(sub, out)
     return out
@@ -42,8 +47,7 @@ def census(cfg, batch: int = 4):
 def test_every_bf16_matmul_outside_the_head_has_bfloat16_operands(tier):
     dots = census(preset("tiny", remat=tier, precision="bf16"))
     assert len(dots) > 50  # the forward and backward matmuls of the whole network
-    upcast = [(s, d) for s, d, _ in dots
-              if jnp.float32 in d and not any(i in s for i in ISLANDS)]
+    upcast = [(s, d) for s, d, _ in dots if jnp.float32 in d and not any(i in s for i in ISLANDS)]
     assert not upcast, f"{len(upcast)} float32 matmuls outside the head, e.g. {upcast[:5]}"
     # and the head is float32, as it should be (its parameters are not cast)
     assert any(jnp.float32 in d for s, d, _ in dots if "quantiles" in s)
@@ -56,8 +60,10 @@ def test_the_census_sees_a_promotion():
 
     grn = GRN(8, 8)
     x = jnp.ones((4, 8), jnp.bfloat16)
-    params = jax.tree.map(lambda a: a.astype(jnp.bfloat16),
-                          grn.init(jax.random.key(0), x, jnp.ones((4, 8), jnp.bfloat16)))
+    params = jax.tree.map(
+        lambda a: a.astype(jnp.bfloat16),
+        grn.init(jax.random.key(0), x, jnp.ones((4, 8), jnp.bfloat16)),
+    )
 
     def loss(p, ctx):
         return grn.apply(p, x, ctx).astype(jnp.float32).sum()
@@ -81,8 +87,7 @@ def test_the_lstm_recurrent_gradient_sums_in_float32():
     def walk(jaxpr):
         for eqn in jaxpr.eqns:
             if eqn.primitive.name == "dot_general" and eqn.outvars[0].aval.shape == (d, 4 * d):
-                shapes.append((tuple(v.aval.dtype for v in eqn.invars),
-                               eqn.outvars[0].aval.dtype))
+                shapes.append((tuple(v.aval.dtype for v in eqn.invars), eqn.outvars[0].aval.dtype))
             for sub in jax.core.jaxprs_in_params(eqn.params):
                 walk(sub)
 

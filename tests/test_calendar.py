@@ -17,10 +17,26 @@ from conftest import bars_columns, random_bars, write_table
 
 from tftjax import train as train_cli
 from tftjax.config import DataConfig
-from tftjax.data import DataError, build_features, gather, read_bars, to_device
-from tftjax.data import Bars, bundled_path, default_parquet, quality_warnings
-from tftjax.data.calendar import (NS_DAY, NS_MIN, Clock, Timeline, calendar_features,
-                                  make_clock, parse_interval)
+from tftjax.data import (
+    Bars,
+    DataError,
+    build_features,
+    bundled_path,
+    default_parquet,
+    gather,
+    quality_warnings,
+    read_bars,
+    to_device,
+)
+from tftjax.data.calendar import (
+    NS_DAY,
+    NS_MIN,
+    Clock,
+    Timeline,
+    calendar_features,
+    make_clock,
+    parse_interval,
+)
 from tftjax.data.features import HISTORICAL_NAMES, KNOWN_NAMES, WARMUP, known_inputs
 from tftjax.errors import ConfigError
 
@@ -39,9 +55,19 @@ def feat(row, name):
 
 
 # ------------------------------------------------------------------ intervals and zones
-@pytest.mark.parametrize("text,want", [("1min", NS_MIN), ("5m", 5 * NS_MIN), ("1h", 60 * NS_MIN),
-                                       ("1d", NS_DAY), ("30s", 30 * 10**9), ("2hours", 120 * NS_MIN),
-                                       ("500ms", 5 * 10**8), ("1T", NS_MIN)])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("1min", NS_MIN),
+        ("5m", 5 * NS_MIN),
+        ("1h", 60 * NS_MIN),
+        ("1d", NS_DAY),
+        ("30s", 30 * 10**9),
+        ("2hours", 120 * NS_MIN),
+        ("500ms", 5 * 10**8),
+        ("1T", NS_MIN),
+    ],
+)
 def test_parse_interval(text, want):
     assert parse_interval(text) == want
 
@@ -57,8 +83,14 @@ def test_bad_interval_and_zone_are_config_errors(bad):
 def _dst_bars(zone_of_column):
     """9:30 New York on the Friday before and the Monday after the 2021-03-14 DST change,
     stored as UTC instants (14:30Z before, 13:30Z after)."""
-    ts = np.array([ns("2021-03-12T14:30"), ns("2021-03-12T14:31"), ns("2021-03-15T13:30"),
-                   ns("2021-03-15T13:31")])
+    ts = np.array(
+        [
+            ns("2021-03-12T14:30"),
+            ns("2021-03-12T14:31"),
+            ns("2021-03-15T13:30"),
+            ns("2021-03-15T13:31"),
+        ]
+    )
     one = np.ones(4)
     return Bars("dst.parquet", ts, one, one, one, one, one, tz=zone_of_column)
 
@@ -67,9 +99,13 @@ def _dst_bars(zone_of_column):
 def test_dst_week_wall_clock(tmp_path, how):
     bars, flag = _dst_bars("UTC"), NY
     if how == "zone_of_the_data":  # a column typed timestamp[ns, America/New_York], no flag
-        path = write_table(tmp_path / "ny.parquet", {
-            **bars_columns(bars), "ts": pa.array(bars.ts, pa.int64()).cast(
-                pa.timestamp("ns", tz=NY))})
+        path = write_table(
+            tmp_path / "ny.parquet",
+            {
+                **bars_columns(bars),
+                "ts": pa.array(bars.ts, pa.int64()).cast(pa.timestamp("ns", tz=NY)),
+            },
+        )
         bars, flag = read_bars(path, min_rows=1), None
         assert bars.tz == NY
     clock = make_clock(bars.ts, bars.tz, (0, 4), timezone=flag)
@@ -99,8 +135,10 @@ def test_xnys_early_close_holiday_and_weekend_by_hand():
     wall = np.array([ns("2013-11-27T15:59"), ns("2013-11-29T12:58")])
     tl = Timeline(wall, Clock(NS_MIN, NY, None, "XNYS"), future=3)
     utc, fut_wall = tl.future(3)
-    want = [[ns("2013-11-29T09:30"), ns("2013-11-29T09:31"), ns("2013-11-29T09:32")],
-            [ns("2013-11-29T12:59"), ns("2013-12-02T09:30"), ns("2013-12-02T09:31")]]
+    want = [
+        [ns("2013-11-29T09:30"), ns("2013-11-29T09:31"), ns("2013-11-29T09:32")],
+        [ns("2013-11-29T12:59"), ns("2013-12-02T09:30"), ns("2013-12-02T09:31")],
+    ]
     np.testing.assert_array_equal(fut_wall, want)
     f = calendar_features(utc, fut_wall, tl)
     # Friday's first slot comes after a closed Thursday: scheduled gap 15:59 Wed → 9:30 Fri
@@ -120,8 +158,9 @@ def test_a_session_break_restarts_the_grid():
     utc = np.array([ns("2020-01-06T03:30")])
     tl = Timeline(utc, Clock(60 * NS_MIN, "Asia/Hong_Kong", "UTC", "XHKG"), future=3)
     _, wall = tl.future(3)
-    np.testing.assert_array_equal(wall[0], [ns("2020-01-06T13:00"), ns("2020-01-06T14:00"),
-                                            ns("2020-01-06T15:00")])
+    np.testing.assert_array_equal(
+        wall[0], [ns("2020-01-06T13:00"), ns("2020-01-06T14:00"), ns("2020-01-06T15:00")]
+    )
 
 
 def test_xnys_daily_sessions_by_hand():
@@ -145,8 +184,9 @@ def test_without_calendar_decoder_steps_are_interval_steps():
     assert bars.ts[t + 1] - bars.ts[t] == 120 * NS_MIN
     tod = (bars.ts[t] % NS_DAY + np.arange(1, D + 1) * NS_MIN) / NS_DAY
     np.testing.assert_allclose(fs.future[t, :, 0], np.sin(2 * np.pi * tod), atol=1e-6)
-    fixed = build_features(bars, DataConfig(encoder_steps=E, decoder_steps=D, bar_interval="5min"),
-                           train_rows=(0, 300))
+    fixed = build_features(
+        bars, DataConfig(encoder_steps=E, decoder_steps=D, bar_interval="5min"), train_rows=(0, 300)
+    )
     assert fixed.stats.clock.interval == 5 * NS_MIN
 
 
@@ -155,8 +195,9 @@ def _gappy_bars(n=1500, seed=4):
     """1-minute bars with 30% of minutes missing (quiet minutes of a trade-built series)."""
     b = random_bars(int(n / 0.7) + 50, seed=seed)
     keep = np.random.default_rng(seed).random(len(b)) > 0.3
-    return dataclasses.replace(b, **{f: getattr(b, f)[keep][:n] for f in
-                                     ("ts", "open", "high", "low", "close", "volume")})
+    return dataclasses.replace(
+        b, **{f: getattr(b, f)[keep][:n] for f in ("ts", "open", "high", "low", "close", "volume")}
+    )
 
 
 def _window(fs, s):
@@ -169,21 +210,28 @@ def _edits(bars, t, rng):
     """Three changed series: a later bar changed, one added, one deleted (all after row t)."""
     n, cols = len(bars), ("ts", "open", "high", "low", "close", "volume")
     j = int(rng.integers(t + 1, n))
-    changed = bars.replace(close=np.where(np.arange(n) == j, bars.close * 1.03, bars.close),
-                           high=np.where(np.arange(n) == j, bars.high * 1.05, bars.high),
-                           volume=np.where(np.arange(n) >= j, bars.volume * 7 + 1, bars.volume))
+    changed = bars.replace(
+        close=np.where(np.arange(n) == j, bars.close * 1.03, bars.close),
+        high=np.where(np.arange(n) == j, bars.high * 1.05, bars.high),
+        volume=np.where(np.arange(n) >= j, bars.volume * 7 + 1, bars.volume),
+    )
     k = int(rng.integers(t + 1, n))  # add a bar half-way between bars k-1 and k
     new_ts = (bars.ts[k - 1] + bars.ts[k]) // 2
     if new_ts in (bars.ts[k - 1], bars.ts[k]):
         new_ts = bars.ts[k - 1] + 1
-    added = bars.replace(**{c: np.insert(getattr(bars, c), k, new_ts if c == "ts" else
-                                         getattr(bars, c)[k - 1]) for c in cols})
+    added = bars.replace(
+        **{
+            c: np.insert(getattr(bars, c), k, new_ts if c == "ts" else getattr(bars, c)[k - 1])
+            for c in cols
+        }
+    )
     deleted = bars.replace(**{c: np.delete(getattr(bars, c), j) for c in cols})
     return {"changed": changed, "added": added, "deleted": deleted}
 
 
-@pytest.mark.parametrize("source,calendar", [("es", None), ("es", "XCME"), ("gappy", None),
-                                             ("gappy", "XCME")])
+@pytest.mark.parametrize(
+    "source,calendar", [("es", None), ("es", "XCME"), ("gappy", None), ("gappy", "XCME")]
+)
 def test_no_input_of_a_window_depends_on_bars_after_its_forecast_time(source, calendar):
     bars = read_bars(default_parquet()) if source == "es" else _gappy_bars()
     steps = np.diff(bars.ts)
@@ -213,8 +261,9 @@ def spx_xnys():
     return bars, build_features(bars, cfg, train_rows=(0, 3000))
 
 
-@pytest.mark.parametrize("origin", ["2001-09-10", "2004-06-10", "2012-10-26", "2018-11-26",
-                                    "2018-12-04"])
+@pytest.mark.parametrize(
+    "origin", ["2001-09-10", "2004-06-10", "2012-10-26", "2018-11-26", "2018-12-04"]
+)
 def test_decoder_slots_are_the_exchange_rules_known_at_the_origin(origin, spx_xnys):
     """S&P 500 daily with XNYS: closures decided after the fact (9/11, Reagan's funeral,
     hurricane Sandy, G. H. W. Bush's funeral announced on 2018-11-30) are not in the decoder
@@ -227,8 +276,9 @@ def test_decoder_slots_are_the_exchange_rules_known_at_the_origin(origin, spx_xn
     want = np.busday_offset(np.datetime64(origin, "D"), np.arange(1, 11), roll="forward")
     np.testing.assert_array_equal(days, want)
     gaps = fs.future[t][:, KNOWN_NAMES.index("sched_gap")]
-    want_gap = np.log(np.diff(np.concatenate([[np.datetime64(origin, "D")], want]))
-                      .astype(np.int64))
+    want_gap = np.log(
+        np.diff(np.concatenate([[np.datetime64(origin, "D")], want])).astype(np.int64)
+    )
     np.testing.assert_allclose(gaps, want_gap, atol=1e-6)
 
 
@@ -271,8 +321,9 @@ def test_clashing_columns_are_refused(tmp_path, cols):
     path = write_table(tmp_path / "clash.parquet", {**cols, "Close": cols["close"] * 2})
     with pytest.raises(DataError, match=r"clash.parquet: columns 'close' and 'Close' both present"):
         read_bars(path)
-    rc = train_cli.main(["--parquet-file", path, "--preset", "tiny", "--workdir",
-                         str(tmp_path / "run")])
+    rc = train_cli.main(
+        ["--parquet-file", path, "--preset", "tiny", "--workdir", str(tmp_path / "run")]
+    )
     assert rc == 2 and not (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -294,8 +345,11 @@ def test_a_futures_roll_is_one_series(tmp_path, cols):
 def test_interleaved_instruments_are_refused(tmp_path, cols):
     sym = np.where(np.arange(300) % 2 == 0, "ESZ3", "NQZ3")
     path = write_table(tmp_path / "two.parquet", {**cols, "Symbol": sym})
-    with pytest.raises(DataError, match=r"two.parquet: column 'Symbol' holds 2 instruments "
-                                        r"\(ESZ3, NQZ3\), interleaved from row 1"):
+    with pytest.raises(
+        DataError,
+        match=r"two.parquet: column 'Symbol' holds 2 instruments "
+        r"\(ESZ3, NQZ3\), interleaved from row 1",
+    ):
         read_bars(path)
     one = write_table(tmp_path / "one.parquet", {**cols, "symbol": np.full(300, "ESZ3")})
     assert len(read_bars(one)) == 300
@@ -308,8 +362,11 @@ def test_warnings_count_irregular_steps_and_zero_volume():
     ts[300:] += 30 * 10**9
     bars = bars.replace(ts=ts, volume=np.where(np.arange(500) < 40, 0.0, bars.volume + 1))
     w = quality_warnings(bars, NS_MIN)
-    assert any("2 of 499 steps are not a whole number of the 1min bar interval" in x and
-               "first at row 100" in x for x in w)
+    assert any(
+        "2 of 499 steps are not a whole number of the 1min bar interval" in x
+        and "first at row 100" in x
+        for x in w
+    )
     assert any("40 of 500 bars have zero volume" in x for x in w)
     allzero = quality_warnings(bars.replace(volume=np.zeros(500)), NS_MIN)
     assert any("all of them" in x for x in allzero)
@@ -326,12 +383,14 @@ def test_a_100x_price_spike_cannot_set_the_target_scale():
     assert fs.stats.target_scale == pytest.approx(clean.stats.target_scale, rel=0.05)
     assert np.abs(fs.target).max() == pytest.approx(cfg.target_clip)  # the two jumps clipped
     assert np.count_nonzero(np.abs(fs.target) >= cfg.target_clip) == 2
-    plain = build_features(bad, dataclasses.replace(cfg, winsorize=0.0, target_clip=0.0),
-                           train_rows=(0, 1000))
+    plain = build_features(
+        bad, dataclasses.replace(cfg, winsorize=0.0, target_clip=0.0), train_rows=(0, 1000)
+    )
     assert plain.stats.target_scale > 10 * clean.stats.target_scale  # what it would have been
     w = quality_warnings(bad, NS_MIN, fs.stats.target_scale)
-    assert any("2 returns beyond 50 target scales" in x and ("row 600" in x or "row 601" in x)
-               for x in w)
+    assert any(
+        "2 returns beyond 50 target scales" in x and ("row 600" in x or "row 601" in x) for x in w
+    )
 
 
 def test_the_clock_is_fitted_on_training_rows_only():

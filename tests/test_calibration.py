@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from conftest import call, short_es
 
-from tftjax.models.layers import dense
 from tftjax.config import ConfigError, preset
-from tftjax.quant.core import MinMax, QuantSpec
+from tftjax.models.layers import dense
 from tftjax.quant.calib import MSE_SHRINK
+from tftjax.quant.core import MinMax, QuantSpec
 from tftjax.quant.ptq import calibrate, check_calibration
 
 
@@ -53,16 +53,18 @@ def record(x, method, stats=None):
 
 def test_minmax_and_percentile_records_against_numpy(x):
     np.testing.assert_allclose(record(x, "minmax"), [x.min(), x.max()])
-    np.testing.assert_allclose(record(x, "percentile:99"),
-                               [np.percentile(x, 1), np.percentile(x, 99)], rtol=1e-5)
+    np.testing.assert_allclose(
+        record(x, "percentile:99"), [np.percentile(x, 1), np.percentile(x, 99)], rtol=1e-5
+    )
     assert record(x, "percentile:99")[1] < 5 < x.max()  # the outlier sets no range
 
 
 def test_mse_records_each_candidates_error_against_numpy(x):
     lo, hi = float(x.min()), float(x.max())
     got = record(x, "mse", MinMax(jnp.float32(lo), jnp.float32(hi), jnp.int32(1)))
-    want = [np.sum((np_fake_quant(x.astype(np.float64), a * lo, a * hi) - x) ** 2)
-            for a in MSE_SHRINK]
+    want = [
+        np.sum((np_fake_quant(x.astype(np.float64), a * lo, a * hi) - x) ** 2) for a in MSE_SHRINK
+    ]
     np.testing.assert_allclose(got, want, rtol=2e-3)
     # the candidate it picks is numpy's best up to that same 2e-3 (two candidates whose errors
     # lie closer than the float32 sums' round-off may come out in either order)
@@ -89,9 +91,19 @@ def test_calibrate_reduces_the_batches_as_its_method_says():
     idx, mask = epoch_batches(starts, 32, seed=0, epoch=1)
     full = [i for i, m in zip(idx, mask) if m.all()][:3]
     like = init_variables(qcfg, jax.random.key(0))["quant_stats"]
-    recs = {m: [_paths(jax.device_get(_record_step(qcfg, m)(
-        {"params": params, "quant_stats": like}, data, jnp.asarray(i, jnp.int32))))
-        for i in full] for m in ("minmax",)}
+    recs = {
+        m: [
+            _paths(
+                jax.device_get(
+                    _record_step(qcfg, m)(
+                        {"params": params, "quant_stats": like}, data, jnp.asarray(i, jnp.int32)
+                    )
+                )
+            )
+            for i in full
+        ]
+        for m in ("minmax",)
+    }
     per_variable = 0
     for name, mm in out["minmax"].items():
         r = np.array([b[name] for b in recs["minmax"]])  # [batches, (m,) 2]
@@ -101,12 +113,21 @@ def test_calibrate_reduces_the_batches_as_its_method_says():
         per_variable += np.ndim(mm.min) == 1
     assert per_variable >= 2  # the stacked GRNs' per-variable observers are calibrated too
     assert ("encoder", "lstm", "w_h_in") in out["minmax"] or any(
-        k[-1] == "w_h_in" for k in out["minmax"])  # and the LSTM's recurrent input
+        k[-1] == "w_h_in" for k in out["minmax"]
+    )  # and the LSTM's recurrent input
 
 
-@pytest.mark.parametrize("method,ok", [("minmax", True), ("mse", True), ("percentile:99.99", True),
-                                       ("percentile:101", False), ("percentile:x", False),
-                                       ("histogram", False)])
+@pytest.mark.parametrize(
+    "method,ok",
+    [
+        ("minmax", True),
+        ("mse", True),
+        ("percentile:99.99", True),
+        ("percentile:101", False),
+        ("percentile:x", False),
+        ("histogram", False),
+    ],
+)
 def test_check_calibration(method, ok):
     if ok:
         assert check_calibration(method) == method
@@ -115,11 +136,16 @@ def test_check_calibration(method, ok):
             check_calibration(method)
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--int8", "--calibrate", "4", "--calibration", "percentile:101"],
-     "--calibration percentile:101: the percentile must be in (50, 100)"),
-    (["--int8", "--calibrate", "0"], "--calibrate must be >= 1 batch, got 0"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (
+            ["--int8", "--calibrate", "4", "--calibration", "percentile:101"],
+            "--calibration percentile:101: the percentile must be in (50, 100)",
+        ),
+        (["--int8", "--calibrate", "0"], "--calibrate must be >= 1 batch, got 0"),
+    ],
+)
 def test_bad_calibration_flags_exit_2_with_one_line(tmp_path, capsys, args, expect):
     from tftjax import evaluate
 

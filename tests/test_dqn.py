@@ -12,36 +12,73 @@ import numpy as np
 import pytest
 from conftest import bars_columns, call, random_bars, write_table
 
-from tftjax.runner.checkpoints import list_checkpoints
-from tftjax.config import DataConfig
-from tftjax.dqn.config import DQNConfig
+from tftjax.config import ConfigError, DataConfig
 from tftjax.data import build_features, load_dataset, make_splits
 from tftjax.data.bars import Bars
-from tftjax.dqn import agent, buffer
+from tftjax.dqn import agent, buffer, make_train, run
 from tftjax.dqn.cartpole import make_cartpole
-from tftjax.dqn.env import (TradingEnv, baseline_metrics, greedy_rollout, select_features,
-                            trading_metrics)
-from tftjax.config import ConfigError
-from tftjax.dqn import make_train, run
+from tftjax.dqn.config import DQNConfig
+from tftjax.dqn.env import (
+    TradingEnv,
+    baseline_metrics,
+    greedy_rollout,
+    select_features,
+    trading_metrics,
+)
+from tftjax.runner.checkpoints import list_checkpoints
 
 # Small and quick: a few hundred env steps per epoch on the bundled ES bars.
-TINY = DQNConfig(window=4, features=("r1", "ret_5", "rvol_10"), episode_len=64, num_envs=4,
-                 steps_per_epoch=200, hidden=(16,), batch_size=32, buffer_size=2_000,
-                 learning_starts=64, target_update_every=20, eps_decay_steps=400, epochs=3,
-                 patience=0, min_epochs=0, smooth_epochs=1)
+TINY = DQNConfig(
+    window=4,
+    features=("r1", "ret_5", "rvol_10"),
+    episode_len=64,
+    num_envs=4,
+    steps_per_epoch=200,
+    hidden=(16,),
+    batch_size=32,
+    buffer_size=2_000,
+    learning_starts=64,
+    target_update_every=20,
+    eps_decay_steps=400,
+    epochs=3,
+    patience=0,
+    min_epochs=0,
+    smooth_epochs=1,
+)
 
 
-def hand_env(ret, cost_bps=10.0, window=1, episode_len=10, scale=1.0, gap=None, ends=None,
-             next_open=False, latency=0):
+def hand_env(
+    ret,
+    cost_bps=10.0,
+    window=1,
+    episode_len=10,
+    scale=1.0,
+    gap=None,
+    ends=None,
+    next_open=False,
+    latency=0,
+):
     """An environment on close-to-close returns ``ret`` (all of it open to close unless
     ``gap`` splits it), filled at the close unless ``next_open``."""
     n = len(ret)
     feats = jnp.asarray(np.arange(n, dtype=np.float32)[:, None])
     gap = np.zeros(n, np.float32) if gap is None else np.asarray(gap, np.float32)
     ends = np.zeros(n, bool) if ends is None else np.asarray(ends, bool)
-    return TradingEnv(feats, jnp.asarray(gap), jnp.asarray(np.asarray(ret, np.float32) - gap),
-                      jnp.asarray(ends), jnp.float32(cost_bps * 1e-4), jnp.float32(scale), 0, n,
-                      window, episode_len, 252.0, next_open, latency)
+    return TradingEnv(
+        feats,
+        jnp.asarray(gap),
+        jnp.asarray(np.asarray(ret, np.float32) - gap),
+        jnp.asarray(ends),
+        jnp.float32(cost_bps * 1e-4),
+        jnp.float32(scale),
+        0,
+        n,
+        window,
+        episode_len,
+        252.0,
+        next_open,
+        latency,
+    )
 
 
 # ----------------------------------------------------------------- environment
@@ -73,7 +110,9 @@ def test_episode_ends_by_time_limit_and_resets_inside_the_split():
         state = out.state
     assert bool(out.done) and float(out.terminal) == 0.0
     # s' is the true next observation (bar start+5, long), not the reset one.
-    np.testing.assert_array_equal(np.asarray(out.next_obs), np.asarray(env.observe(start + 5, jnp.array([1]))))
+    np.testing.assert_array_equal(
+        np.asarray(out.next_obs), np.asarray(env.observe(start + 5, jnp.array([1])))
+    )
     assert int(state.steps) == 0 and int(state.pos) == 0
     assert 10 <= int(state.t) and int(state.t) + env.horizon <= 29  # from the split's first bar
 
@@ -88,22 +127,44 @@ def test_observation_uses_no_bar_after_t():
     k = len(bars) - (t + 1)
     shock = np.exp(rng.normal(0, 0.05, k))
     close = bars.close.copy()
-    close[t + 1:] *= shock
-    changed = Bars(bars.path, bars.ts, bars.open * np.r_[np.ones(t + 1), shock],
-                   np.maximum(bars.high * np.r_[np.ones(t + 1), shock], close),
-                   np.minimum(bars.low * np.r_[np.ones(t + 1), shock], close), close,
-                   bars.volume * np.r_[np.ones(t + 1), rng.uniform(0.1, 5, k)])
+    close[t + 1 :] *= shock
+    changed = Bars(
+        bars.path,
+        bars.ts,
+        bars.open * np.r_[np.ones(t + 1), shock],
+        np.maximum(bars.high * np.r_[np.ones(t + 1), shock], close),
+        np.minimum(bars.low * np.r_[np.ones(t + 1), shock], close),
+        close,
+        bars.volume * np.r_[np.ones(t + 1), rng.uniform(0.1, 5, k)],
+    )
     alt = build_features(changed, stats=ref.stats)
     z = jnp.zeros(len(bars))
-    envs = [TradingEnv(jnp.asarray(select_features(f, names)), z, z, z.astype(bool),
-                       jnp.float32(0), jnp.float32(1), 0, len(bars), 8, 10, 1.0)
-            for f in (ref, alt)]
+    envs = [
+        TradingEnv(
+            jnp.asarray(select_features(f, names)),
+            z,
+            z,
+            z.astype(bool),
+            jnp.float32(0),
+            jnp.float32(1),
+            0,
+            len(bars),
+            8,
+            10,
+            1.0,
+        )
+        for f in (ref, alt)
+    ]
     for tt in (150, 300, t):
         for pos in (-1, 0, 1):
-            np.testing.assert_array_equal(np.asarray(envs[0].observe(tt, jnp.array([pos]))),
-                                          np.asarray(envs[1].observe(tt, jnp.array([pos]))))
-    assert not np.array_equal(np.asarray(envs[0].observe(t + 1, jnp.array([0]))),
-                              np.asarray(envs[1].observe(t + 1, jnp.array([0]))))
+            np.testing.assert_array_equal(
+                np.asarray(envs[0].observe(tt, jnp.array([pos]))),
+                np.asarray(envs[1].observe(tt, jnp.array([pos]))),
+            )
+    assert not np.array_equal(
+        np.asarray(envs[0].observe(t + 1, jnp.array([0]))),
+        np.asarray(envs[1].observe(t + 1, jnp.array([0]))),
+    )
 
 
 def test_trading_metrics_by_hand():
@@ -118,8 +179,12 @@ def test_trading_metrics_by_hand():
     assert held["turnover"] == pytest.approx((1 + 2 + 0 + 0 + 1) / 4)  # the exit after the end
     b = baseline_metrics(np.array([0.01, -0.02]), cost=0.001, annualisation=1.0)
     assert b["buy_and_hold"]["total_log_return"] == pytest.approx(0.01 - 0.02 - 2 * 0.001)
-    assert b["flat"] == {"total_log_return": 0.0, "sharpe": 0.0, "max_drawdown": 0.0,
-                         "turnover": 0.0}
+    assert b["flat"] == {
+        "total_log_return": 0.0,
+        "sharpe": 0.0,
+        "max_drawdown": 0.0,
+        "turnover": 0.0,
+    }
 
 
 # ----------------------------------------------------------------- agent
@@ -130,8 +195,9 @@ def test_double_dqn_targets_against_numpy():
     want = np.empty(7)
     for i in range(7):  # the online net picks, the target net values
         want[i] = r[i] + 0.9 * (1 - term[i]) * qt[i, np.argmax(qo[i])]
-    got = agent.double_dqn_targets(jnp.asarray(qo), jnp.asarray(qt), jnp.asarray(r),
-                                   jnp.asarray(term), 0.9)
+    got = agent.double_dqn_targets(
+        jnp.asarray(qo), jnp.asarray(qt), jnp.asarray(r), jnp.asarray(term), 0.9
+    )
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
 
 
@@ -139,13 +205,21 @@ def test_huber_loss_and_gradient_flow_only_through_online_q():
     net = agent.QNetwork(2, (4,))
     p = net.init(jax.random.PRNGKey(0), jnp.zeros(3))["params"]
     tp = jax.tree.map(lambda x: x + 0.1, p)
-    apply = lambda params, x: net.apply({"params": params}, x)  # noqa: E731
-    b = buffer.Transitions(jnp.ones((5, 3)), jnp.array([0, 1, 0, 1, 1]), jnp.arange(5.0),
-                           -jnp.ones((5, 3)), jnp.array([0, 0, 1, 0, 1.0]))
+    apply = lambda params, x: net.apply({"params": params}, x)
+    b = buffer.Transitions(
+        jnp.ones((5, 3)),
+        jnp.array([0, 1, 0, 1, 1]),
+        jnp.arange(5.0),
+        -jnp.ones((5, 3)),
+        jnp.array([0, 0, 1, 0, 1.0]),
+    )
     loss, _ = agent.dqn_loss(p, tp, apply, b, 0.5, huber_delta=1.0)
     q = np.asarray(apply(p, b.obs))[np.arange(5), np.asarray(b.action)]
-    y = np.asarray(agent.double_dqn_targets(apply(p, b.next_obs), apply(tp, b.next_obs), b.reward,
-                                            b.terminal, 0.5))
+    y = np.asarray(
+        agent.double_dqn_targets(
+            apply(p, b.next_obs), apply(tp, b.next_obs), b.reward, b.terminal, 0.5
+        )
+    )
     d = np.abs(q - y)
     want = np.where(d <= 1, 0.5 * d**2, d - 0.5).mean()
     assert float(loss) == pytest.approx(want, rel=1e-5)
@@ -165,8 +239,13 @@ def test_replay_buffer_ring_against_numpy():
     ref = []
     for k in range(4):  # 3 transitions per add wrap the 5-slot ring
         obs = np.full((3, 2), k, np.float32) + np.arange(3)[:, None] / 10
-        tr = buffer.Transitions(jnp.asarray(obs), jnp.arange(3, dtype=jnp.int32) + k,
-                                jnp.full(3, float(k)), jnp.asarray(obs + 1), jnp.zeros(3))
+        tr = buffer.Transitions(
+            jnp.asarray(obs),
+            jnp.arange(3, dtype=jnp.int32) + k,
+            jnp.full(3, float(k)),
+            jnp.asarray(obs + 1),
+            jnp.zeros(3),
+        )
         buf = buffer.add(buf, tr)
         ref.extend(obs)
     slots = np.empty((5, 2), np.float32)
@@ -194,16 +273,33 @@ def sine_bars(n=1600, period=8, amp=2e-3):
     open_ = np.r_[close[0], close[:-1]]
     ts = np.datetime64("2024-01-02T00:00", "ns").astype(np.int64) + t * 60 * 10**9
     vol = 100.0 + (t % 7)
-    return Bars("sine.parquet", ts, open_, np.maximum(open_, close) * 1.0001,
-                np.minimum(open_, close) * 0.9999, close, vol)
+    return Bars(
+        "sine.parquet",
+        ts,
+        open_,
+        np.maximum(open_, close) * 1.0001,
+        np.minimum(open_, close) * 0.9999,
+        close,
+        vol,
+    )
 
 
 @pytest.mark.slow
 def test_agent_beats_buy_and_hold_and_flat_on_a_deterministic_series(tmp_path):
     path = write_table(tmp_path / "sine.parquet", bars_columns(sine_bars()))
-    cfg = dataclasses.replace(TINY, features=("r1",), window=4, fee_bps=0.5, epochs=12,
-                              steps_per_epoch=1000, hidden=(32,), learning_rate=3e-3,
-                              eps_decay_steps=4000, gamma=0.5, episode_len=64)
+    cfg = dataclasses.replace(
+        TINY,
+        features=("r1",),
+        window=4,
+        fee_bps=0.5,
+        epochs=12,
+        steps_per_epoch=1000,
+        hidden=(32,),
+        learning_rate=3e-3,
+        eps_decay_steps=4000,
+        gamma=0.5,
+        episode_len=64,
+    )
     summary = run(cfg, tmp_path / "run", parquet_file=path, progress=False, log=lambda *a: None)
     val = summary["splits"]["val"]
     dqn, hold, flat = (val[k]["total_log_return"] for k in ("dqn", "buy_and_hold", "flat"))
@@ -232,7 +328,8 @@ def _best_epochs(workdir):
 def assert_kept(ckpt_dir, latest, final, best):
     """The latest epochs, the final and exactly the loop's best epoch (the first of a tie)."""
     assert set(list_checkpoints(ckpt_dir)) == (
-        {f"dqn_epoch_{e}" for e in latest} | {final, f"dqn_epoch_{min(best)}"})
+        {f"dqn_epoch_{e}" for e in latest} | {final, f"dqn_epoch_{min(best)}"}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -295,16 +392,25 @@ def test_interrupted_run_resumes_exactly(tmp_path, full_run):
 def test_resume_refuses_other_settings(tmp_path, full_run):
     tmp, _ = full_run
     with pytest.raises(ConfigError, match="config.window: 4 in the checkpoint, 8 now"):
-        run(dataclasses.replace(TINY, window=8, epochs=4), tmp / "full", resume=True,
-            progress=False, log=lambda *a: None)
+        run(
+            dataclasses.replace(TINY, window=8, epochs=4),
+            tmp / "full",
+            resume=True,
+            progress=False,
+            log=lambda *a: None,
+        )
 
 
 def test_whole_run_in_one_jit_matches_the_epoch_loop():
     ds = load_dataset(None, DataConfig(encoder_steps=TINY.window, decoder_steps=1))
     from tftjax.dqn.env import make_trading_env
 
-    env = make_trading_env(ds, dataclasses.replace(TINY, fee_bps=1.0, spread_bps=0.0,
-                                                   slippage_bps=0.0, reward_scale=100.0))
+    env = make_trading_env(
+        ds,
+        dataclasses.replace(
+            TINY, fee_bps=1.0, spread_bps=0.0, slippage_bps=0.0, reward_scale=100.0
+        ),
+    )
     dqn = make_train(dataclasses.replace(TINY, epochs=2), env)
     key = jax.random.PRNGKey(5)
     state, metrics = dqn.train(key)
@@ -323,15 +429,27 @@ def test_whole_run_in_one_jit_matches_the_epoch_loop():
 
 # ----------------------------------------------------------------- CLI
 def cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "tftjax.dqn", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tftjax.dqn", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.slow
 def test_cli_runs_on_the_bundled_bars(tmp_path, capsys):
     wd = tmp_path / "cli"
-    p = cli("--epochs", "2", "--steps-per-epoch", "256", "--num-envs", "4", "--fee-bps", "0.5",
-            "--workdir", str(wd), "--no-progress")
+    p = cli(
+        "--epochs",
+        "2",
+        "--steps-per-epoch",
+        "256",
+        "--num-envs",
+        "4",
+        "--fee-bps",
+        "0.5",
+        "--workdir",
+        str(wd),
+        "--no-progress",
+    )
     assert p.returncode == 0, p.stderr
     assert "buy_and_hold" in p.stdout and "Sharpe" in p.stdout
     assert "dqn_final_epoch2" in list_checkpoints(wd / "checkpoints")
@@ -347,16 +465,19 @@ def test_cli_runs_on_the_bundled_bars(tmp_path, capsys):
     assert "dqn_final_epoch3" in list_checkpoints(wd / "checkpoints")
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--parquet-file", "/nonexistent/bars.parquet"], "bars.parquet: file not found"),
-    (["--num-envs", "0"], "num_envs must be >= 1"),
-    (["--epochs", "0"], "epochs must be >= 1"),
-    (["--patience", "-1"], "patience must be >= 0, got -1"),
-    (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),
-    (["--learning-starts", "60000"], "learning_starts (60000) must be <= buffer_size (50000)"),
-    (["--env", "pong"], "pong"),
-    (["--bogus"], "bogus"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--parquet-file", "/nonexistent/bars.parquet"], "bars.parquet: file not found"),
+        (["--num-envs", "0"], "num_envs must be >= 1"),
+        (["--epochs", "0"], "epochs must be >= 1"),
+        (["--patience", "-1"], "patience must be >= 0, got -1"),
+        (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),
+        (["--learning-starts", "60000"], "learning_starts (60000) must be <= buffer_size (50000)"),
+        (["--env", "pong"], "pong"),
+        (["--bogus"], "bogus"),
+    ],
+)
 def test_cli_bad_input_exit_2(tmp_path, args, expect, capsys):
     from tftjax.dqn import __main__ as dqn_cli
 
@@ -377,8 +498,18 @@ def test_cli_cartpole_through_the_same_loop(tmp_path, capsys):
     from tftjax.dqn import __main__ as dqn_cli
 
     wd = tmp_path / "cp"
-    rc = call(dqn_cli.main, "--env", "cartpole", "--epochs", "2", "--steps-per-epoch", "2000",
-              "--workdir", wd, "--no-progress")
+    rc = call(
+        dqn_cli.main,
+        "--env",
+        "cartpole",
+        "--epochs",
+        "2",
+        "--steps-per-epoch",
+        "2000",
+        "--workdir",
+        wd,
+        "--no-progress",
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert "CartPole-v1" in out and "greedy return over 10 fresh episodes each epoch" in out

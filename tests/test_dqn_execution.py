@@ -58,8 +58,15 @@ def simulate(o, c, decisions, latency, cost, next_open, ends):
 def env_pnl(o, c, decisions, latency, cost_bps, next_open, ends):
     ret = np.r_[0.0, np.log(c[1:] / c[:-1])]
     gap = np.r_[0.0, np.log(o[1:] / c[:-1])]
-    env = hand_env(ret, cost_bps=cost_bps, gap=gap, ends=ends, next_open=next_open,
-                   latency=latency, episode_len=50)
+    env = hand_env(
+        ret,
+        cost_bps=cost_bps,
+        gap=gap,
+        ends=ends,
+        next_open=next_open,
+        latency=latency,
+        episode_len=50,
+    )
     state = env.reset(jax.random.PRNGKey(0))[1].replace(t=jnp.int32(0))
     out = []
     for k, d in enumerate(decisions):
@@ -77,15 +84,18 @@ def test_next_open_fills_with_latency_and_costs_by_hand():
     cost = 3.5e-4
     assert cfg.cost == pytest.approx(cost)
     d = [1, -1, -1, 0, 1]  # decided on closes 0..4; latency 1: each fills at open s + 2
-    want = [0.0,
-            math.log(c[2] / o[2]) - cost,  # long from open 2
-            math.log(o[3] / c[2]) - 2 * cost - math.log(c[3] / o[3]),  # flip at open 3
-            -math.log(o[4] / c[3]) - math.log(c[4] / o[4]),  # short held
-            -math.log(o[5] / c[4]) - cost]  # flat from open 5 (close 4's order: open 6)
+    want = [
+        0.0,
+        math.log(c[2] / o[2]) - cost,  # long from open 2
+        math.log(o[3] / c[2]) - 2 * cost - math.log(c[3] / o[3]),  # flip at open 3
+        -math.log(o[4] / c[3]) - math.log(c[4] / o[4]),  # short held
+        -math.log(o[5] / c[4]) - cost,
+    ]  # flat from open 5 (close 4's order: open 6)
     got = env_pnl(o, c, d, 1, cfg.cost * 1e4, True, np.zeros(6, bool))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(simulate(o, c, d, 1, cost, True, np.zeros(6, bool)), want,
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        simulate(o, c, d, 1, cost, True, np.zeros(6, bool)), want, rtol=1e-12
+    )
 
 
 @pytest.mark.parametrize("next_open", [True, False])
@@ -98,8 +108,9 @@ def test_fills_equal_the_event_simulation(next_open, latency):
     d = rng.integers(-1, 2, n - 1)
     ends = rng.random(n) < 0.15  # some sessions' last bars
     got = env_pnl(o, c, d, latency, 7.0, next_open, ends)
-    np.testing.assert_allclose(got, simulate(o, c, d, latency, 7e-4, next_open, ends[:n - 1]),
-                               rtol=2e-5, atol=2e-7)
+    np.testing.assert_allclose(
+        got, simulate(o, c, d, latency, 7e-4, next_open, ends[: n - 1]), rtol=2e-5, atol=2e-7
+    )
     # flat over every bar after a session end unless a new order fills
     assert np.isfinite(got).all()
 
@@ -131,8 +142,10 @@ def test_flatten_and_fill_refusals():
         build_envs(dataclasses.replace(TINY, flatten_at_session_end=True), bundled_path("es"))
     pytest.importorskip("exchange_calendars")
     with pytest.raises(ConfigError, match="daily bars end a session every bar"):
-        build_envs(dataclasses.replace(TINY, calendar="XNYS", flatten_at_session_end=True),
-                   bundled_path("spx"))
+        build_envs(
+            dataclasses.replace(TINY, calendar="XNYS", flatten_at_session_end=True),
+            bundled_path("spx"),
+        )
 
 
 def test_rewards_are_in_units_of_the_data_on_es_spx_and_btc():
@@ -148,8 +161,9 @@ def test_rewards_are_in_units_of_the_data_on_es_spx_and_btc():
         train = e["train"]
         r = np.asarray(train.gap + train.intra)[train.lo + 1 : train.hi] * float(train.reward_scale)
         assert 0.5 < r.std() < 2.0, (name, r.std())
-        envs[name] = jax.tree.map(lambda a: a[:rows] if getattr(a, "ndim", 0) else a,
-                                  train).on((0, rows))
+        envs[name] = jax.tree.map(lambda a: a[:rows] if getattr(a, "ndim", 0) else a, train).on(
+            (0, rows)
+        )
     dqn = make_train(dataclasses.replace(TINY, epochs=2, steps_per_epoch=400), envs["es"])
     for name, env in envs.items():
         s = dqn.init(jax.random.PRNGKey(0), env)
@@ -170,8 +184,11 @@ def test_flat_is_shipped_unless_validation_clears_the_gate(tmp_path):
     hist = []
     for v in (0.5, -1.0, -2.0, -0.4, 0.3, 0.1):  # smoothed from the 3rd: -0.83, -1.13, ...
         hist.append({"val_sharpe": v})
-        assert task.rank(hist) == (-math.inf if len(hist) < 3 else pytest.approx(
-            np.mean([h["val_sharpe"] for h in hist[-3:]])))
+        assert task.rank(hist) == (
+            -math.inf
+            if len(hist) < 3
+            else pytest.approx(np.mean([h["val_sharpe"] for h in hist[-3:]]))
+        )
     assert hist[1]["val_sharpe_smoothed"] is None  # epochs 1-2: partial windows never compete
     assert hist[2]["val_sharpe_smoothed"] == pytest.approx(-2.5 / 3)
     flat = {"sharpe": 0.0, "total_log_return": 0.0}
@@ -186,7 +203,8 @@ def test_flat_is_shipped_unless_validation_clears_the_gate(tmp_path):
     assert out["shipped_policy"] == "flat" and "shipping FLAT" in out["verdict"]
     assert splits["test"]["shipped (flat)"] == flat
     out = _task(tmp_path, flat_fallback=False, smooth_epochs=3, epochs=6).selection(
-        luck, hist, {"val": {"dqn": {}, "flat": flat}})
+        luck, hist, {"val": {"dqn": {}, "flat": flat}}
+    )
     assert out["shipped_policy"] == "dqn" and "anyway (--no-flat-fallback)" in out["verdict"]
 
 
@@ -204,9 +222,18 @@ def test_polyak_moves_the_target_after_every_update():
     from tftjax.dqn.env import make_trading_env
     from tftjax.dqn.loop import data_config
 
-    cfg = dataclasses.replace(TINY, tau=0.1, learning_starts=32, steps_per_epoch=4, num_envs=4,
-                              target_update_every=1_000, reward_scale=100.0, spread_bps=0.0,
-                              fee_bps=1.0, slippage_bps=0.0)
+    cfg = dataclasses.replace(
+        TINY,
+        tau=0.1,
+        learning_starts=32,
+        steps_per_epoch=4,
+        num_envs=4,
+        target_update_every=1_000,
+        reward_scale=100.0,
+        spread_bps=0.0,
+        fee_bps=1.0,
+        slippage_bps=0.0,
+    )
     env = make_trading_env(load_dataset(None, data_config(cfg)), cfg)
     dqn = make_train(cfg, env)
     s = dqn.init(jax.random.PRNGKey(1), env)
@@ -218,12 +245,17 @@ def test_polyak_moves_the_target_after_every_update():
             continue
         updates += 1
         now = jax.device_get(s.params)
-        for t, p, b in zip(jax.tree.leaves(jax.device_get(s.target_params)),
-                           jax.tree.leaves(now), jax.tree.leaves(before)):
-            np.testing.assert_allclose(np.asarray(t), 0.9 * b + 0.1 * np.asarray(p),
-                                       rtol=1e-5, atol=1e-7)
-        assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(before),
-                                                         jax.tree.leaves(now)))
+        for t, p, b in zip(
+            jax.tree.leaves(jax.device_get(s.target_params)),
+            jax.tree.leaves(now),
+            jax.tree.leaves(before),
+        ):
+            np.testing.assert_allclose(
+                np.asarray(t), 0.9 * b + 0.1 * np.asarray(p), rtol=1e-5, atol=1e-7
+            )
+        assert any(
+            not np.allclose(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(now))
+        )
 
 
 @pytest.mark.slow
@@ -233,12 +265,22 @@ def test_an_early_stopped_run_can_be_extended(tmp_path, capsys):
     assert summary["stopped_early"] and summary["epochs_run"] < 6
     stopped = summary["epochs_run"]
     lines = []
-    run(dataclasses.replace(cfg, epochs=8), tmp_path / "r", resume=True, progress=False,
-        log=lines.append)
+    run(
+        dataclasses.replace(cfg, epochs=8),
+        tmp_path / "r",
+        resume=True,
+        progress=False,
+        log=lines.append,
+    )
     assert any("to train on, pass --epochs N with another --patience" in x for x in lines)
     lines = []
-    summary = run(dataclasses.replace(cfg, epochs=stopped + 2, patience=0), tmp_path / "r",
-                  resume=True, progress=False, log=lines.append)
+    summary = run(
+        dataclasses.replace(cfg, epochs=stopped + 2, patience=0),
+        tmp_path / "r",
+        resume=True,
+        progress=False,
+        log=lines.append,
+    )
     assert any("training on to epoch" in x for x in lines), lines
     assert summary["epochs_run"] == stopped + 2
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
@@ -250,24 +292,29 @@ def test_an_early_stopped_run_can_be_extended(tmp_path, capsys):
     finals = {n: read_meta(ckpts / n)["is_final"] for n in list_checkpoints(ckpts)}
     assert finals[f"dqn_final_epoch{stopped}"] is False
     assert [n for n, f in finals.items() if f] == [f"dqn_final_epoch{stopped + 2}"]
-    assert read_meta(ckpts / f"dqn_final_epoch{stopped}")["superseded_by"] == \
-        f"dqn_final_epoch{stopped + 2}"
+    assert (
+        read_meta(ckpts / f"dqn_final_epoch{stopped}")["superseded_by"]
+        == f"dqn_final_epoch{stopped + 2}"
+    )
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--fill", "tomorrow"], "--fill must be next-open or close, got 'tomorrow'"),
-    (["--latency", "-1"], "--latency must be >= 0 bars, got -1"),
-    (["--spread-bps", "-1"], "--spread-bps must be >= 0, got -1.0"),
-    (["--fee-bps", "-0.5"], "--fee-bps must be >= 0, got -0.5"),
-    (["--slippage-bps", "-2"], "--slippage-bps must be >= 0, got -2.0"),
-    (["--flatten-at-session-end"], "--flatten-at-session-end needs --calendar"),
-    (["--smooth-epochs", "0"], "--smooth-epochs must be >= 1, got 0"),
-    (["--seeds", "0"], "--seeds must be >= 1, got 0"),
-    (["--decision-every", "0"], "--decision-every must be >= 1 bar, got 0"),
-    (["--psr-gate", "1.5"], "--psr-gate must be in (0, 1), got 1.5"),
-    (["--env", "cartpole", "--action-augment"], "--action-augment is for --env trading"),
-    (["--tft-checkpoint", "/nonexistent/tft"], "no such checkpoint or run folder"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--fill", "tomorrow"], "--fill must be next-open or close, got 'tomorrow'"),
+        (["--latency", "-1"], "--latency must be >= 0 bars, got -1"),
+        (["--spread-bps", "-1"], "--spread-bps must be >= 0, got -1.0"),
+        (["--fee-bps", "-0.5"], "--fee-bps must be >= 0, got -0.5"),
+        (["--slippage-bps", "-2"], "--slippage-bps must be >= 0, got -2.0"),
+        (["--flatten-at-session-end"], "--flatten-at-session-end needs --calendar"),
+        (["--smooth-epochs", "0"], "--smooth-epochs must be >= 1, got 0"),
+        (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+        (["--decision-every", "0"], "--decision-every must be >= 1 bar, got 0"),
+        (["--psr-gate", "1.5"], "--psr-gate must be in (0, 1), got 1.5"),
+        (["--env", "cartpole", "--action-augment"], "--action-augment is for --env trading"),
+        (["--tft-checkpoint", "/nonexistent/tft"], "no such checkpoint or run folder"),
+    ],
+)
 def test_bad_execution_flags_exit_2_with_one_line(tmp_path, capsys, args, expect):
     rc = call(dqn_cli.main, "--workdir", tmp_path / "d", "--no-progress", *args)
     err = capsys.readouterr().err
@@ -280,8 +327,9 @@ def test_seeds_in_one_program_equal_separate_runs(tmp_path):
     """--seeds 2 selects, seed by seed, the agent a separate --patience 0 run of that seed
     keeps (its epoch of best smoothed validation Sharpe), with the same parameters; and the
     report's numbers are that agent's on test."""
-    from tftjax.dqn.seeds import run_seeds
     from test_runloop import raw_state
+
+    from tftjax.dqn.seeds import run_seeds
 
     cfg = dataclasses.replace(TINY, epochs=2, smooth_epochs=2)
     report = run_seeds(cfg, 2, tmp_path / "seeds", log=lambda *a: None)
@@ -321,10 +369,14 @@ def early_tft(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tft") / "tft"
     # the tiny CLI runs' settings (test_runloop.TINY_TFT): their compiled steps are reused
     cfg = preset("tiny", remat="off")
-    train_and_evaluate(cfg, TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=3,
-                                        patience=0),
-                       run_dir, dataset=load_dataset(short_es(), cfg.data), plots=False,
-                       **quiet)
+    train_and_evaluate(
+        cfg,
+        TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=3, patience=0),
+        run_dir,
+        data=load_dataset(short_es(), cfg.data),
+        plots=False,
+        **quiet,
+    )
     return run_dir, short_es()
 
 
@@ -340,8 +392,8 @@ def test_tft_forecasts_join_the_observation_causally(early_tft, tmp_path):
     feats, base = np.asarray(envs["train"].feats), np.asarray(plain["train"].feats)
     q = feats.shape[1] - base.shape[1]
     assert q == 3  # the tiny preset's three quantiles, step 1
-    np.testing.assert_array_equal(feats[:, :base.shape[1]], base)
-    cols = feats[:, base.shape[1]:]
+    np.testing.assert_array_equal(feats[:, : base.shape[1]], base)
+    cols = feats[:, base.shape[1] :]
     assert (cols[:100] == 0).all() and np.isfinite(cols).all() and np.abs(cols[200:]).sum() > 0
     assert (np.diff(cols[200:], axis=1) >= -1e-6).mean() > 0.5  # quantile-like columns
     # causal: other bars after t change no observation at t (the TFT's forecasts included;
@@ -350,19 +402,27 @@ def test_tft_forecasts_join_the_observation_causally(early_tft, tmp_path):
     t = int(ds.splits.val_rows[0]) + 20
     rng = np.random.default_rng(0)
     shock = np.r_[np.ones(t + 1), np.exp(rng.normal(0, 0.01, len(bars) - t - 1))]
-    changed = dataclasses.replace(bars, open=bars.open * shock, high=bars.high * shock,
-                                  low=bars.low * shock, close=bars.close * shock,
-                                  volume=bars.volume * np.r_[np.ones(t + 1), rng.uniform(
-                                      0.5, 2, len(bars) - t - 1)])
+    changed = dataclasses.replace(
+        bars,
+        open=bars.open * shock,
+        high=bars.high * shock,
+        low=bars.low * shock,
+        close=bars.close * shock,
+        volume=bars.volume * np.r_[np.ones(t + 1), rng.uniform(0.5, 2, len(bars) - t - 1)],
+    )
     path = tmp_path / "es_changed.parquet"
     write_bars(changed, path)
     other, _, _ = build_envs(cfg, path)
     hist = jnp.zeros(1, jnp.int32)
     for tt in (400, 1_000, t):
-        np.testing.assert_array_equal(np.asarray(envs["train"].observe(tt, hist)),
-                                      np.asarray(other["train"].observe(tt, hist)))
-    assert not np.array_equal(np.asarray(envs["train"].observe(t + 3, hist)),
-                              np.asarray(other["train"].observe(t + 3, hist)))
+        np.testing.assert_array_equal(
+            np.asarray(envs["train"].observe(tt, hist)),
+            np.asarray(other["train"].observe(tt, hist)),
+        )
+    assert not np.array_equal(
+        np.asarray(envs["train"].observe(t + 3, hist)),
+        np.asarray(other["train"].observe(t + 3, hist)),
+    )
 
 
 @pytest.mark.slow
@@ -375,8 +435,9 @@ def test_a_tft_trained_too_late_or_no_tft_is_refused(early_tft, tmp_path):
     with pytest.raises(ConfigError, match="its forecasts would leak"):
         build_envs(dataclasses.replace(TINY, tft_checkpoint=str(run_dir)), head)
     with pytest.raises(DataError, match="--tft-checkpoint .*no such checkpoint or run folder"):
-        build_envs(dataclasses.replace(TINY, tft_checkpoint=str(tmp_path / "none")),
-                   bundled_path("es"))
+        build_envs(
+            dataclasses.replace(TINY, tft_checkpoint=str(tmp_path / "none")), bundled_path("es")
+        )
     dqn_run = tmp_path / "dqn"
     run(dataclasses.replace(TINY, epochs=1), dqn_run, **quiet)
     with pytest.raises(DataError, match="not a TFT checkpoint"):
@@ -439,8 +500,9 @@ def test_the_compact_buffer_trains_the_same_weights():
     from tftjax.dqn.env import make_trading_env
     from tftjax.dqn.loop import data_config
 
-    cfg = dataclasses.replace(TINY, reward_scale=100.0, spread_bps=1.0, fee_bps=0.2,
-                              slippage_bps=0.0)
+    cfg = dataclasses.replace(
+        TINY, reward_scale=100.0, spread_bps=1.0, fee_bps=0.2, slippage_bps=0.0
+    )
     env = make_trading_env(load_dataset(None, data_config(cfg)), cfg)
     out = {}
     for compact in (True, False):
@@ -462,5 +524,7 @@ def test_the_compact_buffer_trains_the_same_weights():
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
     # and what the buffer rebuilds is what was stored
     k = np.asarray(out[True].buffer.data.obs[:50])
-    np.testing.assert_array_equal(np.asarray(jax.vmap(env.decode)(jnp.asarray(k))),
-                                  np.asarray(out[False].buffer.data.obs[:50]))
+    np.testing.assert_array_equal(
+        np.asarray(jax.vmap(env.decode)(jnp.asarray(k))),
+        np.asarray(out[False].buffer.data.obs[:50]),
+    )

@@ -18,8 +18,7 @@ from test_dqn import TINY, hand_env
 from tftjax.data import write_bars
 from tftjax.dqn import agent, oof, rule
 from tftjax.dqn.env import TradingState, bars_to_close, policy_rollout
-from tftjax.dqn.significance import (deflated_sharpe, gate, min_detectable_sharpe, pooled,
-                                     psr)
+from tftjax.dqn.significance import deflated_sharpe, gate, min_detectable_sharpe, pooled, psr
 
 G = 0.5772156649015329
 
@@ -30,21 +29,25 @@ def test_deflated_sharpe_and_detectable_sharpe_by_hand():
     x = rng.normal(0.002, 0.01, 400)
     sr = x.mean() / x.std()
     z = (x - x.mean()) / x.std()
-    g3, g4 = np.mean(z ** 3), np.mean(z ** 4)
+    g3, g4 = np.mean(z**3), np.mean(z**4)
     trials = [0.05, -0.02, 0.01, 0.12, 0.0, -0.08]
     v = max(np.var(trials, ddof=1), (1 + sr * sr / 2) / x.size)
     n = 30
     sr0 = math.sqrt(v) * ((1 - G) * norm.ppf(1 - 1 / n) + G * norm.ppf(1 - 1 / (n * math.e)))
-    want = norm.cdf((sr - sr0) * math.sqrt(x.size - 1)
-                    / math.sqrt(1 - g3 * sr + (g4 - 1) / 4 * sr * sr))
+    want = norm.cdf(
+        (sr - sr0) * math.sqrt(x.size - 1) / math.sqrt(1 - g3 * sr + (g4 - 1) / 4 * sr * sr)
+    )
     d = deflated_sharpe(x, n, trials)
     assert d["sr0"] == pytest.approx(sr0, rel=1e-9) and d["dsr"] == pytest.approx(want, rel=1e-9)
     # one candidate: no deflation, the PSR against 0
-    assert gate(x, 1)["dsr"] == pytest.approx(norm.cdf(sr * math.sqrt(x.size - 1) / math.sqrt(
-        1 - g3 * sr + (g4 - 1) / 4 * sr * sr)), rel=1e-9)
+    assert gate(x, 1)["dsr"] == pytest.approx(
+        norm.cdf(sr * math.sqrt(x.size - 1) / math.sqrt(1 - g3 * sr + (g4 - 1) / 4 * sr * sr)),
+        rel=1e-9,
+    )
     assert psr(np.zeros(50)) == 0.5
     assert min_detectable_sharpe(2520, 252.0) == pytest.approx(
-        (1.6448536 + 0.8416212) * math.sqrt(252 / 2520), rel=1e-6)
+        (1.6448536 + 0.8416212) * math.sqrt(252 / 2520), rel=1e-6
+    )
 
 
 def test_pooled_figures_leave_flat_seeds_out():
@@ -89,8 +92,9 @@ def test_action_augmentation_targets_equal_the_single_action_targets():
     rng = np.random.default_rng(3)
     ret = rng.normal(0, 0.01, 60).astype(np.float32)
     for every in (1, 3):
-        env = hand_env(ret, cost_bps=5.0, window=2, scale=100.0, next_open=True,
-                       gap=ret * 0.3, latency=1)
+        env = hand_env(
+            ret, cost_bps=5.0, window=2, scale=100.0, next_open=True, gap=ret * 0.3, latency=1
+        )
         env = env.replace(every=every)
         keys = jnp.asarray([[5, 1, 0], [17, -1, -1], [30, 0, 1]], jnp.int32)
         aug = jax.jit(agent.augmented)(env, keys)
@@ -99,8 +103,9 @@ def test_action_augmentation_targets_equal_the_single_action_targets():
         p = net.init(jax.random.PRNGKey(0), jnp.zeros((env.obs_dim,)))["params"]
         tp = jax.tree.map(lambda x: x * 0.5, p)
         apply = jax.jit(lambda params, o: net.apply({"params": params}, o))
-        y_aug = agent.double_dqn_targets(apply(p, aug.next_obs), apply(tp, aug.next_obs),
-                                         aug.reward, aug.terminal, 0.9)
+        y_aug = agent.double_dqn_targets(
+            apply(p, aug.next_obs), apply(tp, aug.next_obs), aug.reward, aug.terminal, 0.9
+        )
         for b, key in enumerate(np.asarray(keys)):
             state = TradingState(jnp.int32(key[0]), jnp.asarray(key[1:]), jnp.int32(0))
             for a in range(3):
@@ -108,23 +113,29 @@ def test_action_augmentation_targets_equal_the_single_action_targets():
                 row = 3 * b + a
                 assert int(aug.action[row]) == a
                 # the same few float32 operations in two compiled programs: a few ulps
-                assert float(aug.reward[row]) == pytest.approx(float(step.reward), rel=1e-6,
-                                                               abs=1e-6)
-                np.testing.assert_array_equal(np.asarray(aug.next_obs[row]),
-                                              np.asarray(step.next_obs))
-                np.testing.assert_array_equal(np.asarray(aug.obs[row]),
-                                              np.asarray(env.decode(keys[b])))
-                y = agent.double_dqn_targets(apply(p, step.next_obs[None]),
-                                             apply(tp, step.next_obs[None]),
-                                             step.reward[None], step.terminal[None], 0.9)
+                assert float(aug.reward[row]) == pytest.approx(
+                    float(step.reward), rel=1e-6, abs=1e-6
+                )
+                np.testing.assert_array_equal(
+                    np.asarray(aug.next_obs[row]), np.asarray(step.next_obs)
+                )
+                np.testing.assert_array_equal(
+                    np.asarray(aug.obs[row]), np.asarray(env.decode(keys[b]))
+                )
+                y = agent.double_dqn_targets(
+                    apply(p, step.next_obs[None]),
+                    apply(tp, step.next_obs[None]),
+                    step.reward[None],
+                    step.terminal[None],
+                    0.9,
+                )
                 # the same floats in, one network applied to batches of 9 and of 1: only
                 # float32 rounding differs, a few ulps of terms of size <= |r| + |Q| < 4
                 np.testing.assert_allclose(float(y_aug[row]), float(y[0]), rtol=0, atol=4e-6)
 
 
 def test_a_decision_every_k_bars_holds_in_between_and_sums_the_bars():
-    ret = np.array([0.0, 0.01, -0.02, 0.005, 0.003, -0.001, 0.004, 0.002, -0.003, 0.0],
-                   np.float32)
+    ret = np.array([0.0, 0.01, -0.02, 0.005, 0.003, -0.001, 0.004, 0.002, -0.003, 0.0], np.float32)
     c = 10e-4
     env = hand_env(ret, cost_bps=10.0, episode_len=3).replace(every=3)
     state = TradingState(jnp.int32(0), jnp.zeros((1,), jnp.int32), jnp.int32(0))
@@ -159,6 +170,7 @@ def test_bars_to_close_by_hand():
 def _fake_model(seen):
     """A 'model' that forecasts from its training bars' mean return and the bar at ``t``
     (causal); ``seen`` records the last training bar time of each fitted model."""
+
     def fit(head, m):
         seen[m] = int(head.ts[-1])
         return float(np.mean(np.diff(np.log(head.close)))), m
@@ -174,8 +186,8 @@ def _fake_model(seen):
 
 
 def test_out_of_fold_forecasts_never_read_their_own_fold():
-    from tftjax.data.windows import walk_forward_times
     from tftjax.config import DataConfig
+    from tftjax.data.windows import walk_forward_times
 
     bars = random_bars(3000, seed=5)
     times = walk_forward_times([bars.ts], DataConfig(encoder_steps=16, decoder_steps=1), 4, 0.4)
@@ -186,7 +198,7 @@ def test_out_of_fold_forecasts_never_read_their_own_fold():
     starts = [b.start for b in blocks]
     assert len(blocks) == 6 and starts == sorted(starts)
     assert all(seen[m] < starts[m] for m in range(6))  # each model fitted before its start
-    for k, (val_start, test_start, _) in enumerate(times):
+    for k, (val_start, _, _) in enumerate(times):
         f = oof.for_fold(blocks, bars.ts, val_start)
         used = np.unique(f["model"][f["model"] >= 0])
         assert all(seen[m] < val_start for m in used)  # no model saw the fold's bars
@@ -201,8 +213,9 @@ def test_out_of_fold_forecasts_never_read_their_own_fold():
         seen2 = {}
         fit2, predict2 = _fake_model(seen2)
         predict2.close = alt.close
-        g = oof.for_fold(oof.build(alt, times, fit2, predict2, log=lambda *a: None),
-                         alt.ts, val_start)
+        g = oof.for_fold(
+            oof.build(alt, times, fit2, predict2, log=lambda *a: None), alt.ts, val_start
+        )
         np.testing.assert_array_equal(g["columns"][:cut], f["columns"][:cut])
         assert not np.array_equal(g["columns"][cut:], f["columns"][cut:])
 
@@ -232,8 +245,9 @@ def test_the_rule_chooses_on_validation_only(walk_file):
     rng = np.random.default_rng(6)
     r = np.r_[0.0, np.diff(np.log(bars.close))]
     signal = np.r_[r[1:], 0.0] * 0.5 + rng.normal(0, 0.002, r.size)  # some skill
-    block = oof.Block(int(bars.ts[0]), np.zeros((r.size, 1), np.float32), signal,
-                      np.ones(r.size, bool))
+    block = oof.Block(
+        int(bars.ts[0]), np.zeros((r.size, 1), np.float32), signal, np.ones(r.size, bool)
+    )
     out = rule.walk_forward_rule(cfg, walk_file, times, [block])
     envs, _, _ = build_envs(cfg, walk_file, fold=times[0])
     chosen = rule.choose(envs["val"], signal, block.valid)
@@ -242,8 +256,7 @@ def test_the_rule_chooses_on_validation_only(walk_file):
     late = int(np.searchsorted(bars.ts, times[-1][1]))
     moved = signal.copy()
     moved[late:] = -moved[late:]
-    again = rule.walk_forward_rule(cfg, walk_file, times,
-                                   [dataclasses.replace(block, cum=moved)])
+    again = rule.walk_forward_rule(cfg, walk_file, times, [dataclasses.replace(block, cum=moved)])
     for a, b in zip(out["folds"], again["folds"]):
         assert (a["entry_costs"], a["exit_fraction"]) == (b["entry_costs"], b["exit_fraction"])
     assert not np.array_equal(out["net"], again["net"])

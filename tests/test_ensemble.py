@@ -3,8 +3,6 @@ same seed (the no-ensemble path as the reference), the members differ, the ensem
 forecast is the members' own forecasts averaged (each member run alone, averaged in numpy),
 its pinball loss is at most the members' mean, and the refusals."""
 
-import dataclasses
-
 import jax
 import numpy as np
 import pytest
@@ -82,14 +80,23 @@ def test_the_forecast_is_the_members_average_and_never_worse_than_their_mean(tra
     y = window_targets(ds, starts)
     qs = np.asarray(CFG.head.quantiles, np.float32)
     mask = np.ones(len(starts), bool)
-    loss = lambda p: float(quantile_loss(y, p, qs, mask))  # noqa: E731
+    loss = lambda p: float(quantile_loss(y, p, qs, mask))
     assert loss(pred) <= np.mean([loss(m) for m in members]) + 1e-6
 
 
 @pytest.mark.parametrize("main", [train_cli.main, backtest.main])
 def test_ensemble_0_is_refused_with_one_line(tmp_path, capsys, main):
-    rc = call(main, "--preset", "tiny", "--ensemble", "0", "--parquet-file", short_es(),
-              "--workdir", tmp_path / "run")
+    rc = call(
+        main,
+        "--preset",
+        "tiny",
+        "--ensemble",
+        "0",
+        "--parquet-file",
+        short_es(),
+        "--workdir",
+        tmp_path / "run",
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "--ensemble must be >= 1 member, got 0" in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()
@@ -98,12 +105,26 @@ def test_ensemble_0_is_refused_with_one_line(tmp_path, capsys, main):
 @pytest.mark.slow
 @pytest.mark.xdist_group("runloop_base")
 def test_an_ensemble_trains_evaluates_predicts_and_exports_float32(tmp_path, capsys):
-    from tftjax import evaluate, export, predict
     from test_runloop import TINY_TRAIN
 
+    from tftjax import evaluate, export, predict
+
     run = tmp_path / "run"
-    assert call(train_cli.main, *TINY_TRAIN, "--ensemble", "2", "--epochs", "2",
-                "--parquet-file", short_es(), "--workdir", run) == 0
+    assert (
+        call(
+            train_cli.main,
+            *TINY_TRAIN,
+            "--ensemble",
+            "2",
+            "--epochs",
+            "2",
+            "--parquet-file",
+            short_es(),
+            "--workdir",
+            run,
+        )
+        == 0
+    )
     assert call(evaluate.main, "--checkpoint", run) == 0
     assert call(predict.main, "--checkpoint", run, "--out", tmp_path / "p.parquet") == 0
     assert call(export.main, "--checkpoint", run, "--out", tmp_path / "exp") == 0
@@ -116,6 +137,7 @@ def test_an_ensemble_trains_evaluates_predicts_and_exports_float32(tmp_path, cap
     for f in (tmp_path / "exp").iterdir():
         assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f
     capsys.readouterr()
-    assert call(export.main, "--checkpoint", run, "--out", tmp_path / "exp8",
-                "--calibrate", "2") == 2
+    assert (
+        call(export.main, "--checkpoint", run, "--out", tmp_path / "exp8", "--calibrate", "2") == 2
+    )
     assert "is an ensemble of 2 members" in capsys.readouterr().err

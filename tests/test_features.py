@@ -7,8 +7,16 @@ import pytest
 from conftest import random_bars
 
 from tftjax.data import build_features
-from tftjax.data.features import (FAMILIES, HISTORICAL_NAMES, KNOWN_NAMES, WARMUP, WINDOWS,
-                                  FeatureStats, historical_raw, known_features)
+from tftjax.data.features import (
+    FAMILIES,
+    HISTORICAL_NAMES,
+    KNOWN_NAMES,
+    WARMUP,
+    WINDOWS,
+    FeatureStats,
+    historical_raw,
+    known_features,
+)
 
 
 @pytest.fixture(scope="module")
@@ -86,20 +94,28 @@ def test_every_family_matches_naive_reference(bars, raw, family):
         for t in rng.integers(WARMUP, len(bars), size=4):
             want = _reference(bars, int(t), family, L)
             got = raw[t, col(f"{family}_{L}")]
-            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-6,
-                                       err_msg=f"{family}_{L} at row {t}")
+            np.testing.assert_allclose(
+                got, want, rtol=2e-4, atol=2e-6, err_msg=f"{family}_{L} at row {t}"
+            )
 
 
 def test_known_features_by_hand():
-    ts = np.array([np.datetime64("2013-09-02T12:00"), np.datetime64("2013-09-02T12:01"),
-                   np.datetime64("2013-09-02T18:00"), np.datetime64("2013-09-03T06:00")],
-                  dtype="datetime64[ns]").astype(np.int64)
+    ts = np.array(
+        [
+            np.datetime64("2013-09-02T12:00"),
+            np.datetime64("2013-09-02T12:01"),
+            np.datetime64("2013-09-02T18:00"),
+            np.datetime64("2013-09-03T06:00"),
+        ],
+        dtype="datetime64[ns]",
+    ).astype(np.int64)
     k = known_features(ts)
     # Monday noon: time of day 0.5, day of week (0 + 0.5) / 7.
     np.testing.assert_allclose(k[0, :4], [0, -1, np.sin(np.pi / 7), np.cos(np.pi / 7)], atol=1e-6)
     doy = 244 / 365.25  # 2013-09-02 is day 244 (0-based) of the year
-    np.testing.assert_allclose(k[0, 4:6], [np.sin(2 * np.pi * doy), np.cos(2 * np.pi * doy)],
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        k[0, 4:6], [np.sin(2 * np.pi * doy), np.cos(2 * np.pi * doy)], atol=1e-6
+    )
     assert k[0, 6] == pytest.approx(1 / 30 - 0.5)
     # No calendar: no session inputs (what the bars' own gaps show is a historical input).
     np.testing.assert_array_equal(k[:, 7:], 0)
@@ -111,7 +127,7 @@ def test_causal_changing_later_bars_leaves_rows_up_to_t_unchanged(bars, t):
     rng = np.random.default_rng(t)
     n = len(bars)
     k = n - t - 1
-    later = lambda x, f: np.concatenate([x[: t + 1], f(x[t + 1 :])])  # noqa: E731
+    later = lambda x, f: np.concatenate([x[: t + 1], f(x[t + 1 :])])
     scale = np.exp(rng.normal(0, 0.05, k))
     changed = bars.replace(
         close=later(bars.close, lambda x: x * scale),
@@ -148,14 +164,15 @@ def test_normalised_train_rows_are_standardised(bars):
     assert np.abs(block.mean(0)).max() < 0.05
     assert np.all(block.std(0) < 1.0 + 1e-3) and np.median(block.std(0)) > 0.95
     assert np.abs(fs.historical).max() <= 10.0
-    assert np.all(fs.historical[:WARMUP - 1].std(0) >= 0) and fs.historical.dtype == np.float32
+    assert np.all(fs.historical[: WARMUP - 1].std(0) >= 0) and fs.historical.dtype == np.float32
     r = np.diff(np.log(bars.close))[WARMUP - 1 : 899]
     srt = np.sort(r)  # winsorised: 0.1% tails, at least the 5 most extreme values of each
     lo, hi = srt[5], srt[-6]
     assert fs.stats.target_scale == pytest.approx(np.clip(r, lo, hi).std(), rel=1e-9)
     assert fs.stats.target_scale == pytest.approx(r.std(), rel=0.02)
-    np.testing.assert_allclose(fs.target[1:] * fs.stats.target_scale, np.diff(np.log(bars.close)),
-                               rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(
+        fs.target[1:] * fs.stats.target_scale, np.diff(np.log(bars.close)), rtol=1e-6, atol=1e-12
+    )
 
 
 def test_stats_json_roundtrip(bars, tmp_path):

@@ -54,7 +54,7 @@ def test_the_new_inputs_match_hand_recursions(bars, raw):
         rewma.append(0.94 * rewma[-1] + 0.06 * pv[t])
     rewma[0] = 0.94 * pv[0] + 0.06 * pv[0]
     t = np.arange(WARMUP, len(bars))
-    floor = lambda s: 1e-3 * np.array([pv[: s + 1].mean() for s in t])  # noqa: E731
+    floor = lambda s: 1e-3 * np.array([pv[: s + 1].mean() for s in t])
     want = {
         "lpv_1": pv[t],
         "lpv_5": np.array([pv[s - 4 : s + 1].mean() for s in t]),
@@ -63,8 +63,9 @@ def test_the_new_inputs_match_hand_recursions(bars, raw):
         "lpv_rewma": np.array(rewma)[t],
     }
     for name, x in want.items():  # float32 of logs near -10: 1e-6 of rounding, 1e-5 allowed
-        np.testing.assert_allclose(raw[t, V2.index(name)], np.log(np.maximum(x, floor(0))),
-                                   atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            raw[t, V2.index(name)], np.log(np.maximum(x, floor(0))), atol=1e-5, err_msg=name
+        )
     rvol10 = np.array([np.sqrt(np.mean(r[s - 10 : s] ** 2)) for s in t])
     np.testing.assert_allclose(raw[t, V2.index("lrvol_10")], np.log(rvol10), atol=1e-5)
 
@@ -94,9 +95,10 @@ def test_causal_changing_later_bars_leaves_rows_up_to_t_unchanged(bars, how):
     cfg = dataclasses.replace(DataConfig(), features="v2", normalise=how)
     stats = build_features(bars, cfg, train_rows=(0, 400)).stats
     t = 350
-    later = lambda x, f: np.concatenate([x[: t + 1], f(x[t + 1 :])])  # noqa: E731
-    changed = bars.replace(high=later(bars.high, lambda x: x * 1.03),
-                           close=later(bars.close, lambda x: x * 1.01))
+    later = lambda x, f: np.concatenate([x[: t + 1], f(x[t + 1 :])])
+    changed = bars.replace(
+        high=later(bars.high, lambda x: x * 1.03), close=later(bars.close, lambda x: x * 1.01)
+    )
     a = build_features(bars, stats=stats).historical
     b = build_features(changed, stats=stats).historical
     np.testing.assert_array_equal(a[: t + 1], b[: t + 1])
@@ -104,8 +106,7 @@ def test_causal_changing_later_bars_leaves_rows_up_to_t_unchanged(bars, how):
 
 
 def test_statistics_carry_the_feature_set_and_its_normalisation(bars, tmp_path):
-    cfg = dataclasses.replace(DataConfig(), features="v2", normalise="rolling",
-                              normalise_window=80)
+    cfg = dataclasses.replace(DataConfig(), features="v2", normalise="rolling", normalise_window=80)
     stats = build_features(bars, cfg, train_rows=(0, 400)).stats
     stats.save(tmp_path / "s.json")
     back = FeatureStats.load(tmp_path / "s.json")
@@ -115,11 +116,14 @@ def test_statistics_carry_the_feature_set_and_its_normalisation(bars, tmp_path):
     np.testing.assert_array_equal(a.historical, build_features(bars, cfg, stats=stats).historical)
 
 
-@pytest.mark.parametrize("field,value,expect", [
-    ("features", "v3", "--features must be one of v1, v2"),
-    ("normalise", "zscore", "--normalise must be one of train, expanding, rolling"),
-    ("normalise_window", 5, "--normalise-window must be >= 20 rows"),
-])
+@pytest.mark.parametrize(
+    "field,value,expect",
+    [
+        ("features", "v3", "--features must be one of v1, v2"),
+        ("normalise", "zscore", "--normalise must be one of train, expanding, rolling"),
+        ("normalise_window", 5, "--normalise-window must be >= 20 rows"),
+    ],
+)
 def test_bad_feature_options_are_refused(field, value, expect):
     with pytest.raises(ConfigError, match=expect):
         preset("tiny", **{field: value})

@@ -31,8 +31,10 @@ GROUP = pytest.mark.xdist_group("runloop_base")  # the tiny runs' compiled steps
 def with_clock(saved, **changes):
     """The model with its saved clock changed (``Clock`` fields)."""
     fz = dict(saved.featurisation)
-    fz["stats"] = {k: dataclasses.replace(v, clock=dataclasses.replace(v.clock, **changes))
-                   for k, v in fz["stats"].items()}
+    fz["stats"] = {
+        k: dataclasses.replace(v, clock=dataclasses.replace(v.clock, **changes))
+        for k, v in fz["stats"].items()
+    }
     return saved._replace(featurisation=fz)
 
 
@@ -40,11 +42,11 @@ def restamped(bars, ts, tz=None):
     return dataclasses.replace(bars, ts=np.asarray(ts, np.int64), tz=tz)
 
 
-@pytest.mark.parametrize("zone,offset", [("America/New_York", "-04:00"),
-                                         ("Asia/Tokyo", "+09:00")])
+@pytest.mark.parametrize("zone,offset", [("America/New_York", "-04:00"), ("Asia/Tokyo", "+09:00")])
 @GROUP
-def test_as_of_is_read_in_the_data_zone_and_no_later_bar_is_read(predict_run, tmp_path,
-                                                                  zone, offset):
+def test_as_of_is_read_in_the_data_zone_and_no_later_bar_is_read(
+    predict_run, tmp_path, zone, offset
+):
     saved = open_model(predict_run / "run")
     bars = read_bars(predict_run / "bars.parquet")  # naive: the wall clock of `zone` below
     aware = restamped(bars, to_utc(bars.ts, zone), zone)
@@ -59,9 +61,11 @@ def test_as_of_is_read_in_the_data_zone_and_no_later_bar_is_read(predict_run, tm
     b = forecast(saved, path, as_of=str(wall.astype("datetime64[s]")) + offset)
     assert b.rows.tolist() == [o]  # the same instant given with its offset
     k = np.arange(len(bars)) > o  # every bar after the as-of instant changed
-    changed = aware.replace(close=np.where(k, aware.close * 1.5, aware.close),
-                            high=np.where(k, aware.high * 1.5, aware.high),
-                            volume=np.where(k, aware.volume * 3 + 1, aware.volume))
+    changed = aware.replace(
+        close=np.where(k, aware.close * 1.5, aware.close),
+        high=np.where(k, aware.high * 1.5, aware.high),
+        volume=np.where(k, aware.volume * 3 + 1, aware.volume),
+    )
     (tmp_path / "changed").mkdir()
     write_bars(changed, tmp_path / "changed" / "bars.parquet")
     c = forecast(saved, tmp_path / "changed" / "bars.parquet", as_of=str(wall))
@@ -88,20 +92,23 @@ def test_target_times_are_the_calendars_slots_across_a_dst_change(predict_run, t
     saved = with_clock(open_model(predict_run / "run"), calendar="XCME", zone=chicago)
     # naive Chicago 1-minute bars of the Globex sessions up to Friday 2024-03-08 16:59 CST;
     # the clocks go forward on Sunday 2024-03-10, before Globex reopens at 17:00 CDT
-    last = int(to_utc(np.array([np.datetime64("2024-03-08T16:59", "ns").astype(np.int64)]),
-                      chicago)[0])
+    last = int(
+        to_utc(np.array([np.datetime64("2024-03-08T16:59", "ns").astype(np.int64)]), chicago)[0]
+    )
     grid = slots(sessions("XCME", last - 10 * NS_DAY, last), NS_MIN)
     bars = read_bars(predict_run / "bars.parquet")
-    ts = to_wall(grid[grid <= last][-len(bars):], chicago)
+    ts = to_wall(grid[grid <= last][-len(bars) :], chicago)
     write_bars(restamped(bars, ts), tmp_path / "bars.parquet")
     f = forecast(saved, tmp_path / "bars.parquet")
     target = np.array(f.table["target_time"], "datetime64[ns]")
     assert np.array(f.table["origin_time"], "datetime64[ns]")[0] == np.datetime64(
-        "2024-03-08T16:59")
+        "2024-03-08T16:59"
+    )
     # the calendar's slots, on the bars' own (Chicago) clock: 17:00, 17:01, … on Sunday,
     # not 16:00 (the elapsed 47 hours added to a clock that moved an hour)
     np.testing.assert_array_equal(
-        target, np.datetime64("2024-03-10T17:00") + np.arange(5) * np.timedelta64(1, "m"))
+        target, np.datetime64("2024-03-10T17:00") + np.arange(5) * np.timedelta64(1, "m")
+    )
 
 
 @GROUP
@@ -117,14 +124,18 @@ def test_daily_bars_without_a_calendar_forecast_weekdays(predict_run, tmp_path):
     write_bars(restamped(bars, ns), tmp_path / "bars.parquet")
     saved = open_model(predict_run / "run")
     for weekdays in (True, False):
-        f = forecast(with_clock(saved, interval=NS_DAY, weekdays=weekdays),
-                     tmp_path / "bars.parquet", origins="all")
+        f = forecast(
+            with_clock(saved, interval=NS_DAY, weekdays=weekdays),
+            tmp_path / "bars.parquet",
+            origins="all",
+        )
         target = np.array(f.table["target_time"], "datetime64[ns]").astype(np.int64)
         weekend = day_of_week(target) >= 5
         if weekdays:  # no weekend target; a Friday's first step is the next Monday
             assert not weekend.any() and f.table["bar_expected"].all()
-            fri = np.flatnonzero((day_of_week(f.table["origin_time"]) == 4)
-                                 & (f.table["horizon"] == 1))[0]
+            fri = np.flatnonzero(
+                (day_of_week(f.table["origin_time"]) == 4) & (f.table["horizon"] == 1)
+            )[0]
             assert target[fri] - f.table["origin_time"][fri] == 3 * NS_DAY
         else:  # a model of calendar days (saved before the weekday grid): marked
             assert weekend.any()
@@ -142,8 +153,11 @@ def test_a_stale_last_bar_is_flagged_and_a_range_is_not(predict_run):
     assert any("is 3 calendar slots old" in w for w in f.warnings)
     # a range of origins up to the as-of: the earlier ones had their bars, none is missing
     g = forecast(saved, as_of=str(last), start=str(last - np.timedelta64(10, "m")))
-    assert g.rows.size == 11 and not g.table["missing_bars"].any() and not any(
-        "calendar slots old" in w for w in g.warnings)
+    assert (
+        g.rows.size == 11
+        and not g.table["missing_bars"].any()
+        and not any("calendar slots old" in w for w in g.warnings)
+    )
 
 
 @GROUP
@@ -156,8 +170,7 @@ def test_split_test_rows_are_evaluates_windows_and_losses(predict_run):
     # evaluate's eval step on the same windows; forecasts run the fused forward (the same
     # function, tftjax.training.trainer.inference_config): float32 rounding over ~20 layers,
     # a few ulps each; a wrong window is off by O(1)
-    scored, _ = Trainer(saved.cfg, saved.tc, to_device(ds.features)).predict(saved.variables,
-                                                                           test)
+    scored, _ = Trainer(saved.cfg, saved.tc, to_device(ds.features)).predict(saved.variables, test)
     np.testing.assert_allclose(f.pred, scored, rtol=1e-5, atol=1e-6 * np.abs(scored).max())
     scale = ds.series[0].features.stats.target_scale
     y = window_targets(ds, test).astype(np.float64) * scale
@@ -178,8 +191,18 @@ def test_split_test_rows_are_evaluates_windows_and_losses(predict_run):
 @GROUP
 def test_the_api_and_the_cli_write_the_same_file(predict_run, tmp_path):
     run = predict_run / "run"
-    assert call(predict_cli.main, "--checkpoint", run, "--origins", "4",
-                "--out", tmp_path / "cli.parquet") == 0
+    assert (
+        call(
+            predict_cli.main,
+            "--checkpoint",
+            run,
+            "--origins",
+            "4",
+            "--out",
+            tmp_path / "cli.parquet",
+        )
+        == 0
+    )
     model = tftjax.load(run)
     model.run(origins=4).write(tmp_path / "api.parquet")
     a, b = pq.read_table(tmp_path / "cli.parquet"), pq.read_table(tmp_path / "api.parquet")
@@ -192,22 +215,33 @@ def test_the_api_and_the_cli_write_the_same_file(predict_run, tmp_path):
     np.testing.assert_array_equal(out["q50"].to_numpy(), a.column("q50").to_numpy()[-10:])
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--start", "2013-09-02T10:00", "--end", "2013-09-02T09:00"],
-     "--start 2013-09-02T10:00 is after --end 2013-09-02T09:00"),
-    (["--as-of", "2013-09-02 5pm"], "--as-of '2013-09-02 5pm' is not a time"),
-    (["--series", "nope"], "--series nope: not a series of this data (bars; the model knows"),
-    (["--split", "test", "--parquet-file", "OTHER"], "--split test: these bars are not the"),
-    (["--as-of", "2013-09-02T08:00+09:00", "--parquet-file", "OTHER"], "has a UTC offset, but"),
-    (["--checkpoint", "CKS"], "is a run's folder of checkpoints; give the run folder"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (
+            ["--start", "2013-09-02T10:00", "--end", "2013-09-02T09:00"],
+            "--start 2013-09-02T10:00 is after --end 2013-09-02T09:00",
+        ),
+        (["--as-of", "2013-09-02 5pm"], "--as-of '2013-09-02 5pm' is not a time"),
+        (["--series", "nope"], "--series nope: not a series of this data (bars; the model knows"),
+        (["--split", "test", "--parquet-file", "OTHER"], "--split test: these bars are not the"),
+        (["--as-of", "2013-09-02T08:00+09:00", "--parquet-file", "OTHER"], "has a UTC offset, but"),
+        (["--checkpoint", "CKS"], "is a run's folder of checkpoints; give the run folder"),
+    ],
+)
 @GROUP
 def test_bad_forecast_requests_exit_2_with_one_line(predict_run, tmp_path, capsys, args, expect):
     bars = read_bars(predict_run / "bars.parquet")
     other = tmp_path / "bars.parquet"  # the model's series, other (shorter) data
     write_bars(bars.slice(0, 600), other)
-    args = [str(other) if a == "OTHER" else str(predict_run / "run" / "checkpoints")
-            if a == "CKS" else a for a in args]
+    args = [
+        str(other)
+        if a == "OTHER"
+        else str(predict_run / "run" / "checkpoints")
+        if a == "CKS"
+        else a
+        for a in args
+    ]
     if "--checkpoint" not in args:
         args = ["--checkpoint", str(predict_run / "run"), *args]
     rc = call(predict_cli.main, *args, "--out", tmp_path / "f.parquet")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from jax._src.ad_checkpoint import saved_residuals  # print_saved_residuals' data
 
-from tftjax.models.kernels import fused
 from tftjax.models.dropout import keep_mask, keep_prob
 from tftjax.models.folded import EmbeddedGRN
+from tftjax.models.kernels import fused
 from tftjax.models.layers import GRN
 from tftjax.models.vsn import stacked_grn
 
@@ -19,9 +19,20 @@ M, N, DV, D = 7, 45, 4, 12
 
 def stacked_params(key, m=M, dv=DV, d=D):
     ks = jax.random.split(key, 12)
-    shapes = {"emb_k": (m, dv), "emb_b": (m, dv), "fc2_k": (m, dv, dv), "fc2_b": (m, dv),
-              "fc1_k": (m, dv, dv), "fc1_b": (m, dv), "glu_k": (m, dv, 2 * d), "glu_b": (m, 2 * d),
-              "skip_k": (m, dv, d), "skip_b": (m, d), "ln_scale": (m, d), "ln_bias": (m, d)}
+    shapes = {
+        "emb_k": (m, dv),
+        "emb_b": (m, dv),
+        "fc2_k": (m, dv, dv),
+        "fc2_b": (m, dv),
+        "fc1_k": (m, dv, dv),
+        "fc1_b": (m, dv),
+        "glu_k": (m, dv, 2 * d),
+        "glu_b": (m, 2 * d),
+        "skip_k": (m, dv, d),
+        "skip_b": (m, d),
+        "ln_scale": (m, d),
+        "ln_bias": (m, d),
+    }
     p = {k: 0.5 * jax.random.normal(kk, s) for kk, (k, s) in zip(ks, shapes.items())}
     p["ln_scale"] = 1.0 + p["ln_scale"]
     return p
@@ -39,11 +50,18 @@ def assert_close(a, b, rtol=2e-5):
     assert np.abs(a - b).max() <= rtol * max(np.abs(b).max(), 1e-30), np.abs(a - b).max()
 
 
-@pytest.mark.parametrize("dropout,row_block,unroll,precision", [
-    (0.0, 4096, 1, "highest"), (0.3, 4096, 2, "highest"), (0.3, 16, 1, "highest"),
-    (0.3, 4096, 1, "default")])
+@pytest.mark.parametrize(
+    "dropout,row_block,unroll,precision",
+    [
+        (0.0, 4096, 1, "highest"),
+        (0.3, 4096, 2, "highest"),
+        (0.3, 16, 1, "highest"),
+        (0.3, 4096, 1, "default"),
+    ],
+)
 def test_fused_value_and_every_gradient_equal_autodiff_of_the_stacked_grns(
-        dropout, row_block, unroll, precision):
+    dropout, row_block, unroll, precision
+):
     from conftest import matmul_mantissa_bits
 
     # default: the backend's (TF32 on NVIDIA GPUs), the float32 tolerance scaled by the
@@ -92,7 +110,7 @@ def test_embedded_grn_equals_the_grn_on_flat_embeddings():
     x = jax.random.normal(ks[0], (n, m))
     emb_k, emb_b = jax.random.normal(ks[1], (m, dv)), jax.random.normal(ks[2], (m, dv))
     ctx = jax.random.normal(ks[3], (n, 5))
-    flat = lambda x, k, b: (x[:, :, None] * k + b).reshape(n, m * dv)  # noqa: E731
+    flat = lambda x, k, b: (x[:, :, None] * k + b).reshape(n, m * dv)
     params = jax.jit(GRN(hidden, m).init)(ks[4], flat(x, emb_k, emb_b), ctx)
     folded = jax.jit(EmbeddedGRN(hidden, m).init)(ks[4], x, emb_k, emb_b, ctx)
     assert jax.tree.map(jnp.shape, folded) == jax.tree.map(jnp.shape, params)
@@ -116,7 +134,7 @@ def test_keep_mask_is_bernoulli_with_its_stated_probability(impl):
     mask = np.asarray(keep_mask(jax.random.key(3, impl=impl), rate, (101, 37, 9)))
     n = mask.size
     p = keep_prob(rate)
-    assert abs(p - (1 - rate)) <= 2 ** -17
+    assert abs(p - (1 - rate)) <= 2**-17
     # Binomial: the observed fraction within 5 standard deviations of p.
     assert abs(mask.mean() - p) <= 5 * np.sqrt(p * (1 - p) / n)
     # Different keys, different masks; odd sizes work.

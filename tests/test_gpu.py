@@ -33,6 +33,8 @@ def test_the_device_reports_its_memory():
 def test_every_tier_at_most_off_on_this_gpu():
     from tftjax.memory import analyse
 
-    temp = {t: analyse(preset("tiny", remat=t), 64, 2000).temp_bytes
-            for t in ("off", "minimal", "aggressive", "full")}
+    temp = {
+        t: analyse(preset("tiny", remat=t), 64, 2000).temp_bytes
+        for t in ("off", "minimal", "aggressive", "full")
+    }
     assert all(v <= temp["off"] for v in temp.values()), temp

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "experiments" / "gpu_check.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check", ROOT / "experiments" / "gpu_check.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -35,17 +37,27 @@ def test_bad_stages_exit_2(tmp_path, capsys):
 def test_the_targets_come_first():
     names = [name for _, name, _, _ in gpu_check.rows(Path("/o"), dry=False)]
     # the targets' order, each precision's Pallas VSN row beside its batch-256 row
-    assert names[:7] == ["tests", "bf16_off_b256", "bf16_off_b256_pallas", "f32_off_b64",
-                         "f32_off_b256", "f32_off_b256_pallas", "bf16_off_b64"]
+    assert names[:7] == [
+        "tests",
+        "bf16_off_b256",
+        "bf16_off_b256_pallas",
+        "f32_off_b64",
+        "f32_off_b256",
+        "f32_off_b256_pallas",
+        "bf16_off_b64",
+    ]
     assert [s for s, *_ in gpu_check.rows(Path("/o"), dry=False)] == sorted(
-        (s for s, *_ in gpu_check.rows(Path("/o"), dry=False)), key=gpu_check.STAGES.index)
+        (s for s, *_ in gpu_check.rows(Path("/o"), dry=False)), key=gpu_check.STAGES.index
+    )
 
 
 def test_a_row_out_of_time_is_killed_with_its_grandchildren(tmp_path):
     pidfile = tmp_path / "grandchild"
-    script = ("import subprocess, sys, time; "
-              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-              f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    script = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
     t0 = time.perf_counter()
     r = gpu_check.run_row("x", "x", 3, [sys.executable, "-c", script], dict(os.environ))
     assert r["rc"] == "timed out" and time.perf_counter() - t0 < 30
@@ -64,8 +76,10 @@ def test_a_row_out_of_time_is_killed_with_its_grandchildren(tmp_path):
 
 
 def test_bad_rows_exit_2(tmp_path, capsys):
-    assert gpu_check.main(["--rows", "tests,f32_off_b9", "--dry-run",
-                           "--out", str(tmp_path / "o")]) == 2
+    assert (
+        gpu_check.main(["--rows", "tests,f32_off_b9", "--dry-run", "--out", str(tmp_path / "o")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--rows 'tests,f32_off_b9': not a row of these stages: f32_off_b9" in err, err
     assert err.count("\n") == 1 and not (tmp_path / "o").exists()
@@ -80,9 +94,22 @@ DRY_ROWS = ["tests", "bf16_off_b16", "f32_full_b16", "peer_f32", "memory", "soak
 def test_the_dry_run_runs_every_stage_and_writes_every_file(tmp_path):
     out = tmp_path / "check"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    p = subprocess.run([sys.executable, "experiments/gpu_check.py", "--dry-run", "--out",
-                        str(out), "--rows", ",".join(DRY_ROWS)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "experiments/gpu_check.py",
+            "--dry-run",
+            "--out",
+            str(out),
+            "--rows",
+            ",".join(DRY_ROWS),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     record = json.loads((out / "gpu_check.json").read_text())
     want = [name for _, name, _, _ in gpu_check.rows(out, dry=True) if name in DRY_ROWS]
@@ -99,8 +126,9 @@ def test_the_dry_run_runs_every_stage_and_writes_every_file(tmp_path):
         if r["stage"] == "peer" and str(r["rc"]).startswith("skipped"):
             continue
         if r["stage"] == "soak":  # 1: it ran and measured growth (a finding, not a crash)
-            assert r["rc"] in (0, 1) and ("no growth" in r["stdout_tail"]
-                                          or "memory grew" in r["stdout_tail"]), r
+            assert r["rc"] in (0, 1) and (
+                "no growth" in r["stdout_tail"] or "memory grew" in r["stdout_tail"]
+            ), r
             continue
         assert r["rc"] == 0, (r["row"], r["rc"], r["stderr_tail"][-1500:])
     for name in want:

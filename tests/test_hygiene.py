@@ -2,8 +2,6 @@
 warm-up + cosine schedule, the LSTM forget-gate bias, non-crossing quantiles and the
 volatility-style target."""
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -27,12 +25,25 @@ def params():
 def small_tree():
     """One leaf of every kind the TFT has, with values."""
     rng = np.random.default_rng(0)
-    shapes = {"dense": {"kernel": (3, 4), "bias": (4,)}, "norm": {"scale": (4,), "bias": (4,)},
-              "lstm": {"w_i": (4, 8), "w_h": (2, 8), "b": (8,)},
-              "vsn": {"emb_k": (5, 2), "emb_b": (5, 2), "fc1_k": (5, 2, 2), "fc1_b": (5, 2),
-                      "glu_k": (5, 2, 4), "skip_k": (5, 2, 3), "ln_scale": (5, 3)}}
-    return jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s), jnp.float32), shapes,
-                        is_leaf=lambda x: isinstance(x, tuple))
+    shapes = {
+        "dense": {"kernel": (3, 4), "bias": (4,)},
+        "norm": {"scale": (4,), "bias": (4,)},
+        "lstm": {"w_i": (4, 8), "w_h": (2, 8), "b": (8,)},
+        "vsn": {
+            "emb_k": (5, 2),
+            "emb_b": (5, 2),
+            "fc1_k": (5, 2, 2),
+            "fc1_b": (5, 2),
+            "glu_k": (5, 2, 4),
+            "skip_k": (5, 2, 3),
+            "ln_scale": (5, 3),
+        },
+    }
+    return jax.tree.map(
+        lambda s: jnp.asarray(rng.normal(size=s), jnp.float32),
+        shapes,
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
 
 
 def _names(tree):
@@ -55,16 +66,18 @@ def test_adamw_decays_exactly_the_masked_leaves(decay_all):
     zero = jax.tree.map(jnp.zeros_like, params)
     upd, _ = jax.jit(tx.update)(zero, tx.init(params), params)
     mask = decay_mask(params)
-    for (path, u), p, m in zip(jax.tree_util.tree_leaves_with_path(upd), jax.tree.leaves(params),
-                               jax.tree.leaves(mask)):
+    for (path, u), p, m in zip(
+        jax.tree_util.tree_leaves_with_path(upd), jax.tree.leaves(params), jax.tree.leaves(mask)
+    ):
         # zero gradient: AdamW's step is -lr * wd * p where decayed, 0 elsewhere
         want = -0.1 * 0.5 * np.asarray(p) if (decay_all or m) else np.zeros_like(p)
         np.testing.assert_allclose(u, want, rtol=1e-6, atol=1e-8, err_msg=str(path))
 
 
 def test_warmup_cosine_learning_rate_by_hand():
-    tc = TrainConfig(learning_rate=1.0, weight_decay=0.0, grad_clip=1e9, lr_schedule="cosine",
-                     warmup_steps=10)
+    tc = TrainConfig(
+        learning_rate=1.0, weight_decay=0.0, grad_clip=1e9, lr_schedule="cosine", warmup_steps=10
+    )
     tx = make_optimizer(tc, total_steps=110)
     p = {"w": jnp.zeros(())}
     state = tx.init(p)
@@ -99,8 +112,9 @@ def test_lstm_forget_gate_bias():
 
     # a value no other test uses: init_params is cached per config, and 1.0 is the default
     with nn.intercept_methods(spy):
-        jax.eval_shape(lambda k: init_params(CFG.override(lstm_forget_bias=0.75), k),
-                       jax.random.key(0))
+        jax.eval_shape(
+            lambda k: init_params(CFG.override(lstm_forget_bias=0.75), k), jax.random.key(0)
+        )
     assert seen == {"lstm_encoder": 0.75, "lstm_decoder": 0.75}
 
 
@@ -113,8 +127,9 @@ def test_the_tft_applies_monotone_quantiles_when_asked(monkeypatch):
     for flag in (False, True):
         cfg = CFG.override(monotone_quantiles=flag)
         # the forward pass of the module (init_params would share the plain model's init)
-        jax.eval_shape(lambda k, c=cfg: tft.TFT(c).init(k, *tft.dummy_inputs(c, 2)),
-                       jax.random.key(0))
+        jax.eval_shape(
+            lambda k, c=cfg: tft.TFT(c).init(k, *tft.dummy_inputs(c, 2)), jax.random.key(0)
+        )
     assert calls == [CFG.head.quantiles.index(0.5)]
 
 
@@ -125,8 +140,9 @@ def test_monotone_quantiles_never_cross():
     np.testing.assert_array_equal(q[..., 3], raw[..., 3])
     sp = np.log1p(np.exp(np.asarray(raw, np.float64)))
     np.testing.assert_allclose(q[..., 4], raw[..., 3] + sp[..., 4], rtol=1e-5)
-    np.testing.assert_allclose(q[..., 1], raw[..., 3] - sp[..., 2] - sp[..., 1], rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        q[..., 1], raw[..., 3] - sp[..., 2] - sp[..., 1], rtol=1e-5, atol=1e-5
+    )
 
 
 # ------------------------------------------------------------------ volatility-style target
@@ -151,8 +167,14 @@ def regime_data():
     known = rng.normal(size=(n, 10)).astype(np.float32)
     future = known[np.minimum(np.arange(n)[:, None] + 1 + np.arange(d), n - 1)]
     stats = FeatureStats(np.zeros(210), np.ones(210), 1.0, np.zeros(5), (0, n))
-    fs = FeatureSet(rng.normal(size=(n, 210)).astype(np.float32), known, future,
-                    np.zeros(5, np.float32), target, stats)
+    fs = FeatureSet(
+        rng.normal(size=(n, 210)).astype(np.float32),
+        known,
+        future,
+        np.zeros(5, np.float32),
+        target,
+        stats,
+    )
     return fs, to_device(fs)
 
 
@@ -184,13 +206,18 @@ def test_vol_target_loss_is_the_pinball_of_scaled_outputs(regime_data):
     starts = jnp.asarray([10, 120, 250, 330], jnp.int32)
     batch = gather(data, starts, CFG.data.encoder_steps, CFG.data.decoder_steps)
     qs = np.asarray(CFG.head.quantiles, np.float32)
-    raw = np.random.default_rng(2).normal(size=(4, CFG.data.decoder_steps, qs.size)).astype(np.float32)
-    fake_apply = lambda v, *a, **k: ((jnp.asarray(raw), None), {})  # noqa: E731
+    raw = (
+        np.random.default_rng(2)
+        .normal(size=(4, CFG.data.decoder_steps, qs.size))
+        .astype(np.float32)
+    )
+    fake_apply = lambda v, *a, **k: ((jnp.asarray(raw), None), {})
     mask = jnp.asarray([True, True, True, False])
     y, s = np.asarray(batch.target, np.float64), np.asarray(batch.scale, np.float64)
     for vol in (False, True):
-        loss, _ = _loss_fn({}, {}, fake_apply, batch, mask, qs, None,
-                           cfg=CFG.override(vol_target=vol))
+        loss, _ = _loss_fn(
+            {}, {}, fake_apply, batch, mask, qs, None, cfg=CFG.override(vol_target=vol)
+        )
         pred = raw * (s[:, None, None] if vol else 1.0)
         err = y[..., None] - pred
         want = np.maximum(qs * err, (qs - 1) * err).mean(axis=(1, 2))[:3].mean()
@@ -206,5 +233,6 @@ def test_vol_target_eval_forecasts_are_raw_outputs_times_scale(regime_data):
     _, plain, _ = make_eval_step(CFG)(variables, data, idx)
     _, scaled, _ = make_eval_step(CFG.override(vol_target=True))(variables, data, idx)
     sigma = _ewma_sigma_by_hand(fs.target)[np.asarray(idx) + CFG.data.encoder_steps - 1]
-    np.testing.assert_allclose(scaled, np.asarray(plain) * sigma[:, None, None], rtol=1e-5,
-                               atol=1e-7)
+    np.testing.assert_allclose(
+        scaled, np.asarray(plain) * sigma[:, None, None], rtol=1e-5, atol=1e-7
+    )

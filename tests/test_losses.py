@@ -28,7 +28,9 @@ def test_masked_mean_and_qrisk():
     q = np.array(QS)
     ql = np.maximum(q * err, (q - 1) * err)
     assert loss == pytest.approx(ql.mean(), rel=1e-5)
-    m = losses.finalize(losses.metric_sums(jnp.asarray(y), jnp.asarray(pred), QS, jnp.asarray(mask)))
+    m = losses.finalize(
+        losses.metric_sums(jnp.asarray(y), jnp.asarray(pred), QS, jnp.asarray(mask))
+    )
     assert m["loss"] == pytest.approx(ql.mean(), rel=1e-5)
     assert m["q_risk_50"] == pytest.approx(2 * ql[..., 1].sum() / np.abs(y[:4]).sum(), rel=1e-5)
     assert m["q_risk_90"] == pytest.approx(2 * ql[..., 2].sum() / np.abs(y[:4]).sum(), rel=1e-5)
@@ -40,8 +42,9 @@ def test_coverage_and_numpy_metrics_by_hand():
     # inside [q10, q90]: 0 yes, 2 no, -1 no, 0.5 yes (edges count) → 2 of 4
     m = losses.numpy_metrics(y, pred, QS)
     assert m["coverage_80"] == pytest.approx(0.5)
-    j = losses.finalize(losses.metric_sums(jnp.asarray(y), jnp.asarray(pred), QS,
-                                           jnp.ones(2, bool)))
+    j = losses.finalize(
+        losses.metric_sums(jnp.asarray(y), jnp.asarray(pred), QS, jnp.ones(2, bool))
+    )
     for k in ("loss", "q_risk_50", "q_risk_90", "coverage_80"):
         assert j[k] == pytest.approx(m[k], rel=1e-6)
     # zero forecast: P50 pinball is |y|/2, so q-risk P50 is exactly 1

@@ -1,16 +1,14 @@
 """Memory: compiled analysis, the batch planner, auto tier choice, no growth across steps."""
 
-import dataclasses
-
 import jax
 import numpy as np
 import pytest
 
 from tftjax import memory
-from tftjax.models import remat
-from tftjax.memory import planning
 from tftjax.config import ConfigError, preset
 from tftjax.data import epoch_batches, load_dataset, to_device
+from tftjax.memory import planning
+from tftjax.models import remat
 from tftjax.training import Trainer, create_train_state
 
 CFG = preset("tiny")
@@ -84,8 +82,9 @@ def test_full_tier_holds_less_temp_memory_than_off(analysed):
 @pytest.mark.xdist_group("memory_analysed")
 def test_auto_grows_the_batch_when_off_fits(analysed):
     budget = 1.5 * analysed[32].total_bytes
-    tier, batch, k = memory.plan_auto(CFG, budget, 32, rows=ROWS, log=lambda *a: None,
-                                      backend="modelled")  # off fastest there
+    tier, batch, k = memory.plan_auto(
+        CFG, budget, 32, rows=ROWS, log=lambda *a: None, backend="modelled"
+    )  # off fastest there
     assert tier == "off" and batch > 32 and k == 1
     assert memory.analyse(CFG, batch, ROWS).total_bytes <= budget
 
@@ -112,14 +111,26 @@ PER_SAMPLE = {"off": 100e6, "minimal": 100e6, "aggressive": 80e6, "full": 20e6}
 
 def largest(budget: float, tier: str = "full") -> int:
     """By enumeration: the largest batch whose synthetic bytes fit ``budget``."""
-    return max(b for b in range(1, 5000)
-               if fake_analyse(CFG.override(remat=tier), b, 0).total_bytes <= budget)
+    return max(
+        b
+        for b in range(1, 5000)
+        if fake_analyse(CFG.override(remat=tier), b, 0).total_bytes <= budget
+    )
 
 
 def fake_analyse(cfg, b, rows, compiled=None, accumulate=1):
     """Synthetic compiled sizes: 1 GB fixed plus per-sample bytes by tier (of a micro-batch)."""
-    return memory.Compiled(cfg.execution.remat, b, int(1e9), 0, 0,
-                           int(PER_SAMPLE[cfg.execution.remat] * b // accumulate), 0, 0, accumulate)
+    return memory.Compiled(
+        cfg.execution.remat,
+        b,
+        int(1e9),
+        0,
+        0,
+        int(PER_SAMPLE[cfg.execution.remat] * b // accumulate),
+        0,
+        0,
+        accumulate,
+    )
 
 
 @pytest.fixture
@@ -138,16 +149,21 @@ def test_auto_picks_the_fastest_tier_that_fits_not_the_first(fake):
     assert tier == "full" and batch == largest(20e9) == 950 and k == 1
     assert any("chose remat=full" in x for x in lines)
     # Modelled elsewhere: off is fastest when it fits ...
-    assert memory.plan_auto(CFG, 20e9, 64, rows=ROWS, log=lines.append, backend="gpu",
-                            grow_batch=False) == ("off", 64, 1)
+    assert memory.plan_auto(
+        CFG, 20e9, 64, rows=ROWS, log=lines.append, backend="gpu", grow_batch=False
+    ) == ("off", 64, 1)
     # ... and then no slower tier is compiled: it could not help.
     assert not any("auto: minimal" in x for x in lines[-3:])
     # At batch 64 only full fits 5 GB (off 7.4, aggressive 6.1), and it takes 200 samples.
-    assert memory.plan_auto(CFG, 5e9, 64, rows=ROWS, log=lines.append,
-                            backend="gpu") == ("full", 200, 1)
+    assert memory.plan_auto(CFG, 5e9, 64, rows=ROWS, log=lines.append, backend="gpu") == (
+        "full",
+        200,
+        1,
+    )
     # A resumed run keeps its batch: only the tier is chosen.
-    assert memory.plan_auto(CFG, 5e9, 64, rows=ROWS, log=lines.append, grow_batch=False,
-                            backend="gpu") == ("full", 64, 1)
+    assert memory.plan_auto(
+        CFG, 5e9, 64, rows=ROWS, log=lines.append, grow_batch=False, backend="gpu"
+    ) == ("full", 64, 1)
 
 
 def test_auto_accumulates_where_no_tier_fits_the_whole_batch(fake):
@@ -155,12 +171,18 @@ def test_auto_accumulates_where_no_tier_fits_the_whole_batch(fake):
     # 2 GB at batch 64: full needs 2.28 GB whole; as 2 micro-batches of 32 off needs 4.2,
     # minimal 4.2, aggressive 3.56 and full 1.64: full with 2 micro-batches.
     assert memory.plan_auto(CFG, 2e9, 64, rows=ROWS, log=lines.append, backend="gpu") == (
-        "full", 64, 2)
+        "full",
+        64,
+        2,
+    )
     assert any("as 2 micro-batches of 32" in x for x in lines)
     assert "as 2 accumulated micro-batches of 32" in lines[-1]
     # 1.2 GB: full as 8 micro-batches of 8 (1.16 GB)
     assert memory.plan_auto(CFG, 1.2e9, 64, rows=ROWS, log=lines.append, backend="gpu") == (
-        "full", 64, 8)
+        "full",
+        64,
+        8,
+    )
     with pytest.raises(ConfigError, match="even as 64 accumulated micro-batches"):
         memory.plan_auto(CFG, 1.01e9, 64, rows=ROWS, log=lines.append, backend="gpu")
 
@@ -173,8 +195,9 @@ def test_auto_respects_the_device_limit_and_the_eval_step(fake):
     assert (tier, batch, k) == ("full", largest(0.9 * 6e9), 1) and batch == 220
     assert any("device's limit of 6.00 GB" in x for x in lines)
     # No budget given: the device's limit is the budget.
-    assert memory.plan_auto(CFG, None, 64, rows=ROWS, log=lines.append, backend="gpu",
-                            grow_batch=False) == ("full", 64, 1)
+    assert memory.plan_auto(
+        CFG, None, 64, rows=ROWS, log=lines.append, backend="gpu", grow_batch=False
+    ) == ("full", 64, 1)
     fake.setattr(planning, "analyse_eval", lambda cfg, b, rows: fake_analyse(cfg, 40 * b, rows))
     with pytest.raises(ConfigError, match="eval step at --eval-batch-size 256"):
         memory.plan_auto(CFG, None, 64, rows=ROWS, log=lines.append, eval_batch_size=256)
@@ -187,9 +210,13 @@ def test_auto_respects_the_device_limit_and_the_eval_step(fake):
 def test_largest_batch_is_exact_from_a_wrong_fit_in_both_directions(fake, fit):
     # True answer for full at 5 GB: (5e9 - 1e9) / 20e6 = 200. The fits guess 1000, 50, 100.
     seen = []
-    fake.setattr(planning, "analyse",
-                 lambda cfg, b, rows, compiled=None, accumulate=1:
-                 seen.append(b) or fake_analyse(cfg, b, rows))
+    fake.setattr(
+        planning,
+        "analyse",
+        lambda cfg, b, rows, compiled=None, accumulate=1: (
+            seen.append(b) or fake_analyse(cfg, b, rows)
+        ),
+    )
     cfg = CFG.override(remat="full")
     best, checked = memory.largest_batch(cfg, 5e9, fit, ROWS)
     assert best == 200 and checked.total_bytes <= 5e9  # exact: 201 does not fit
@@ -217,8 +244,8 @@ def live_bytes():
 @pytest.mark.xdist_group("remat_training")
 @pytest.mark.parametrize("tier", ["off", "aggressive"])
 def test_no_growth_of_live_device_memory_over_20_steps(tier):
-    from test_remat_training import CFG as TRAIN_CFG
     from conftest import short_es
+    from test_remat_training import CFG as TRAIN_CFG
     from test_remat_training import TC
 
     cfg = TRAIN_CFG.override(remat=tier)
@@ -244,13 +271,22 @@ def _run(*args, **env):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "tftjax.memory", *args], capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, **env))
+    return subprocess.run(
+        [sys.executable, "-m", "tftjax.memory", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, **env),
+    )
 
 
 def test_memory_cli_bad_tier_exit_2():
     p = _run("--tiers", "off,sideways")
-    assert p.returncode == 2 and "--tiers must be one of off, minimal, aggressive, full, offload, got 'sideways'" in p.stderr
+    assert (
+        p.returncode == 2
+        and "--tiers must be one of off, minimal, aggressive, full, offload, got 'sideways'"
+        in p.stderr
+    )
     assert "Traceback" not in p.stderr
 
 
@@ -261,9 +297,24 @@ def test_memory_cli_writes_report(tmp_path, analysed, capsys):
     # tested through test_auto_grows_the_batch_when_off_fits); rows from --dataset.
     from tftjax.memory import __main__ as memory_cli
 
-    rc = memory_cli.main(["--preset", "tiny", "--tiers", "off", "--batch-sizes", "16,32",
-                          "--steps", "1", "--budgets", "0.2", "--dataset", "es", "--out",
-                          str(tmp_path)])
+    rc = memory_cli.main(
+        [
+            "--preset",
+            "tiny",
+            "--tiers",
+            "off",
+            "--batch-sizes",
+            "16,32",
+            "--steps",
+            "1",
+            "--budgets",
+            "0.2",
+            "--dataset",
+            "es",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     import json
 
@@ -276,7 +327,11 @@ def test_memory_cli_writes_report(tmp_path, analysed, capsys):
     for r in recs:
         a = analysed[r["batch_size"]]
         assert (r["temp_bytes"], r["argument_bytes"], r["output_bytes"], r["alias_bytes"]) == (
-            a.temp_bytes, a.argument_bytes, a.output_bytes, a.alias_bytes)
+            a.temp_bytes,
+            a.argument_bytes,
+            a.output_bytes,
+            a.alias_bytes,
+        )
     plan = json.loads((tmp_path / "batch_plan.json").read_text())["plan"]
     assert plan[0]["budget_gb"] == 0.2 and plan[0]["max_batch"] > 32
     assert plan[0]["checked_total_bytes"] is None
@@ -289,8 +344,22 @@ def test_memory_cli_isolated_point_runs_in_its_own_process(tmp_path):
     # What a GPU does by default (a fresh process per point: its own device peak), forced
     # on CPU: the point's step time comes back from the child's report.
     # (tier off at batch 16: test_memory_cli_writes_report's point, often in the compile cache)
-    p = _run("--preset", "tiny", "--tiers", "off", "--batch-sizes", "16", "--steps", "1",
-             "--budgets", "", "--isolate", "--out", str(tmp_path), JAX_LOG_COMPILES="1")
+    p = _run(
+        "--preset",
+        "tiny",
+        "--tiers",
+        "off",
+        "--batch-sizes",
+        "16",
+        "--steps",
+        "1",
+        "--budgets",
+        "",
+        "--isolate",
+        "--out",
+        str(tmp_path),
+        JAX_LOG_COMPILES="1",
+    )
     assert p.returncode == 0, p.stderr
     import json
 
@@ -298,8 +367,12 @@ def test_memory_cli_isolated_point_runs_in_its_own_process(tmp_path):
     assert rec["isolated"] is True and rec["step_time_s"] > 0 and rec["temp_bytes"] > 0
     # one compile per point: the child's (the parent's own log shows no train step compiled)
     assert "Compiling jit(step)" not in p.stderr, p.stderr[-2000:]
-    assert json.loads((tmp_path / "point_off_b16_k1" / "config.json").read_text())[
-        "execution"]["remat"] == "off"
+    assert (
+        json.loads((tmp_path / "point_off_b16_k1" / "config.json").read_text())["execution"][
+            "remat"
+        ]
+        == "off"
+    )
     assert (tmp_path / "memory_off_b16.prof").exists()
 
 
@@ -315,8 +388,15 @@ def soak_run(tmp_path, callback=None):
 
     cfg = preset("tiny", remat="off")
     tc = TrainConfig(batch_size=32, learning_rate=3e-3, max_steps_per_epoch=3)
-    return soak(cfg, tc, 4, tmp_path / "soak", parquet_file=short_es(),
-                log=lambda *a: None, callback=callback)
+    return soak(
+        cfg,
+        tc,
+        4,
+        tmp_path / "soak",
+        parquet_file=short_es(),
+        log=lambda *a: None,
+        callback=callback,
+    )
 
 
 @pytest.mark.slow
@@ -342,8 +422,9 @@ def test_soak_catches_a_leak(tmp_path):
     from tftjax.memory.soak import growth
 
     # and the check itself, on readings made up by hand: flat passes, growth past a threshold fails
-    flat = [{"epoch": e, "device_bytes": 100, "live_arrays": 7, "host_rss": 5 << 20}
-            for e in (1, 2, 3)]
+    flat = [
+        {"epoch": e, "device_bytes": 100, "live_arrays": 7, "host_rss": 5 << 20} for e in (1, 2, 3)
+    ]
     assert growth(flat) == []
     flat[2]["host_rss"] += 65 << 20
     assert [g.split(" ")[0] for g in growth(flat)] == ["host_rss"]
@@ -354,8 +435,10 @@ def test_soak_cli_refuses_too_few_epochs(tmp_path, capsys):
 
     from tftjax.memory import __main__ as memory_cli
 
-    for bad, expect in [("0", "--soak 0: a soak needs 2 or more epochs"),
-                        ("1", "--soak 1: a soak needs 2 or more epochs")]:
+    for bad, expect in [
+        ("0", "--soak 0: a soak needs 2 or more epochs"),
+        ("1", "--soak 1: a soak needs 2 or more epochs"),
+    ]:
         rc = call(memory_cli.main, "--soak", bad, "--preset", "tiny", "--out", tmp_path / "o")
         err = capsys.readouterr().err
         assert rc == 2 and expect in err and err.count("\n") == 1 and "Traceback" not in err, err

@@ -40,9 +40,13 @@ def expected_params(c):
         + 2 * lstm
         + gan  # gated skip over the LSTM
         + grn(d, d, d, ctx=d)  # static enrichment
-        + dense(d, H * dh) + dense(d, H * dh, bias=False)  # attention: Q, K (no bias)
-        + dense(d, dh) + dense(dh, d)  # shared V, output
-        + gan + grn(d, d, d) + gan  # attention gate, position-wise GRN, output gate
+        + dense(d, H * dh)
+        + dense(d, H * dh, bias=False)  # attention: Q, K (no bias)
+        + dense(d, dh)
+        + dense(dh, d)  # shared V, output
+        + gan
+        + grn(d, d, d)
+        + gan  # attention gate, position-wise GRN, output gate
         + dense(d, len(c.head.quantiles))
     )
 
@@ -77,30 +81,53 @@ def test_settings_that_do_not_touch_the_parameters_share_one_init(model):
     # compiled init: a direct init of such a model must give exactly those values.
     import dataclasses
 
-    variant = CFG.override(remat="full", vsn_chunk=3, dropout=0.3,
-                                  monotone_quantiles=True, vol_target=True, winsorize=0.0,
-                                  target_clip=5.0, bar_interval="1min", timezone="UTC",
-                                  calendar="24/7", precision="bf16",
-                                  matmul_precision="highest", platform="gpu",
-                                  instrument_dropout=0.3, target="cumulative",
-                                  anchor_median="zero", anchor_loss="vol")
+    variant = CFG.override(
+        remat="full",
+        vsn_chunk=3,
+        dropout=0.3,
+        monotone_quantiles=True,
+        vol_target=True,
+        winsorize=0.0,
+        target_clip=5.0,
+        bar_interval="1min",
+        timezone="UTC",
+        calendar="24/7",
+        precision="bf16",
+        matmul_precision="highest",
+        platform="gpu",
+        instrument_dropout=0.3,
+        target="cumulative",
+        anchor_median="zero",
+        anchor_loss="vol",
+    )
     from tftjax.config import SECTIONS
     from tftjax.config.fields import is_neutral
 
     def fields(cfg):
-        return {(part, f.name): getattr(getattr(cfg, part), f.name)
-                for part, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+        return {
+            (part, f.name): getattr(getattr(cfg, part), f.name)
+            for part, cls in SECTIONS.items()
+            for f in dataclasses.fields(cls)
+        }
 
     a, b = fields(CFG), fields(variant)
-    neutral = {(part, f.name) for part, cls in SECTIONS.items() for f in dataclasses.fields(cls)
-               if part == "execution" or is_neutral(f)}
+    neutral = {
+        (part, f.name)
+        for part, cls in SECTIONS.items()
+        for f in dataclasses.fields(cls)
+        if part == "execution" or is_neutral(f)
+    }
     assert {k for k in a if a[k] != b[k]} == neutral - {
-        ("quant", "qat_freeze_after"), ("quant", "act_symmetric"),  # (those need --qat)
-        ("quant", "weight_granularity"), ("quant", "stacked_scales"),
+        ("quant", "qat_freeze_after"),
+        ("quant", "act_symmetric"),  # (those need --qat)
+        ("quant", "weight_granularity"),
+        ("quant", "stacked_scales"),
         # compiled Pallas kernels at platform gpu need a GPU (the interpreted ones train from
         # off's init in test_remat); a memory budget is for --remat auto only
-        ("execution", "kernels"), ("execution", "kernels_exclude"),
-        ("execution", "memory_budget")}
+        ("execution", "kernels"),
+        ("execution", "kernels_exclude"),
+        ("execution", "memory_budget"),
+    }
     assert variant.init_key() == CFG.init_key()
     direct = jax.jit(TFT(variant).init)(jax.random.key(0), *dummy_inputs(variant, 2))["params"]
     shared = init_params(variant, jax.random.key(0))
@@ -114,9 +141,11 @@ def test_settings_that_do_not_touch_the_parameters_share_one_init(model):
 def random_inputs(seed):
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
     t = CFG.data.encoder_steps + CFG.data.decoder_steps
-    return (jax.random.normal(k1, (B, CFG.model.num_static)),
-            jax.random.normal(k2, (B, CFG.data.encoder_steps, CFG.model.num_historical)),
-            jax.random.normal(k3, (B, t, CFG.model.num_known)))
+    return (
+        jax.random.normal(k1, (B, CFG.model.num_static)),
+        jax.random.normal(k2, (B, CFG.data.encoder_steps, CFG.model.num_historical)),
+        jax.random.normal(k3, (B, t, CFG.model.num_known)),
+    )
 
 
 @pytest.mark.xdist_group("model_model")
@@ -126,11 +155,19 @@ def test_output_shapes_and_weights_sum_to_one(model):
     te, td = CFG.data.encoder_steps, CFG.data.decoder_steps
     assert pred.shape == (B, td, len(CFG.head.quantiles))
     assert interp.static_weights.shape == (B, CFG.model.num_static)
-    assert interp.historical_weights.shape == (B, te, CFG.model.num_historical + CFG.model.num_known)
+    assert interp.historical_weights.shape == (
+        B,
+        te,
+        CFG.model.num_historical + CFG.model.num_known,
+    )
     assert interp.future_weights.shape == (B, td, CFG.model.num_known)
     assert interp.attention.shape == (B, td, te + td)
-    for w in (interp.static_weights, interp.historical_weights, interp.future_weights,
-              interp.attention):
+    for w in (
+        interp.static_weights,
+        interp.historical_weights,
+        interp.future_weights,
+        interp.attention,
+    ):
         np.testing.assert_allclose(np.asarray(w).sum(-1), 1.0, rtol=1e-5)
         assert np.all(np.asarray(w) >= 0)
     assert np.isfinite(np.asarray(pred)).all()
@@ -158,7 +195,9 @@ def test_changing_future_inputs_after_step_k_leaves_predictions_up_to_k(model, k
     params, apply = model
     s, h, z = random_inputs(3)
     te = CFG.data.encoder_steps
-    z2 = z.at[:, te + k + 1 :, :].add(5.0 * jax.random.normal(jax.random.key(9), z[:, te + k + 1 :].shape))
+    z2 = z.at[:, te + k + 1 :, :].add(
+        5.0 * jax.random.normal(jax.random.key(9), z[:, te + k + 1 :].shape)
+    )
     a, _ = apply(params, s, h, z)
     b, _ = apply(params, s, h, z2)
     np.testing.assert_array_equal(np.asarray(a[:, : k + 1]), np.asarray(b[:, : k + 1]))

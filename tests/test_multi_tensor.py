@@ -32,8 +32,10 @@ def test_cast_equals_astype_element_for_element():
     for x, y in zip(xs, got):
         assert y.dtype == jnp.bfloat16 and y.shape == x.shape
         # one rounding, as astype's: the same bits
-        np.testing.assert_array_equal(np.asarray(y.astype(jnp.float32)),
-                                      np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32)))
+        np.testing.assert_array_equal(
+            np.asarray(y.astype(jnp.float32)),
+            np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32)),
+        )
 
 
 @pytest.mark.parametrize("splits", [1, 5])
@@ -46,7 +48,7 @@ def test_sum_splits_equals_numpy(splits):
         assert y.dtype == dt and y.shape == ref.shape
         # float32 sums of S terms: relative error ≤ S·2⁻²⁴ of the terms' absolute sum;
         # bf16 outputs add one rounding, 2⁻⁹ of the value
-        bound = splits * 2.0 ** -24 * np.abs(np.asarray(p, np.float64)).sum(axis=0)
+        bound = splits * 2.0**-24 * np.abs(np.asarray(p, np.float64)).sum(axis=0)
         if dt == jnp.bfloat16:
-            bound = bound + 2.0 ** -8 * np.abs(ref)
+            bound = bound + 2.0**-8 * np.abs(ref)
         assert np.all(np.abs(np.asarray(y, np.float64) - ref) <= bound + 1e-30)

@@ -23,8 +23,8 @@ from tftjax.config import TrainConfig, preset
 from tftjax.data import gather, load_dataset, read_bars, to_device, write_bars
 from tftjax.data.bars import read_series
 from tftjax.errors import ConfigError, DataError
-from tftjax.serving.forecast import forecast
 from tftjax.models.tft import apply_fn, init_variables
+from tftjax.serving.forecast import forecast
 from tftjax.serving.saved import open_model
 from tftjax.training import Trainer, train_and_evaluate
 
@@ -69,11 +69,16 @@ def test_windows_stay_inside_their_series_and_splits_share_the_calendar(files):
     np.testing.assert_array_equal(ds.features.target[:o], ds.series[0].features.target)
     # the device gather of a window at the end of series 0 holds series 0's rows only
     last = int(ds.series[0].splits.test[-1])
-    b = gather(to_device(ds.features), jnp.array([last], jnp.int32), CFG.data.encoder_steps,
-               CFG.data.decoder_steps)
-    np.testing.assert_array_equal(np.asarray(b.target[0]),
-                                  ds.series[0].features.target[last + CFG.data.encoder_steps:
-                                                               last + W])
+    b = gather(
+        to_device(ds.features),
+        jnp.array([last], jnp.int32),
+        CFG.data.encoder_steps,
+        CFG.data.decoder_steps,
+    )
+    np.testing.assert_array_equal(
+        np.asarray(b.target[0]),
+        ds.series[0].features.target[last + CFG.data.encoder_steps : last + W],
+    )
 
 
 def test_statistics_are_each_series_own_from_its_training_rows(files, tmp_path):
@@ -81,12 +86,16 @@ def test_statistics_are_each_series_own_from_its_training_rows(files, tmp_path):
     alt = read_bars(files / "alt.parquet")
     t0 = a.series[1].splits.test_rows[0]
     k = np.arange(len(alt)) >= t0  # alt's test rows: prices and volumes changed
-    write_bars(alt.replace(open=np.where(k, alt.open * 1.3, alt.open),
-                           high=np.where(k, alt.high * 1.3, alt.high),
-                           low=np.where(k, alt.low * 1.3, alt.low),
-                           close=np.where(k, alt.close * 1.3, alt.close),
-                           volume=np.where(k, alt.volume * 3 + 1, alt.volume)),
-               tmp_path / "alt.parquet")
+    write_bars(
+        alt.replace(
+            open=np.where(k, alt.open * 1.3, alt.open),
+            high=np.where(k, alt.high * 1.3, alt.high),
+            low=np.where(k, alt.low * 1.3, alt.low),
+            close=np.where(k, alt.close * 1.3, alt.close),
+            volume=np.where(k, alt.volume * 3 + 1, alt.volume),
+        ),
+        tmp_path / "alt.parquet",
+    )
     b = load_dataset([files / "es.parquet", tmp_path / "alt.parquet"], CFG.data)
     assert a.cuts == b.cuts
     for sa, sb in zip(a.series, b.series):
@@ -95,15 +104,15 @@ def test_statistics_are_each_series_own_from_its_training_rows(files, tmp_path):
         np.testing.assert_array_equal(fa.hist_std, fb.hist_std)
         np.testing.assert_array_equal(fa.static, fb.static)
         assert fa.target_scale == fb.target_scale
-    np.testing.assert_array_equal(a.series[0].features.historical,
-                                  b.series[0].features.historical)
-    np.testing.assert_array_equal(a.series[1].features.historical[:t0],
-                                  b.series[1].features.historical[:t0])
+    np.testing.assert_array_equal(a.series[0].features.historical, b.series[0].features.historical)
+    np.testing.assert_array_equal(
+        a.series[1].features.historical[:t0], b.series[1].features.historical[:t0]
+    )
     assert not np.array_equal(a.series[1].features.target[t0:], b.series[1].features.target[t0:])
     # and they are each series' own: alt's target scale is the std of alt's training returns
     # (winsorised: within a few % of the plain numpy std of those rows)
     lo, hi = a.series[1].splits.train_rows
-    r = np.diff(np.log(alt.close))[lo - 1: hi - 1]
+    r = np.diff(np.log(alt.close))[lo - 1 : hi - 1]
     assert abs(a.series[1].features.stats.target_scale / r.std() - 1) < 0.05
     assert a.series[0].features.stats.target_scale != a.series[1].features.stats.target_scale
 
@@ -135,8 +144,10 @@ def test_statics_and_the_instrument_embedding_reach_the_model(files):
         def loss(p):
             if not train:
                 return f({"params": p}, static, b.historical, b.known, True, inst)[0].sum()
-            return f({"params": p}, static, b.historical, b.known, False, inst,
-                     rngs={"dropout": key})[0].sum()
+            return f(
+                {"params": p}, static, b.historical, b.known, False, inst, rngs={"dropout": key}
+            )[0].sum()
+
         return jax.grad(loss)(params)["static_vsn"]["instrument_table"]
 
     grad = jax.jit(table_grad, static_argnums=2)
@@ -144,8 +155,10 @@ def test_statics_and_the_instrument_embedding_reach_the_model(files):
     norms = np.linalg.norm(np.asarray(g), axis=1)
     assert norms[0] > 0 and norms[1] > 0 and norms[2] == 0  # the unknown row: unused here
     # in training, --instrument-dropout sends some windows to the unknown row: it learns
-    hit = [np.linalg.norm(np.asarray(grad(variables["params"], jax.random.key(i), True)[2]))
-           for i in range(8)]
+    hit = [
+        np.linalg.norm(np.asarray(grad(variables["params"], jax.random.key(i), True)[2]))
+        for i in range(8)
+    ]
     assert max(hit) > 0
 
 
@@ -158,8 +171,19 @@ def run(files, tmp_path_factory):
     titles, draw = [], plots.quantile_fan
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plots, "quantile_fan", lambda *a, **k: (titles.extend(a[5]), draw(*a, **k)))
-        assert call(train_cli.main, *TINY_TFT, "--epochs", "1", "--workdir", root / "run",
-                    "--parquet-file", *pair(files)) == 0
+        assert (
+            call(
+                train_cli.main,
+                *TINY_TFT,
+                "--epochs",
+                "1",
+                "--workdir",
+                root / "run",
+                "--parquet-file",
+                *pair(files),
+            )
+            == 0
+        )
     (root / "run" / "fan_titles.json").write_text(json.dumps(titles))
     return root / "run"
 
@@ -179,15 +203,18 @@ def test_one_model_over_two_series_reports_each_and_the_pool(run, files, capsys)
     # the pool weighs every window alike: its loss is the window-weighted mean of the series'
     ds = load_dataset(pair(files), CFG.data)
     n = [int((ds.series_of(ds.splits.test) == i).sum()) for i in range(2)]
-    pooled = sum(summary["series"][k]["model"]["test"]["loss"] * m for k, m in zip(("es", "alt"), n))
+    pooled = sum(
+        summary["series"][k]["model"]["test"]["loss"] * m for k, m in zip(("es", "alt"), n)
+    )
     assert abs(pooled / sum(n) - summary["model"]["test"]["loss"]) < 1e-4
     saved = open_model(run)
     assert saved.cfg.model.instruments == 2
     assert saved.featurisation["vocab"] == ("es", "alt")
     # evaluate one of the series alone: the run's cut times, so the same test windows
     capsys.readouterr()
-    assert call(evaluate_cli.main, "--checkpoint", run, "--parquet-file",
-                files / "alt.parquet") == 0
+    assert (
+        call(evaluate_cli.main, "--checkpoint", run, "--parquet-file", files / "alt.parquet") == 0
+    )
     out = capsys.readouterr().out
     assert f"test split, {n[1]:,} windows" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("TFT ") and " test " in ln)
@@ -200,19 +227,18 @@ def test_forecasts_of_every_series_are_their_scored_windows(run, files, tmp_path
     saved = open_model(run)
     ds = load_dataset(pair(files), saved.cfg.data, **saved.featurisation)
     test = ds.splits.test
-    scored, _ = Trainer(saved.cfg, saved.tc, to_device(ds.features)).predict(saved.variables,
-                                                                           test)
+    scored, _ = Trainer(saved.cfg, saved.tc, to_device(ds.features)).predict(saved.variables, test)
     e = saved.cfg.data.encoder_steps
     j = int(np.flatnonzero(ds.series_of(test) == 1)[3])  # a test window of alt
     origin = ds.ts[test[j] + e - 1]
     f = forecast(saved, as_of=str(np.datetime64(int(origin), "ns")))
     assert list(f.table["instrument"][:: saved.cfg.data.decoder_steps]) == ["es", "alt"]
     # same step, another batch row: a few ulps (tests/test_predict.py says why)
-    np.testing.assert_allclose(f.pred[1], scored[j], rtol=1e-5,
-                               atol=1e-6 * np.abs(scored[j]).max())
+    np.testing.assert_allclose(f.pred[1], scored[j], rtol=1e-5, atol=1e-6 * np.abs(scored[j]).max())
     scale = ds.series[1].features.stats.target_scale
-    np.testing.assert_array_equal(f.table["q50"][saved.cfg.data.decoder_steps:],
-                                  f.pred[1][:, 1].astype(np.float64) * scale)
+    np.testing.assert_array_equal(
+        f.table["q50"][saved.cfg.data.decoder_steps :], f.pred[1][:, 1].astype(np.float64) * scale
+    )
     out = tmp_path / "f.csv"
     assert call(predict_cli.main, "--checkpoint", run, "--out", out) == 0
     import pyarrow.csv as pcsv
@@ -229,8 +255,12 @@ def test_a_universe_file_with_a_new_listing_forecasts_under_embed(run, files, tm
     statistics on: it takes the trained series' pooled statistics, and the file says so."""
     es, alt = read_bars(files / "es.parquet"), read_bars(files / "alt.parquet")
     new = random_bars(len(es), seed=7).replace(ts=es.ts).slice(520, len(es))  # after the cut
-    table = pa.concat_tables([pa.table({**bars_columns(b), "symbol": [name] * len(b)})
-                              for name, b in (("es", es), ("alt", alt), ("new", new))])
+    table = pa.concat_tables(
+        [
+            pa.table({**bars_columns(b), "symbol": [name] * len(b)})
+            for name, b in (("es", es), ("alt", alt), ("new", new))
+        ]
+    )
     pq.write_table(table, tmp_path / "universe.parquet")
     saved = open_model(run)
     cut = saved.featurisation["cuts"][0]
@@ -262,12 +292,36 @@ def test_unknown_instruments_are_refused_or_embedded_on_purpose(run, files, tmp_
     assert rc == 2 and "instrument 'other' is not one the model was trained on (es, alt)" in err
     assert err.count("\n") == 1 and not out.exists()
     # named as the instrument it is: the trained row and statistics
-    assert call(predict_cli.main, "--checkpoint", run, "--parquet-file", other, "--instrument",
-                "alt", "--out", out) == 0
+    assert (
+        call(
+            predict_cli.main,
+            "--checkpoint",
+            run,
+            "--parquet-file",
+            other,
+            "--instrument",
+            "alt",
+            "--out",
+            out,
+        )
+        == 0
+    )
     named = pq.read_table(out).to_pydict()
     # served as unknown: the reserved row and its own statistics (other numbers)
-    assert call(predict_cli.main, "--checkpoint", run, "--parquet-file", other,
-                "--unknown-instrument", "embed", "--out", out) == 0
+    assert (
+        call(
+            predict_cli.main,
+            "--checkpoint",
+            run,
+            "--parquet-file",
+            other,
+            "--unknown-instrument",
+            "embed",
+            "--out",
+            out,
+        )
+        == 0
+    )
     unknown = pq.read_table(out).to_pydict()
     assert unknown["instrument"][0] == "other" and named["instrument"][0] == "alt"
     assert unknown["q50"] != named["q50"]
@@ -280,8 +334,9 @@ def test_a_checkpoint_from_before_vocabularies_still_evaluates(files, tmp_path, 
     instrument table, static input 0 the old real-valued code, no per-series metadata."""
     ds = load_dataset(files / "es.parquet", CFG.data, vocab=None)
     tc = TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=2, patience=0)
-    train_and_evaluate(CFG, tc, tmp_path / "old", dataset=ds, progress=False,
-                       log=lambda *a: None, plots=False)
+    train_and_evaluate(
+        CFG, tc, tmp_path / "old", data=ds, progress=False, log=lambda *a: None, plots=False
+    )
     final = next((tmp_path / "old" / "checkpoints").glob("tft_final_epoch*"))
     meta_file = final / "meta" / "metadata"
     meta = json.loads(meta_file.read_text())
@@ -294,8 +349,16 @@ def test_a_checkpoint_from_before_vocabularies_still_evaluates(files, tmp_path, 
     assert saved.cfg.model.instruments == 0 and saved.featurisation["vocab"] is None
     assert "instrument_table" not in saved.variables["params"]["static_vsn"]
     capsys.readouterr()
-    assert call(evaluate_cli.main, "--checkpoint", tmp_path / "old", "--parquet-file",
-                files / "es.parquet") == 0
+    assert (
+        call(
+            evaluate_cli.main,
+            "--checkpoint",
+            tmp_path / "old",
+            "--parquet-file",
+            files / "es.parquet",
+        )
+        == 0
+    )
     assert "TFT " in capsys.readouterr().out
 
 
@@ -308,18 +371,26 @@ def test_an_instrument_index_outside_the_vocabulary_is_refused(files):
     bad[-1] = 3
     data = to_device(dataclasses.replace(ds.features, instrument=bad))
     cfg = CFG.override(instruments=2)
-    for build in (lambda: Trainer(cfg, TrainConfig(), data),
-                  lambda: predict_windows(cfg, TrainConfig(), data, None, np.zeros(1, np.int32))):
-        with pytest.raises(ConfigError, match=r"instrument index 3 is outside this model's "
-                                              r"vocabulary \(rows 0\.\.2"):
+    for build in (
+        lambda: Trainer(cfg, TrainConfig(), data),
+        lambda: predict_windows(cfg, TrainConfig(), data, None, np.zeros(1, np.int32)),
+    ):
+        with pytest.raises(
+            ConfigError,
+            match=r"instrument index 3 is outside this model's "
+            r"vocabulary \(rows 0\.\.2",
+        ):
             build()
 
 
 def test_long_files_split_by_symbol(files, tmp_path):
     es, alt = read_bars(files / "es.parquet"), read_bars(files / "alt.parquet")
-    table = pa.concat_tables([
-        pa.table({**bars_columns(b), "symbol": [name] * len(b)}) for name, b in
-        (("ES", es), ("ALT", alt))])
+    table = pa.concat_tables(
+        [
+            pa.table({**bars_columns(b), "symbol": [name] * len(b)})
+            for name, b in (("ES", es), ("ALT", alt))
+        ]
+    )
     table = table.take(pa.array(np.argsort(np.concatenate([es.ts, alt.ts]), kind="stable")))
     pq.write_table(table, tmp_path / "long.parquet")
     series = read_series(tmp_path / "long.parquet")
@@ -337,14 +408,17 @@ def test_long_files_split_by_symbol(files, tmp_path):
         read_series(tmp_path / "bad.parquet")
 
 
-@pytest.mark.parametrize("case,expect", [
-    ("no_symbol", "a long file needs a symbol column (symbol, ticker, instrument, …)"),
-    ("intervals", "series of different bar intervals in one run: es 1min, hourly 1h"),
-    ("missing_dir", "--out"),
-    ("as_of_after", "is after the data: the last bar of"),
-    ("as_of_before", "can be an origin at --as-of 2013-09-01"),
-    ("dqn", "not a TFT checkpoint (a DQN trader's)"),
-])
+@pytest.mark.parametrize(
+    "case,expect",
+    [
+        ("no_symbol", "a long file needs a symbol column (symbol, ticker, instrument, …)"),
+        ("intervals", "series of different bar intervals in one run: es 1min, hourly 1h"),
+        ("missing_dir", "--out"),
+        ("as_of_after", "is after the data: the last bar of"),
+        ("as_of_before", "can be an origin at --as-of 2013-09-01"),
+        ("dqn", "not a TFT checkpoint (a DQN trader's)"),
+    ],
+)
 @pytest.mark.slow
 @GROUP
 def test_bad_multiseries_input_exits_2_with_one_line(run, files, tmp_path, capsys, case, expect):
@@ -352,16 +426,31 @@ def test_bad_multiseries_input_exits_2_with_one_line(run, files, tmp_path, capsy
     out = tmp_path / "f.parquet"
     if case == "no_symbol":  # two instruments stacked in one file, nothing to tell them apart
         table = pa.concat_tables([pa.table(bars_columns(es))] * 2)
-        pq.write_table(table.take(pa.array(np.argsort(np.concatenate([es.ts, es.ts]),
-                                                      kind="stable"))), tmp_path / "long.parquet")
-        args = (train_cli.main, *TINY_TRAIN, "--workdir", tmp_path / "r", "--parquet-file",
-                tmp_path / "long.parquet")
+        pq.write_table(
+            table.take(pa.array(np.argsort(np.concatenate([es.ts, es.ts]), kind="stable"))),
+            tmp_path / "long.parquet",
+        )
+        args = (
+            train_cli.main,
+            *TINY_TRAIN,
+            "--workdir",
+            tmp_path / "r",
+            "--parquet-file",
+            tmp_path / "long.parquet",
+        )
     elif case == "intervals":
         hourly = random_bars(len(es), seed=4)
         hourly = hourly.replace(ts=es.ts[0] + np.arange(len(es), dtype=np.int64) * 3600 * 10**9)
         write_bars(hourly, tmp_path / "hourly.parquet")
-        args = (train_cli.main, *TINY_TRAIN, "--workdir", tmp_path / "r", "--parquet-file",
-                files / "es.parquet", tmp_path / "hourly.parquet")
+        args = (
+            train_cli.main,
+            *TINY_TRAIN,
+            "--workdir",
+            tmp_path / "r",
+            "--parquet-file",
+            files / "es.parquet",
+            tmp_path / "hourly.parquet",
+        )
     elif case == "missing_dir":
         out = tmp_path / "nowhere" / "f.parquet"
         args = (predict_cli.main, "--checkpoint", run, "--out", out)

@@ -11,9 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from tftjax.models.kernels import multi_tensor
-from tftjax.models.kernels import pallas_adamw
 from tftjax.config import TrainConfig
+from tftjax.models.kernels import multi_tensor, pallas_adamw
 from tftjax.training.optimizer import decay_mask, make_optimizer
 
 # Tolerance. Every element-wise expression is optax's own, in the same order, in float32;
@@ -31,13 +30,17 @@ INTERPRET = jax.default_backend() not in ("gpu", "cuda", "rocm")
 
 @pytest.fixture(scope="module")
 def params():
-    shapes = {"static_vsn": {"emb_k": (5, 8), "emb_b": (5, 8), "glu_k": (5, 8, 32),
-                             "ln_scale": (5, 16)},
-              "lstm_encoder": {"w_i": (16, 64), "w_h": (16, 64), "b": (64,)},
-              "enrichment": {"fc1": {"kernel": (16, 16), "bias": (16,)},
-                             "norm": {"scale": (16,), "bias": (16,)}},
-              "quantiles": {"kernel": (16, 7), "bias": (7,)}, "tail": {"kernel": (1000, 3)},
-              "one": {"bias": (1,)}}
+    shapes = {
+        "static_vsn": {"emb_k": (5, 8), "emb_b": (5, 8), "glu_k": (5, 8, 32), "ln_scale": (5, 16)},
+        "lstm_encoder": {"w_i": (16, 64), "w_h": (16, 64), "b": (64,)},
+        "enrichment": {
+            "fc1": {"kernel": (16, 16), "bias": (16,)},
+            "norm": {"scale": (16,), "bias": (16,)},
+        },
+        "quantiles": {"kernel": (16, 7), "bias": (7,)},
+        "tail": {"kernel": (1000, 3)},
+        "one": {"bias": (1,)},
+    }
     leaves, tree = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
     keys = jax.random.split(jax.random.key(0), len(leaves))
     return tree.unflatten([0.1 * jax.random.normal(k, s) for k, s in zip(keys, leaves)])
@@ -67,11 +70,21 @@ def _close(a, b, what):
         assert err.max(initial=0.0) <= 0, (what, jax.tree_util.keystr(path), float(err.max()))
 
 
-@pytest.mark.parametrize("tc", [
-    TrainConfig(learning_rate=1e-2, weight_decay=0.1, grad_clip=1.0, decay_all=True),
-    TrainConfig(learning_rate=3e-3, weight_decay=0.05, grad_clip=1.0, decay_all=False,
-                lr_schedule="cosine", warmup_steps=1),
-], ids=["constant-decay-all", "cosine-warmup-masked"])
+@pytest.mark.parametrize(
+    "tc",
+    [
+        TrainConfig(learning_rate=1e-2, weight_decay=0.1, grad_clip=1.0, decay_all=True),
+        TrainConfig(
+            learning_rate=3e-3,
+            weight_decay=0.05,
+            grad_clip=1.0,
+            decay_all=False,
+            lr_schedule="cosine",
+            warmup_steps=1,
+        ),
+    ],
+    ids=["constant-decay-all", "cosine-warmup-masked"],
+)
 @pytest.mark.parametrize("backend", ["pallas", "flat"])
 def test_three_steps_match_optax_with_clipping_on_and_off(params, tc, backend):
     # the optimizer's two fused backends (the kernels; one flat buffer in XLA) against optax
@@ -102,8 +115,10 @@ def test_three_steps_match_optax_with_clipping_on_and_off(params, tc, backend):
         _close(p_k, p_r, f"params after step {t + 1}")
         _close(s_k, s_r, f"optimizer state after step {t + 1}")
     # the parameters moved by far more than the tolerance: the comparison can fail
-    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
-                zip(jax.tree.leaves(p_k), jax.tree.leaves(params)))
+    moved = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(p_k), jax.tree.leaves(params))
+    )
     assert moved > 100 * ATOL
 
 
@@ -154,11 +169,16 @@ def test_the_train_step_runs_the_kernels_and_keeps_the_state_as_it_was():
     from tftjax.memory.analysis import abstract_inputs
     from tftjax.training.steps import make_train_step
 
-    cfg = preset("tiny", precision="bf16", kernels="pallas",
-                 kernels_exclude=("vsn", "lstm", "grn", "attention"))
+    cfg = preset(
+        "tiny",
+        precision="bf16",
+        kernels="pallas",
+        kernels_exclude=("vsn", "lstm", "grn", "attention"),
+    )
     state, data, idx, key = abstract_inputs(cfg, 8, 64)
     jaxpr, (new, metrics) = jax.make_jaxpr(make_train_step(cfg), return_shape=True)(
-        state, data, idx, key)
+        state, data, idx, key
+    )
     groups = -(-len(jax.tree.leaves(state.params)) // pallas_adamw.GROUP)
     assert str(jaxpr).count("name=adamw_grad_norm") == 1
     # bf16: the parameters' bfloat16 copies made by the cast kernel, and the gradients
@@ -167,7 +187,8 @@ def test_the_train_step_runs_the_kernels_and_keeps_the_state_as_it_was():
     assert str(jaxpr).count("name=adamw_update") == groups
     assert jax.tree.structure(new) == jax.tree.structure(state)
     assert jax.tree.map(lambda a: (a.shape, a.dtype), new) == jax.tree.map(
-        lambda a: (a.shape, a.dtype), state)
+        lambda a: (a.shape, a.dtype), state
+    )
     assert metrics["grad_norm"].shape == () and metrics["grad_norm"].dtype == jnp.float32
 
 
@@ -177,5 +198,6 @@ def test_the_run_names_the_kernels_it_interprets():
     assert preset("tiny").execution.describe_kernels() == ""
     assert preset("tiny", kernels="pallas").execution.describe_kernels() == "--kernels pallas"
     three = preset("tiny", vsn_kernel="pallas", lstm_kernel="pallas", optimizer_kernel="pallas")
-    assert three.execution.describe_kernels() == ("--kernels pallas --kernels-exclude "
-                                                  "grn,attention")
+    assert three.execution.describe_kernels() == (
+        "--kernels pallas --kernels-exclude grn,attention"
+    )

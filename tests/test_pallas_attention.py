@@ -42,9 +42,16 @@ def _run(kernel, params, theta, r, deterministic, dtype=jnp.float32):
     def f(params, theta):
         t = theta.astype(dtype)
         p = jax.tree.map(lambda a: a.astype(dtype), params)
-        out, w = InterpretableAttention(H, D, RATE, kernel=KERNEL if kernel else KernelMode.XLA).apply(
-            {"params": p}, t[:, TE:], t, causal_mask(TE, TD), deterministic,
-            rngs={"dropout": jax.random.key(3)})
+        out, w = InterpretableAttention(
+            H, D, RATE, kernel=KERNEL if kernel else KernelMode.XLA
+        ).apply(
+            {"params": p},
+            t[:, TE:],
+            t,
+            causal_mask(TE, TD),
+            deterministic,
+            rngs={"dropout": jax.random.key(3)},
+        )
         assert out.dtype == dtype and out.shape == r.shape
         return jnp.sum(out.astype(jnp.float32) * r), w
 
@@ -67,8 +74,10 @@ def test_values_weights_and_every_gradient_equal_the_layers_float32(case, determ
     # projections, a softmax and the mix: relative error a few times 32·2⁻²⁴ ≈ 2e-6 of the
     # leaf's scale; 2e-5.
     params, theta, r = case
-    ((v, w), g), ((v_ref, w_ref), g_ref) = (_run(True, params, theta, r, deterministic),
-                                            _run(False, params, theta, r, deterministic))
+    ((v, w), g), ((v_ref, w_ref), g_ref) = (
+        _run(True, params, theta, r, deterministic),
+        _run(False, params, theta, r, deterministic),
+    )
     assert abs(float(v) - float(v_ref)) <= 2e-5 * abs(float(v_ref))
     np.testing.assert_allclose(w, w_ref, rtol=0, atol=1e-6)  # the reported weights (XLA's)
     for name, err in _errors(g, g_ref):
@@ -90,17 +99,26 @@ def test_bfloat16_as_the_model_runs_it(case):
     params, theta, r = case
     pb = jax.tree.map(lambda a: a.astype(jnp.bfloat16).astype(jnp.float32), params)
     tb = theta.astype(jnp.bfloat16).astype(jnp.float32)
-    ((v, _), g), ((v_ref, _), g_ref) = (_run(True, pb, tb, r, False, jnp.bfloat16),
-                                        _run(False, pb, tb, r, False))
-    assert abs(float(v) - float(v_ref)) <= 2 ** -4 * abs(float(v_ref))
+    ((v, _), g), ((v_ref, _), g_ref) = (
+        _run(True, pb, tb, r, False, jnp.bfloat16),
+        _run(False, pb, tb, r, False),
+    )
+    assert abs(float(v) - float(v_ref)) <= 2**-4 * abs(float(v_ref))
     errs = _errors(g, g_ref)
     for name, err in errs:
-        assert err <= 2 ** -4, (name, err)
+        assert err <= 2**-4, (name, err)
     assert max(e for _, e in errs) > 1e-4  # bf16 is in play
 
 
 def test_heads_that_do_not_match_the_values_are_refused():
     with pytest.raises(ValueError, match="of 2 heads of 8 columns"):
-        pallas_attention.attend(jnp.zeros((1, 2, 24)), jnp.zeros((1, 3, 24)),
-                                jnp.zeros((1, 3, 8)), jnp.ones((2, 3), bool), None, 0.0,
-                                heads=2, interpret=True)
+        pallas_attention.attend(
+            jnp.zeros((1, 2, 24)),
+            jnp.zeros((1, 3, 24)),
+            jnp.zeros((1, 3, 8)),
+            jnp.ones((2, 3), bool),
+            None,
+            0.0,
+            heads=2,
+            interpret=True,
+        )

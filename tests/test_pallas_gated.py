@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tftjax.models.kernels import pallas_gated
-from tftjax.models.kernels.triton_util import row_splits
 from tftjax.models.kernels.params import GateParams, GRNParams
+from tftjax.models.kernels.triton_util import row_splits
 from tftjax.models.layers import GRN, GateAddNorm
 
 D, RATE = 16, 0.3
@@ -36,17 +36,34 @@ class Block(nn.Module):
             if not self.kernel:
                 return GateAddNorm(D, RATE, name="blk")(a, b, deterministic)
             prm, keep = GateParams(D, RATE, name="blk")(b, deterministic)
-            return pallas_gated.gated_rows(prm, a, b, keep, RATE, grn=False,
-                                           interpret=INTERPRET, block_rows=16,
-                                           target_programs=6)
+            return pallas_gated.gated_rows(
+                prm,
+                a,
+                b,
+                keep,
+                RATE,
+                grn=False,
+                interpret=INTERPRET,
+                block_rows=16,
+                target_programs=6,
+            )
         ctx = b if self.kind == "grn-context" else None
         if not self.kernel:
             return GRN(D, D, RATE, name="blk")(a, ctx, deterministic)
         prm, keep = GRNParams(D, RATE, ctx is not None, name="blk")(a, deterministic)
         if ctx is not None:
             ctx = jnp.broadcast_to(ctx @ prm["ctx_k"].astype(ctx.dtype), a.shape)
-        return pallas_gated.gated_rows(prm, a, ctx, keep, RATE, grn=True, interpret=INTERPRET,
-                                       block_rows=16, target_programs=12)
+        return pallas_gated.gated_rows(
+            prm,
+            a,
+            ctx,
+            keep,
+            RATE,
+            grn=True,
+            interpret=INTERPRET,
+            block_rows=16,
+            target_programs=12,
+        )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,8 +79,13 @@ def _inputs(kind, a):
 def _run(kind, kernel, params, a, r, deterministic, dtype=jnp.float32):
     def f(params, a):
         a_c = a.astype(dtype)
-        out = Block(kind, kernel).apply({"params": params}, a_c, _inputs(kind, a_c),
-                                        deterministic, rngs={"dropout": jax.random.key(3)})
+        out = Block(kind, kernel).apply(
+            {"params": params},
+            a_c,
+            _inputs(kind, a_c),
+            deterministic,
+            rngs={"dropout": jax.random.key(3)},
+        )
         assert out.dtype == dtype and out.shape == a.shape
         return jnp.sum(out.astype(jnp.float32) * r)
 
@@ -112,8 +134,10 @@ def test_values_and_every_gradient_equal_the_layers_float32(cases, kind, determi
     # layers and a LayerNorm: relative error a few times 75·2⁻²⁴ ≈ 5e-6 of the leaf's
     # scale; 3e-5.
     params, a, r = cases[kind]
-    (v, g), (v_ref, g_ref) = (_run(kind, True, params, a, r, deterministic),
-                              _run(kind, False, params, a, r, deterministic))
+    (v, g), (v_ref, g_ref) = (
+        _run(kind, True, params, a, r, deterministic),
+        _run(kind, False, params, a, r, deterministic),
+    )
     assert abs(float(v) - float(v_ref)) <= 3e-5 * abs(float(v_ref))
     for name, err in _errors(g, g_ref):
         assert err <= 3e-5, (name, err)
@@ -139,19 +163,20 @@ def test_bfloat16_inputs_with_float32_parameters(cases, kind):
     # term errs by O(1).
     params, a, r = cases[kind]
     ab = a.astype(jnp.bfloat16).astype(jnp.float32)
-    (v, g), (v_ref, g_ref) = (_run(kind, True, params, ab, r, False, jnp.bfloat16),
-                              _run(kind, False, params, ab, r, False))
+    (v, g), (v_ref, g_ref) = (
+        _run(kind, True, params, ab, r, False, jnp.bfloat16),
+        _run(kind, False, params, ab, r, False),
+    )
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(g[0]))
-    assert abs(float(v) - float(v_ref)) <= 2 ** -4 * abs(float(v_ref))
+    assert abs(float(v) - float(v_ref)) <= 2**-4 * abs(float(v_ref))
     errs = _errors(g, g_ref)
     for name, err in errs:
-        assert err <= 2 ** -4, (name, err)
+        assert err <= 2**-4, (name, err)
     assert max(e for _, e in errs) > 1e-4  # bf16 is in play
 
 
 @pytest.mark.parametrize("kind", ["grn", "grn-context"])
-def test_a_grn_too_wide_for_one_kernel_runs_as_its_mlp_then_its_gate(cases, kind,
-                                                                     monkeypatch):
+def test_a_grn_too_wide_for_one_kernel_runs_as_its_mlp_then_its_gate(cases, kind, monkeypatch):
     # float32 at d = 128 does not fit one kernel (pallas_gated.MAX_WEIGHTS): the GRN runs
     # as two row blocks. Forced here at d = 16 by a smaller budget (a gate's two weights
     # fit, a GRN's four do not); the same tolerance as the one-kernel case.
@@ -159,8 +184,10 @@ def test_a_grn_too_wide_for_one_kernel_runs_as_its_mlp_then_its_gate(cases, kind
     assert pallas_gated.fits("gate", D, jnp.float32)
     assert not pallas_gated.fits("grn", D, jnp.float32)
     params, a, r = cases[kind]
-    (v, g), (v_ref, g_ref) = (_run(kind, True, params, a, r, False),
-                              _run(kind, False, params, a, r, False))
+    (v, g), (v_ref, g_ref) = (
+        _run(kind, True, params, a, r, False),
+        _run(kind, False, params, a, r, False),
+    )
     assert abs(float(v) - float(v_ref)) <= 3e-5 * abs(float(v_ref))
     for name, err in _errors(g, g_ref):
         assert err <= 3e-5, (name, err)
@@ -175,10 +202,10 @@ def test_row_splits_avoid_padding_where_a_divisor_allows():
 
 def test_bad_widths_and_a_gate_without_its_input_are_refused():
     with pytest.raises(ValueError, match="power of two"):
-        pallas_gated.gated_rows({}, jnp.zeros((4, 12)), jnp.zeros((4, 12)), None, 0.0,
-                                grn=False, interpret=True)
+        pallas_gated.gated_rows(
+            {}, jnp.zeros((4, 12)), jnp.zeros((4, 12)), None, 0.0, grn=False, interpret=True
+        )
     assert pallas_gated.supported(128, jnp.float32)  # a gate's two weights: 128 KB
     assert not pallas_gated.supported(256, jnp.float32)
     with pytest.raises(ValueError, match="GLU input"):
-        pallas_gated.gated_rows({}, jnp.zeros((4, 16)), None, None, 0.0, grn=False,
-                                interpret=True)
+        pallas_gated.gated_rows({}, jnp.zeros((4, 16)), None, None, 0.0, grn=False, interpret=True)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tftjax.models.kernels import pallas_grn
-from tftjax.models.layers import GRN
 from tftjax.models.kernels.params import GRNParams
+from tftjax.models.layers import GRN
 
 K, D, RATE = 2, 16, 0.3
 # compiled Triton kernels on a GPU (gpu_check runs this file there), the interpreter elsewhere
@@ -31,8 +31,9 @@ class Layers(nn.Module):
             return [GRN(D, D, RATE, name=f"g{i}")(x, None, deterministic) for i in range(K)]
         got = [GRNParams(D, RATE, name=f"g{i}")(x, deterministic) for i in range(K)]
         keeps = None if got[0][1] is None else [k for _, k in got]
-        return pallas_grn.grn_stack([q for q, _ in got], x, keeps, RATE, interpret=INTERPRET,
-                                    block_rows=16)
+        return pallas_grn.grn_stack(
+            [q for q, _ in got], x, keeps, RATE, interpret=INTERPRET, block_rows=16
+        )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,8 +44,12 @@ def highest():
 
 def _run(kernel, params, x, r, deterministic, x_dtype=jnp.float32):
     def f(params, x):
-        outs = Layers(kernel).apply({"params": params}, x.astype(x_dtype), deterministic,
-                                    rngs={"dropout": jax.random.key(3)})
+        outs = Layers(kernel).apply(
+            {"params": params},
+            x.astype(x_dtype),
+            deterministic,
+            rngs={"dropout": jax.random.key(3)},
+        )
         assert all(o.dtype == x_dtype and o.shape == x.shape for o in outs)
         return sum(jnp.sum(o.astype(jnp.float32) * r[i]) for i, o in enumerate(outs))
 
@@ -86,8 +91,10 @@ def test_values_and_every_gradient_equal_the_layers_float32(case, deterministic)
     # is a sum of at most 37 rows or 16 columns of O(1) products through four matmul layers
     # and a LayerNorm: relative error a few times 37·2⁻²⁴ ≈ 2e-6 of the leaf's scale; 2e-5.
     params, x, r = case
-    (v, g), (v_ref, g_ref) = _run(True, params, x, r, deterministic), _run(
-        False, params, x, r, deterministic)
+    (v, g), (v_ref, g_ref) = (
+        _run(True, params, x, r, deterministic),
+        _run(False, params, x, r, deterministic),
+    )
     assert abs(float(v) - float(v_ref)) <= 2e-5 * abs(float(v_ref))
     for name, err in _errors(g, g_ref):
         assert err <= 2e-5, (name, err)
@@ -110,13 +117,15 @@ def test_bfloat16_inputs_with_float32_parameters(case):
     # the leaf's scale. A dropped term errs by O(1).
     params, x, r = case
     xb = x.astype(jnp.bfloat16).astype(jnp.float32)
-    (v, g), (v_ref, g_ref) = _run(True, params, xb, r, False, jnp.bfloat16), _run(
-        False, params, xb, r, False)
+    (v, g), (v_ref, g_ref) = (
+        _run(True, params, xb, r, False, jnp.bfloat16),
+        _run(False, params, xb, r, False),
+    )
     assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(g[0]))
-    assert abs(float(v) - float(v_ref)) <= 2 ** -4 * abs(float(v_ref))
+    assert abs(float(v) - float(v_ref)) <= 2**-4 * abs(float(v_ref))
     errs = _errors(g, g_ref)
     for name, err in errs:
-        assert err <= 2 ** -4, (name, err)
+        assert err <= 2**-4, (name, err)
     assert max(e for _, e in errs) > 1e-4  # bf16 is in play
 
 
@@ -130,7 +139,7 @@ def test_widths_the_kernels_cannot_take_run_in_xla():
     with pytest.raises(ValueError, match="power of two"):
         pallas_grn.grn_stack([], jnp.zeros((4, 12)), None, 0.0, interpret=True)
     from tftjax.config import preset
-    from tftjax.models.tft import grn_kernel, kernel_cast, static_stack
+    from tftjax.models.compute import grn_kernel, kernel_cast, static_stack
 
     assert grn_kernel(preset("tiny", grn_kernel="pallas"))
     assert static_stack(preset("tiny", grn_kernel="pallas"))
@@ -139,6 +148,14 @@ def test_widths_the_kernels_cannot_take_run_in_xla():
     assert not static_stack(preset("tft225", grn_kernel="pallas"))
     assert static_stack(preset("tft225", grn_kernel="pallas", precision="bf16"))
     assert kernel_cast(preset("tft225", grn_kernel="pallas", precision="bf16")) == (
-        "static_selection", "static_enrichment", "static_state_h", "static_state_c",
-        "lstm_gate", "enrichment", "attention_gate", "positionwise", "output_gate")
+        "static_selection",
+        "static_enrichment",
+        "static_state_h",
+        "static_state_c",
+        "lstm_gate",
+        "enrichment",
+        "attention_gate",
+        "positionwise",
+        "output_gate",
+    )
     assert kernel_cast(preset("tft225", precision="bf16")) == ()

@@ -8,13 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_fused import stacked_params
 
-from tftjax.models.kernels import pallas_vsn
 from tftjax.models.dropout import keep_mask
+from tftjax.models.kernels import pallas_vsn
 from tftjax.models.kernels.mode import KernelMode
 from tftjax.models.vsn import stacked_grn
-
-from test_fused import stacked_params
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,22 +50,27 @@ def _both(p, x, w, keep, r, dropout, block_rows, target_programs=pallas_vsn.TARG
 
     def pal(p, x, w):
         # interpreted on CPU; compiled (Triton) where the tests run on a GPU (gpu_check)
-        out = pallas_vsn.weighted_grn_sum(p, x, w, keep, dropout, block_rows=block_rows,
-                                          target_programs=target_programs)
+        out = pallas_vsn.weighted_grn_sum(
+            p, x, w, keep, dropout, block_rows=block_rows, target_programs=target_programs
+        )
         assert out.dtype == jnp.float32 and out.shape == (x.shape[1], r.shape[1])
         return jnp.sum(out * r)
 
-    grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))  # noqa: E731
+    grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))
     return grad(pal)(p, x, w), grad(ref)(p, x, w)
 
 
-@pytest.mark.parametrize("m,n,dv,d,dropout,block_rows,programs", [
-    (5, 45, 4, 16, 0.0, 16, 264),  # d_v padded 4 → 16; 3 row tiles, padded rows, R = 3
-    (7, 45, 4, 12, 0.3, 8, 264),   # d padded 12 → 16 (LayerNorm masked); dropout
-    (3, 100, 3, 8, 0.3, 16, 12),   # 7 tiles (prime) → 8 in 4 backward splits of 2 tiles each
-])
-def test_pallas_vsn_value_and_every_gradient_equal_autodiff_float32(m, n, dv, d, dropout,
-                                                                   block_rows, programs):
+@pytest.mark.parametrize(
+    "m,n,dv,d,dropout,block_rows,programs",
+    [
+        (5, 45, 4, 16, 0.0, 16, 264),  # d_v padded 4 → 16; 3 row tiles, padded rows, R = 3
+        (7, 45, 4, 12, 0.3, 8, 264),  # d padded 12 → 16 (LayerNorm masked); dropout
+        (3, 100, 3, 8, 0.3, 16, 12),  # 7 tiles (prime) → 8 in 4 backward splits of 2 tiles each
+    ],
+)
+def test_pallas_vsn_value_and_every_gradient_equal_autodiff_float32(
+    m, n, dv, d, dropout, block_rows, programs
+):
     # Same function in another summation order: float32 round-off only. Each value is a sum
     # of at most max(N, m·d) ≈ 10² products of O(1) terms through a few layers: relative
     # error a few times 10²·2⁻²⁴ ≈ 6e-6 of the leaf's scale; 2e-5 as test_fused.py.
@@ -89,10 +93,10 @@ def test_pallas_vsn_bfloat16_matmul_operands_against_float32_reference(dropout):
     p, x, w, keep, r = _case(6, 40, 4, 16, dropout, jnp.bfloat16, seed=1)
     (v, g), (v_ref, g_ref) = _both(p, x, w, keep, r, dropout, 16)
     assert all(a.dtype == jnp.bfloat16 for a in jax.tree.leaves(g[0]))
-    assert abs(float(v) - float(v_ref)) <= 2 ** -5 * abs(float(v_ref))
+    assert abs(float(v) - float(v_ref)) <= 2**-5 * abs(float(v_ref))
     errs = leaf_errors(g, g_ref)
     for name, err in errs:
-        assert err <= 2 ** -5, (name, err)
+        assert err <= 2**-5, (name, err)
     # and bf16 is really in play: the errors are far above float32 round-off
     assert max(e for _, e in errs) > 1e-4
 
@@ -103,8 +107,9 @@ def test_pallas_vsn_saves_only_its_inputs_and_states_its_flops():
 
     m, n, dv, d = 5, 64, 4, 16
     p, x, w, _, _ = _case(m, n, dv, d, 0.0, jnp.float32)
-    f = lambda p, x, w: jnp.sum(  # noqa: E731
-        pallas_vsn.weighted_grn_sum(p, x, w, None, 0.0, block_rows=16, interpret=True))
+    f = lambda p, x, w: jnp.sum(
+        pallas_vsn.weighted_grn_sum(p, x, w, None, 0.0, block_rows=16, interpret=True)
+    )
     biggest = max(np.prod(a.shape) for a, _ in saved_residuals(f, p, x, w))
     # x or w ([m, N]) or a padded kernel ([m, 16, 16]); nothing of m·N·d (5,120 here)
     assert biggest <= max(m * n, m * 16 * 16) < m * n * d
@@ -126,20 +131,36 @@ def test_train_runs_with_pallas_kernels_and_says_they_are_interpreted(tmp_path, 
     from tftjax import train as train_cli
 
     wd = tmp_path / "run"
-    assert call(train_cli.main, *tiny_tft("--epochs", "1", "--lstm-kernel", "pallas",
-                                          "--attention-kernel", "pallas",
-                                          "--workdir", wd)) == 0
+    assert (
+        call(
+            train_cli.main,
+            *tiny_tft(
+                "--epochs",
+                "1",
+                "--lstm-kernel",
+                "pallas",
+                "--attention-kernel",
+                "pallas",
+                "--workdir",
+                wd,
+            ),
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert ("--kernels pallas --kernels-exclude vsn,grn,optimizer runs in Pallas' "
-            "interpreter") in out
+    assert (
+        "--kernels pallas --kernels-exclude vsn,grn,optimizer runs in Pallas' interpreter"
+    ) in out
     rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train_loss"] for r in rows if "train_loss" in r]
     assert losses and all(np.isfinite(x) for x in losses)
     assert (wd / "checkpoints" / "tft_final_epoch1").is_dir()
 
 
-@pytest.mark.skipif(jax.default_backend() not in ("gpu", "cuda", "rocm"),
-                    reason="needs a GPU (the compiled Triton kernels at TFT-225's widths)")
+@pytest.mark.skipif(
+    jax.default_backend() not in ("gpu", "cuda", "rocm"),
+    reason="needs a GPU (the compiled Triton kernels at TFT-225's widths)",
+)
 def test_the_compiled_kernels_at_tft225_widths_on_a_gpu():
     # What the interpreter cannot show: Triton's code for these shapes (gpu_check runs it).
     # float32 at the highest precision: sums over up to 2,048 rows, relative error
@@ -156,15 +177,20 @@ def test_the_compiled_kernels_at_tft225_widths_on_a_gpu():
         assert err <= tol, (name, err)
     ks = jax.random.split(jax.random.key(5), 4)
     t, b, f, d = 60, 256, 128, 128
-    args = (jax.random.normal(ks[0], (t, b, f)).astype(dtype),
-            (jax.random.normal(ks[1], (f, 4 * d)) / f ** 0.5).astype(dtype),
-            jnp.zeros((4 * d,), dtype), jax.random.normal(ks[2], (d, 4 * d)) / d ** 0.5,
-            jnp.zeros((b, d)), jnp.zeros((b, d), dtype))
+    args = (
+        jax.random.normal(ks[0], (t, b, f)).astype(dtype),
+        (jax.random.normal(ks[1], (f, 4 * d)) / f**0.5).astype(dtype),
+        jnp.zeros((4 * d,), dtype),
+        jax.random.normal(ks[2], (d, 4 * d)) / d**0.5,
+        jnp.zeros((b, d)),
+        jnp.zeros((b, d), dtype),
+    )
 
     def lstm_loss(kernel):
         def f(*a):
             (c, h), hs = lstm_recurrence(*a, False, kernel)
             return jnp.sum(c) + jnp.sum(jnp.sin(hs.astype(jnp.float32)))
+
         return f
 
     def ref(*a):

@@ -35,8 +35,11 @@ def test_the_us_daily_panel_loads_with_its_source_recorded(monkeypatch):
     years = {b.symbol: (b.ts[-1] - b.ts[0]) / NS_YEAR for b in series}
     assert len(series) == 12 and sum(y >= 10 for y in years.values()) >= 10
     assert len({str(np.datetime64(int(b.ts[0]), "ns"))[:4] for b in series}) >= 6  # late starts
-    row = next(line for line in (REPO / "data" / "SOURCES.md").read_text().splitlines()
-               if line.startswith("|") and PANELS["us-daily"] in line)
+    row = next(
+        line
+        for line in (REPO / "data" / "SOURCES.md").read_text().splitlines()
+        if line.startswith("|") and PANELS["us-daily"] in line
+    )
     assert "QuantConnect/Lean" in row and "Apache-2.0" in row
     assert f"{sum(len(b) for b in series):,}" in row  # the rows it records are the file's
     # split-adjusted: AAPL's 7:1 split took effect on 2014-06-09 (raw closes 645.57 on
@@ -56,9 +59,16 @@ def test_a_missing_panel_is_one_line(tmp_path, monkeypatch, capsys):
 
 def _long_file(path, parts):
     """A long file (symbol column) of ``(symbol, bars)``, sorted by symbol."""
-    tables = [pa.table({"symbol": [s] * len(b), "ts": pa.array(b.ts // 1000).cast(
-        pa.timestamp("us")), **{c: getattr(b, c) for c in ("open", "high", "low", "close",
-                                                           "volume")}}) for s, b in parts]
+    tables = [
+        pa.table(
+            {
+                "symbol": [s] * len(b),
+                "ts": pa.array(b.ts // 1000).cast(pa.timestamp("us")),
+                **{c: getattr(b, c) for c in ("open", "high", "low", "close", "volume")},
+            }
+        )
+        for s, b in parts
+    ]
     pq.write_table(pa.concat_tables(tables), path)
     return path
 
@@ -67,8 +77,10 @@ def _late_panel(tmp_path, rows=1400, c_start=700):
     """Three daily series: A from the start, B from row 300, C from row ``c_start`` (of A's
     dates; a series' first 120 rows are its warm-up)."""
     spx, ndx = read_bars(bundled_path("spx")), read_bars(bundled_path("nasdaq"))
-    return _long_file(tmp_path / "panel.parquet", [
-        ("A", spx.slice(0, rows)), ("B", ndx.slice(300, rows)), ("C", spx.slice(c_start, rows))])
+    return _long_file(
+        tmp_path / "panel.parquet",
+        [("A", spx.slice(0, rows)), ("B", ndx.slice(300, rows)), ("C", spx.slice(c_start, rows))],
+    )
 
 
 def test_series_join_the_folds_where_they_have_data(tmp_path):
@@ -102,10 +114,19 @@ def test_series_join_the_folds_where_they_have_data(tmp_path):
 
 def test_series_that_share_no_date_are_refused_before_any_fold_trains(tmp_path, capsys):
     spx = read_bars(bundled_path("spx"))
-    path = _long_file(tmp_path / "eras.parquet", [("A", spx.slice(3000, 3600)),
-                                                  ("B", spx.slice(0, 600))])  # B: earlier
-    rc = call(backtest.main, *TINY_TFT, "--parquet-file", path, "--workdir", tmp_path / "bt",
-              "--folds", "2")
+    path = _long_file(
+        tmp_path / "eras.parquet", [("A", spx.slice(3000, 3600)), ("B", spx.slice(0, 600))]
+    )  # B: earlier
+    rc = call(
+        backtest.main,
+        *TINY_TFT,
+        "--parquet-file",
+        path,
+        "--workdir",
+        tmp_path / "bt",
+        "--folds",
+        "2",
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "shares no date with the other series" in err and err.count("\n") == 1
     assert "'B'" in err or "'A'" in err
@@ -118,8 +139,23 @@ def test_a_walk_forward_over_series_that_start_at_different_dates(tmp_path, caps
     # two folds (each compiles its own steps: the panel's shape changes as C joins); C from
     # row 600 sits out the first and joins the second (rows 500 to 650 would all do)
     path = _late_panel(tmp_path, c_start=600)
-    assert call(backtest.main, *TINY_TFT, "--folds", "2", "--epochs", "1", "--parquet-file",
-                path, "--workdir", tmp_path / "bt", "--bootstrap", "50") == 0
+    assert (
+        call(
+            backtest.main,
+            *TINY_TFT,
+            "--folds",
+            "2",
+            "--epochs",
+            "1",
+            "--parquet-file",
+            path,
+            "--workdir",
+            tmp_path / "bt",
+            "--bootstrap",
+            "50",
+        )
+        == 0
+    )
     out = json.loads((tmp_path / "bt" / "backtest.json").read_text())
     folds = out["folds"]
     assert folds[0]["sat_out"] == ["C"] and "C" not in folds[0]["series"]

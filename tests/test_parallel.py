@@ -35,21 +35,32 @@ def env(devices: int | None = None, fast: bool = False) -> dict:
 
 
 def cli(*args, devices=None, **kw):
-    return subprocess.run([sys.executable, "-m", "tftjax.train", *args], capture_output=True,
-                          text=True, cwd=ROOT, env=env(devices), timeout=600, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "tftjax.train", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env(devices),
+        timeout=600,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
 def worker():
     from conftest import short_es
 
-    p = subprocess.run([sys.executable, str(HERE / "parallel_worker.py")], capture_output=True,
-                       text=True, cwd=ROOT,
-                       # compiled alike within the worker; what it shows (meshes, accumulation,
-                       # checkpoints across meshes) does not hang on XLA's optimisation, and
-                       # compiled as users compile it took 240 s instead of 100 s
-                       env={**env(fast=True), "TFTJAX_TEST_PARQUET": short_es()},
-                       timeout=900)
+    p = subprocess.run(
+        [sys.executable, str(HERE / "parallel_worker.py")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        # compiled alike within the worker; what it shows (meshes, accumulation,
+        # checkpoints across meshes) does not hang on XLA's optimisation, and
+        # compiled as users compile it took 240 s instead of 100 s
+        env={**env(fast=True), "TFTJAX_TEST_PARQUET": short_es()},
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -121,20 +132,32 @@ def test_checkpoints_move_between_meshes(worker):
     assert worker["saved_on_1_restored_on_4"] == {"equal": True, "devices": [4]}
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--batch-size", "18"], "--batch-size 18 is not divisible by the 4 devices of the mesh"),
-    (["--batch-size", "16", "--accumulate", "8"], "--batch-size / --accumulate 8 = 2 is not "
-                                                  "divisible by the 4 devices"),
-    (["--batch-size", "16", "--accumulate", "3"], "batch_size 16 is not divisible by "
-                                                  "--accumulate 3"),
-    (["--devices", "8"], "--devices 8: this process sees 4 CPU devices"),
-    (["--coordinator", "localhost:1234"], "missing: --num-processes, --process-id"),
-    (["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"],
-     "must be HOST:PORT"),
-    (["--feature-layout", "diagonal"], "diagonal"),
-    (["--kernels", "pallas"], "--kernels pallas runs on one device: the Pallas kernels are "
-     "not sharded over a mesh, and this run has 4 devices (give --devices 1)"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--batch-size", "18"], "--batch-size 18 is not divisible by the 4 devices of the mesh"),
+        (
+            ["--batch-size", "16", "--accumulate", "8"],
+            "--batch-size / --accumulate 8 = 2 is not divisible by the 4 devices",
+        ),
+        (
+            ["--batch-size", "16", "--accumulate", "3"],
+            "batch_size 16 is not divisible by --accumulate 3",
+        ),
+        (["--devices", "8"], "--devices 8: this process sees 4 CPU devices"),
+        (["--coordinator", "localhost:1234"], "missing: --num-processes, --process-id"),
+        (
+            ["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"],
+            "must be HOST:PORT",
+        ),
+        (["--feature-layout", "diagonal"], "diagonal"),
+        (
+            ["--kernels", "pallas"],
+            "--kernels pallas runs on one device: the Pallas kernels are "
+            "not sharded over a mesh, and this run has 4 devices (give --devices 1)",
+        ),
+    ],
+)
 def test_cli_refuses_a_batch_the_mesh_cannot_split(tmp_path, args, expect):
     p = cli("--preset", "tiny", "--workdir", str(tmp_path / "w"), *args, devices=4)
     assert p.returncode == 2, p.stderr
@@ -156,14 +179,46 @@ def test_two_processes_train_like_one(tmp_path, capsys):
     # the tiny runs' settings (tests/test_runloop.py): the reference's compiles are cached
     from conftest import short_es
 
-    args = ["--preset", "tiny", "--remat", "off", "--epochs", "1", "--batch-size", "32",
-            "--max-steps-per-epoch", "3", "--no-progress", "--parquet-file", short_es()]
+    args = [
+        "--preset",
+        "tiny",
+        "--remat",
+        "off",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "32",
+        "--max-steps-per-epoch",
+        "3",
+        "--no-progress",
+        "--parquet-file",
+        short_es(),
+    ]
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "tftjax.train", *args, "--workdir",
-                               str(tmp_path / "multi"), "--coordinator", f"localhost:{port}",
-                               "--num-processes", "2", "--process-id", str(i)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=ROOT, env=env()) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tftjax.train",
+                *args,
+                "--workdir",
+                str(tmp_path / "multi"),
+                "--coordinator",
+                f"localhost:{port}",
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env(),
+        )
+        for i in range(2)
+    ]
     # the 1-process reference in this process: it shares this worker's compiled steps
     from tftjax import train as train_cli
 
@@ -184,12 +239,13 @@ def test_two_processes_train_like_one(tmp_path, capsys):
         assert m_multi[k] == pytest.approx(m_one[k], rel=rtol), k
     s_multi = json.loads((tmp_path / "multi" / "summary.json").read_text())
     s_one = json.loads((tmp_path / "one" / "summary.json").read_text())
-    assert s_multi["model"]["test"]["loss"] == pytest.approx(s_one["model"]["test"]["loss"],
-                                                             rel=rtol)
+    assert s_multi["model"]["test"]["loss"] == pytest.approx(
+        s_one["model"]["test"]["loss"], rel=rtol
+    )
     assert (tmp_path / "multi" / "quantile_fan.png").exists()
     a, b = (_params(tmp_path / d / "checkpoints" / "tft_final_epoch1") for d in ("multi", "one"))
     diff = np.sqrt(sum(((x - y) ** 2).sum() for x, y in zip(a, b)))
-    assert diff <= rtol * np.sqrt(sum((y ** 2).sum() for y in b))
+    assert diff <= rtol * np.sqrt(sum((y**2).sum() for y in b))
 
 
 def _params(path):
@@ -204,8 +260,13 @@ def _params(path):
 def test_which_environments_start_jax_distributed(monkeypatch):
     from tftjax.runner import mesh as parallel
 
-    for var in ("JAX_COORDINATOR_ADDRESS", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
-                "OMPI_COMM_WORLD_SIZE", "TFTJAX_DISTRIBUTED"):
+    for var in (
+        "JAX_COORDINATOR_ADDRESS",
+        "SLURM_STEP_NUM_TASKS",
+        "SLURM_NTASKS",
+        "OMPI_COMM_WORLD_SIZE",
+        "TFTJAX_DISTRIBUTED",
+    ):
         monkeypatch.delenv(var, raising=False)
     assert not parallel.wants_distributed()
     assert parallel.wants_distributed("node0:1234", 2, 0)

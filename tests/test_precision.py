@@ -2,20 +2,20 @@
 every remat tier under bf16 against bf16 ``off``, what bf16 stores for the backward pass, and
 ``--matmul-precision`` reaching the compiled steps."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import random_inputs, short_es
 
-from tftjax.stats import losses
 from tftjax.config import ConfigError, TrainConfig, preset
 from tftjax.models.tft import apply_fn, init_params
+from tftjax.stats import losses
 
 B = 8
 BF16_EPS = 2.0**-8  # unit round-off of bfloat16 (8 significant bits)
+
+
 def GROUP(test):
     """The gradient tests: one worker (shared compiles), float32 references at full float32."""
     return pytest.mark.usefixtures("highest")(pytest.mark.xdist_group("precision")(test))
@@ -44,8 +44,9 @@ def loss_fn(cfg, inputs):
     apply = apply_fn(cfg)
 
     def loss(p):
-        pred, _ = apply({"params": p}, s, h, k, False,
-                        rngs={"dropout": jax.random.key(7, impl="rbg")})
+        pred, _ = apply(
+            {"params": p}, s, h, k, False, rngs={"dropout": jax.random.key(7, impl="rbg")}
+        )
         return losses.quantile_loss(y, pred, cfg.head.quantiles)
 
     return loss
@@ -118,8 +119,11 @@ def test_bf16_stores_bf16_activations(params, inputs):
     from jax._src.ad_checkpoint import saved_residuals
 
     cfg = small(precision="bf16")
-    saved = [a for a, src in saved_residuals(loss_fn(cfg, inputs), params)
-             if not src.startswith("from the argument")]
+    saved = [
+        a
+        for a, src in saved_residuals(loss_fn(cfg, inputs), params)
+        if not src.startswith("from the argument")
+    ]
     big = [a for a in saved if a.size >= B * cfg.data.encoder_steps * cfg.model.hidden]
     bf16 = sum(a.size for a in big if a.dtype == jnp.bfloat16)
     f32 = sum(a.size for a in big if a.dtype == jnp.float32)
@@ -143,8 +147,9 @@ def test_matmul_precision_reaches_the_compiled_steps():
 def test_precision_settings_are_checked():
     with pytest.raises(ConfigError, match="--precision must be one of f32, bf16, got 'fp8'"):
         preset("tiny", precision="fp8")
-    with pytest.raises(ConfigError, match="--matmul-precision must be one of default, high, "
-                                          "highest, got 'fastest'"):
+    with pytest.raises(
+        ConfigError, match="--matmul-precision must be one of default, high, highest, got 'fastest'"
+    ):
         preset("tiny", matmul_precision="fastest")
     with pytest.raises(ConfigError, match="--precision bf16 and --qat"):
         preset("tiny", precision="bf16", qat=True)
@@ -161,12 +166,13 @@ def test_bf16_training_and_evaluation_on_the_bundled_bars():
     from tftjax.training import Trainer, create_train_state
 
     cfg32 = preset("tiny", remat="off")
-    tc = TrainConfig(epochs=1, batch_size=32, learning_rate=3e-3, max_steps_per_epoch=4,
-                     patience=0)  # tests/test_train.py's TC
+    tc = TrainConfig(
+        epochs=1, batch_size=32, learning_rate=3e-3, max_steps_per_epoch=4, patience=0
+    )  # tests/test_train.py's TC
     ds = load_dataset(short_es(), cfg32.data)
     data = to_device(ds.features)
     key = jax.random.key(1, impl="rbg")
-    batches = [np.asarray(ds.splits.train[i * 32:(i + 1) * 32], np.int32) for i in range(8)]
+    batches = [np.asarray(ds.splits.train[i * 32 : (i + 1) * 32], np.int32) for i in range(8)]
     losses_by = {}
     for p in ("f32", "bf16"):
         trainer = Trainer(cfg32.override(precision=p), tc, data)
@@ -188,8 +194,13 @@ def test_bf16_training_and_evaluation_on_the_bundled_bars():
 
 
 def test_config_round_trips_through_json():
-    cfg = preset("tiny", precision="bf16", matmul_precision="high", kernels="pallas",
-                 kernels_exclude=("grn",))
+    cfg = preset(
+        "tiny",
+        precision="bf16",
+        matmul_precision="high",
+        kernels="pallas",
+        kernels_exclude=("grn",),
+    )
     from tftjax.config import TFTConfig
 
     assert TFTConfig.from_json(cfg.to_json()) == cfg

@@ -36,11 +36,13 @@ def test_a_forecast_is_the_scored_prediction_of_its_window(run):
         # the same compiled step on the same inputs, but the window sits in another row of
         # the batch: a GEMM may take another kernel path (SIMD remainder, FMA) for that row,
         # a few float32 ulps per layer over ~20 layers; a wrong window is off by O(1)
-        np.testing.assert_allclose(f.pred[0], scored[j], rtol=1e-5,
-                                   atol=1e-6 * np.abs(scored[j]).max())
+        np.testing.assert_allclose(
+            f.pred[0], scored[j], rtol=1e-5, atol=1e-6 * np.abs(scored[j]).max()
+        )
         q = f.table["q50"]  # the file's column is the forecast's own, times the scale
         np.testing.assert_array_equal(
-            q, f.pred[0][:, 1].astype(np.float64) * saved.feature_stats.target_scale)
+            q, f.pred[0][:, 1].astype(np.float64) * saved.feature_stats.target_scale
+        )
 
 
 @GROUP
@@ -51,11 +53,13 @@ def test_bars_after_the_origin_do_not_move_the_forecast(run, tmp_path):
     as_of = str(np.datetime64(int(bars.ts[o]), "ns"))
     a = forecast(saved, run / "bars.parquet", as_of=as_of)
     k = np.arange(len(bars)) > o  # every price and volume after the origin changed
-    changed = bars.replace(open=np.where(k, bars.open * 1.5, bars.open),
-                           high=np.where(k, bars.high * 1.5, bars.high),
-                           low=np.where(k, bars.low * 1.5, bars.low),
-                           close=np.where(k, bars.close * 1.5, bars.close),
-                           volume=np.where(k, bars.volume * 3 + 1, bars.volume))
+    changed = bars.replace(
+        open=np.where(k, bars.open * 1.5, bars.open),
+        high=np.where(k, bars.high * 1.5, bars.high),
+        low=np.where(k, bars.low * 1.5, bars.low),
+        close=np.where(k, bars.close * 1.5, bars.close),
+        volume=np.where(k, bars.volume * 3 + 1, bars.volume),
+    )
     write_bars(changed, tmp_path / "changed.parquet")
     b = forecast(saved, tmp_path / "changed.parquet", as_of=as_of, instrument="bars")
     assert a.rows.tolist() == b.rows.tolist() == [o]
@@ -65,15 +69,40 @@ def test_bars_after_the_origin_do_not_move_the_forecast(run, tmp_path):
 @GROUP
 def test_predict_writes_the_documented_file(run, tmp_path, capsys):
     out = tmp_path / "f.parquet"
-    assert call(predict_cli.main, "--checkpoint", run / "run", "--origins", "3", "--out", out,
-                "--plot", tmp_path / "fan.png") == 0
+    assert (
+        call(
+            predict_cli.main,
+            "--checkpoint",
+            run / "run",
+            "--origins",
+            "3",
+            "--out",
+            out,
+            "--plot",
+            tmp_path / "fan.png",
+        )
+        == 0
+    )
     assert "| bar | time | q10 (log ret)" in capsys.readouterr().out
     t = pq.read_table(out).to_pydict()
     qs = ["q10", "q50", "q90"]
     # naive bars: naive times and no UTC columns; a per-bar target: no price quantiles
-    assert list(t) == ["instrument", "origin_time", "target_time", "horizon", "bar_expected",
-                       "split", "missing_bars", "close_at_origin", *qs, "realised", "loss_q50",
-                       "loss_q90", "stats_from", "data_sha256"]
+    assert list(t) == [
+        "instrument",
+        "origin_time",
+        "target_time",
+        "horizon",
+        "bar_expected",
+        "split",
+        "missing_bars",
+        "close_at_origin",
+        *qs,
+        "realised",
+        "loss_q50",
+        "loss_q90",
+        "stats_from",
+        "data_sha256",
+    ]
     meta = pq.read_schema(out).metadata
     assert meta[b"tftjax.checkpoint"] == str(run / "run").encode()
     assert meta[b"tftjax.checkpoint_epoch"] == b"1"
@@ -100,12 +129,15 @@ def test_predict_writes_the_documented_file(run, tmp_path, capsys):
     assert (tmp_path / "fan.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--origins", "x"], "--origins must be last, all or a number >= 1, got 'x'"),
-    (["--out", "f.txt"], "give a .parquet or .csv file"),
-    (["--as-of", "yesterday"], "--as-of 'yesterday' is not a time"),
-    (["--as-of", "1990-01-01"], "can be an origin at --as-of 1990-01-01"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--origins", "x"], "--origins must be last, all or a number >= 1, got 'x'"),
+        (["--out", "f.txt"], "give a .parquet or .csv file"),
+        (["--as-of", "yesterday"], "--as-of 'yesterday' is not a time"),
+        (["--as-of", "1990-01-01"], "can be an origin at --as-of 1990-01-01"),
+    ],
+)
 @GROUP
 def test_bad_predict_flags_exit_2(run, tmp_path, capsys, args, expect):
     rc = call(predict_cli.main, "--checkpoint", run / "run", *args)

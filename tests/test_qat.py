@@ -3,7 +3,6 @@ no-remat QAT gradients leaf by leaf, observers (moving average, freeze, once per
 the int8 matmuls against numpy, int8 inference against fake-quant, export → load →
 same predictions, exact resume, --init-from and PTQ, and the bad-input refusals."""
 
-import dataclasses
 import functools
 import json
 import subprocess
@@ -16,22 +15,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 from conftest import call, random_inputs, short_es, xla_optimised
+from safetensors.numpy import load_file
 from test_runloop import TINY_TRAIN, raw_state, tiny_tft
 
-from tftjax import export as export_cli
-from tftjax.serving import export as export_lib
 from tftjax import evaluate as evaluate_cli
-from tftjax.stats import losses
+from tftjax import export as export_cli
 from tftjax import train as train_cli
 from tftjax.config import ConfigError, preset
-from tftjax.models.tft import TFT, init_variables, quant_spec
-from tftjax.training.trainer import to_int8
-from tftjax.quant.core import (MinMax, activation_qparams, fake_quant, fake_quant_weight, int8_bmm,
-                          int8_dense, quantize_activation, quantize_weight)
+from tftjax.models.compute import quant_spec
+from tftjax.models.tft import TFT, init_variables
+from tftjax.quant.core import (
+    MinMax,
+    activation_qparams,
+    fake_quant,
+    fake_quant_weight,
+    int8_bmm,
+    int8_dense,
+    quantize_activation,
+    quantize_weight,
+    update_observers,
+)
 from tftjax.quant.tree import int8_variables
-from tftjax.quant.core import update_observers
+from tftjax.serving import export as export_lib
+from tftjax.stats import losses
+from tftjax.training.trainer import to_int8
 
 B = 8
 
@@ -56,8 +64,9 @@ RUN = pytest.mark.xdist_group("qat_run")
 def small(tier="off", **kw):
     # Few input variables: the same layers as TFT-225, a fraction of the compile time.
     # vsn_chunk=3 chunks (and pads) every VSN in the tiers that chunk.
-    return preset("tiny", num_static=3, num_historical=7, num_known=4, qat=True, remat=tier,
-                  vsn_chunk=3, **kw)
+    return preset(
+        "tiny", num_static=3, num_historical=7, num_known=4, qat=True, remat=tier, vsn_chunk=3, **kw
+    )
 
 
 def inputs(cfg, seed):
@@ -82,15 +91,19 @@ def predict(cfg, mode, variables, x):
 @functools.lru_cache(maxsize=None)
 def _predict(cfg, mode):
     # a trained run's model has an instrument vocabulary: its windows' rows (0, its series)
-    return jax.jit(lambda v, x: TFT(cfg, mode).apply(
-        v, *x, True, jnp.zeros(x[0].shape[0], jnp.int32))[0])
+    return jax.jit(
+        lambda v, x: TFT(cfg, mode).apply(v, *x, True, jnp.zeros(x[0].shape[0], jnp.int32))[0]
+    )
 
 
 def counts(stats):
     # MinMax leaves (GetAttrKey) or restored as plain dicts (DictKey)
-    return {int(c) for p, a in jax.tree_util.tree_flatten_with_path(stats)[0]
-            if getattr(p[-1], "name", getattr(p[-1], "key", None)) == "count"
-            for c in np.ravel(a)}
+    return {
+        int(c)
+        for p, a in jax.tree_util.tree_flatten_with_path(stats)[0]
+        if getattr(p[-1], "name", getattr(p[-1], "key", None)) == "count"
+        for c in np.ravel(a)
+    }
 
 
 # The heavy fixtures are cached per process (not only per module): xdist may tear module
@@ -118,8 +131,13 @@ def loss_and_grads(tier, variables, x):
 
     def loss(p):
         (pred, _), stats, _ = observed(
-            TFT(cfg), quant_spec(cfg), {"params": p, "quant_stats": variables["quant_stats"]},
-            *x[:3], False, rngs={"dropout": jax.random.key(7, impl="rbg")})
+            TFT(cfg),
+            quant_spec(cfg),
+            {"params": p, "quant_stats": variables["quant_stats"]},
+            *x[:3],
+            False,
+            rngs={"dropout": jax.random.key(7, impl="rbg")},
+        )
         return losses.quantile_loss(x[3], pred, cfg.head.quantiles), stats
 
     (value, stats), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(variables["params"])
@@ -173,7 +191,8 @@ def test_remat_tiers_give_the_no_remat_qat_gradients(tier, model, reference):
         g, g_ref = np.asarray(flat[path], np.float64), np.asarray(g_ref, np.float64)
         assert np.any(g != 0), f"{tier}: {jax.tree_util.keystr(path)} frozen"
         assert np.linalg.norm(g - g_ref) <= max(1e-3 * np.linalg.norm(g_ref), floor), (
-            f"{tier}: {jax.tree_util.keystr(path)}")
+            f"{tier}: {jax.tree_util.keystr(path)}"
+        )
     # the observers moved once in this step (count 1 → 2), not again in the recomputation,
     # and to the same values as without remat (up to the flips above: the moving average
     # takes 0.01 of a batch range, so a flip moves an observer by 0.01 of a step at most)
@@ -193,9 +212,16 @@ def test_observers_follow_the_moving_average_and_freeze(model):
         x = inputs(cfg, seed)
         # independent reference: the quantile head's input is the output gate's output,
         # captured in the same forward pass; PyTorch's moving average written out
-        _, stats, upd = jax.jit(lambda v, x: observed(
-            TFT(cfg), quant_spec(cfg), v, *x[:3], capture_intermediates=True,
-            mutable=["intermediates"]))({**params, "quant_stats": stats}, x)
+        _, stats, upd = jax.jit(
+            lambda v, x: observed(
+                TFT(cfg),
+                quant_spec(cfg),
+                v,
+                *x[:3],
+                capture_intermediates=True,
+                mutable=["intermediates"],
+            )
+        )({**params, "quant_stats": stats}, x)
         head_in = np.asarray(upd["intermediates"]["output_gate"]["__call__"][0])
         if len(history) < 2:
             lo = head_in.min() if lo is None else lo + 0.01 * (head_in.min() - lo)
@@ -219,7 +245,8 @@ def test_int8_matmuls_equal_the_dequantized_product():
     assert qw.dtype == jnp.int8 and sw.shape == (1, 4)
     qx = quantize_activation(jnp.asarray(x), s, zp)
     want = ((np.asarray(qx, np.float64) - float(zp)) * float(s)) @ (
-        np.asarray(qw, np.float64) * np.asarray(sw, np.float64))
+        np.asarray(qw, np.float64) * np.asarray(sw, np.float64)
+    )
     got = int8_dense(qx, s, zp, qw, sw)
     np.testing.assert_allclose(np.asarray(got), want, rtol=2e-6, atol=1e-6)
     # same as the fake-quant product
@@ -232,12 +259,15 @@ def test_int8_matmuls_equal_the_dequantized_product():
     qwb, swb = quantize_weight(jnp.asarray(wb), (0, 2))
     assert swb.shape == (3, 1, 6)
     qxb = quantize_activation(jnp.asarray(xb), sb[:, None, None], zb[:, None, None])
-    want = np.einsum("mni,mio->mno",
-                     (np.asarray(qxb, np.float64) - np.asarray(zb)[:, None, None])
-                     * np.asarray(sb)[:, None, None],
-                     np.asarray(qwb, np.float64) * np.asarray(swb))
-    np.testing.assert_allclose(np.asarray(int8_bmm(qxb, sb, zb, qwb, swb)), want, rtol=2e-6,
-                               atol=1e-6)
+    want = np.einsum(
+        "mni,mio->mno",
+        (np.asarray(qxb, np.float64) - np.asarray(zb)[:, None, None])
+        * np.asarray(sb)[:, None, None],
+        np.asarray(qwb, np.float64) * np.asarray(swb),
+    )
+    np.testing.assert_allclose(
+        np.asarray(int8_bmm(qxb, sb, zb, qwb, swb)), want, rtol=2e-6, atol=1e-6
+    )
 
 
 def _module_cases():
@@ -247,15 +277,20 @@ def _module_cases():
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.normal(0.3, 1.0, size=(16, 12)), jnp.float32)
     seq = jnp.asarray(rng.normal(size=(4, 9, 7)), jnp.float32)
-    carry = (jnp.asarray(rng.normal(size=(4, 8)), jnp.float32),
-             jnp.asarray(rng.normal(size=(4, 8)), jnp.float32))
+    carry = (
+        jnp.asarray(rng.normal(size=(4, 8)), jnp.float32),
+        jnp.asarray(rng.normal(size=(4, 8)), jnp.float32),
+    )
     ctx = jnp.asarray(rng.normal(size=(4, 1, 8)), jnp.float32)
     vsn = (lambda q: VariableSelection(7, 3, 8, chunk=4, quant=q), (seq, ctx))
-    return {"dense": (lambda q: Dense(5, quant=q), (x,)),
-            "lstm": (lambda q: LSTM(8, quant=q), (carry, seq)),
-            # 7 variables in chunks of 4: the padded variable runs through the int8 path too;
-            # the selection GRN with its embeddings folded (models/folded.py)
-            "vsn": vsn, "vsn_options": vsn}
+    return {
+        "dense": (lambda q: Dense(5, quant=q), (x,)),
+        "lstm": (lambda q: LSTM(8, quant=q), (carry, seq)),
+        # 7 variables in chunks of 4: the padded variable runs through the int8 path too;
+        # the selection GRN with its embeddings folded (models/folded.py)
+        "vsn": vsn,
+        "vsn_options": vsn,
+    }
 
 
 OPTIONS = dict(act_symmetric=True, weight_granularity="tensor", stacked_scales="variable")
@@ -279,12 +314,16 @@ def test_int8_layer_within_one_step_of_fake_quant(name):
     _, stats, _ = jax.jit(lambda v: observed(make(fake_spec), fake_spec, v, *args))(v)
     v = {"params": v["params"], "quant_stats": stats}
     fake = jax.jit(lambda v: make(fake_spec).apply(v, *args))(v)
-    i8 = {**jax.jit(int8_variables, static_argnums=1)(v["params"], int8_spec),
-          "quant_stats": v["quant_stats"]}
+    i8 = {
+        **jax.jit(int8_variables, static_argnums=1)(v["params"], int8_spec),
+        "quant_stats": v["quant_stats"],
+    }
     assert {a.dtype for a in jax.tree.leaves(i8["params"])} >= {jnp.dtype(jnp.int8)}
     got = jax.jit(lambda v: make(int8_spec).apply(v, *args))(i8)
-    scales = [np.max(np.asarray(activation_qparams(st, fake_spec.symmetric)[0]))
-              for st in jax.tree.leaves(v["quant_stats"], is_leaf=lambda t: isinstance(t, MinMax))]
+    scales = [
+        np.max(np.asarray(activation_qparams(st, fake_spec.symmetric)[0]))
+        for st in jax.tree.leaves(v["quant_stats"], is_leaf=lambda t: isinstance(t, MinMax))
+    ]
     if name.startswith("dense"):
         step = float(scales[0]) * np.asarray(i8["weight_scale"]["kernel"]).reshape(-1)
     else:
@@ -324,8 +363,9 @@ def test_quant_options_against_numpy():
     q, sw = quantize_weight(jnp.asarray(wb), axes)
     sw_np = (np.abs(wb).max((1, 2)) / f32(127))[:, None, None]
     np.testing.assert_allclose(np.asarray(sw), sw_np, rtol=1e-7)
-    np.testing.assert_array_equal(np.asarray(q), np.clip(
-        np.round(wb * (f32(1) / np.asarray(sw))), -127, 127))
+    np.testing.assert_array_equal(
+        np.asarray(q), np.clip(np.round(wb * (f32(1) / np.asarray(sw))), -127, 127)
+    )
 
 
 @pytest.mark.slow
@@ -336,11 +376,18 @@ def test_int8_model_tracks_the_fake_quant_model(model):
     # and move what follows; predictions agree closely, not bit for bit.
     cfg, x, v = model
     fake = predict(cfg, "fake", v, x)
-    i8 = {**jax.jit(int8_variables, static_argnums=1)(v["params"], quant_spec(cfg, "int8")),
-          "quant_stats": v["quant_stats"]}
-    assert all(a.dtype == jnp.int8 for a in jax.tree.leaves(
-        jax.tree_util.tree_map_with_path(lambda p, a: a if p[-1].key == "kernel" else None,
-                                         i8["params"])))
+    i8 = {
+        **jax.jit(int8_variables, static_argnums=1)(v["params"], quant_spec(cfg, "int8")),
+        "quant_stats": v["quant_stats"],
+    }
+    assert all(
+        a.dtype == jnp.int8
+        for a in jax.tree.leaves(
+            jax.tree_util.tree_map_with_path(
+                lambda p, a: a if p[-1].key == "kernel" else None, i8["params"]
+            )
+        )
+    )
     got = predict(cfg, "int8", i8, x)
     assert float(jnp.abs(got - fake).max()) <= 0.05 * float(jnp.std(fake))
 
@@ -369,20 +416,25 @@ def test_qat_summary_export_and_evaluate(qat_run, capsys):
     assert summary["variants"]["float"]["test"]["loss"] != t
     out = qat_run / "export"
     capsys.readouterr()
-    assert call(export_cli.main, "--checkpoint", qat_run / "run", "--out", out,
-                "--samples", 32) == 0
+    assert (
+        call(export_cli.main, "--checkpoint", qat_run / "run", "--out", out, "--samples", 32) == 0
+    )
     assert "x smaller" in capsys.readouterr().out
     exp = export_lib.load(out)
     ckpt = sorted((qat_run / "run" / "checkpoints").glob("tft_final_epoch*"))[-1]
     state = raw_state(ckpt)
     chex.assert_trees_all_equal(exp.float_variables["params"], state["params"])
-    chex.assert_trees_all_equal(export_lib.flatten(exp.variables["quant_stats"], ""),
-                                export_lib.flatten(state["quant_stats"], ""))
+    chex.assert_trees_all_equal(
+        export_lib.flatten(exp.variables["quant_stats"], ""),
+        export_lib.flatten(state["quant_stats"], ""),
+    )
     # export → load → the same int8 predictions as the int8 path of the checkpoint
     cfg = exp.cfg
     x = inputs(cfg, 3)
-    want = {**to_int8(state["params"], quant_spec(cfg, "int8")),  # (int8_variables, jitted)
-            "quant_stats": state["quant_stats"]}
+    want = {
+        **to_int8(state["params"], quant_spec(cfg, "int8")),  # (int8_variables, jitted)
+        "quant_stats": state["quant_stats"],
+    }
     # as host arrays in the export's own tree (observers as MinMax): one compiled predict
     want = export_lib.unflatten(jax.device_get(export_lib.flatten(want, "v")))["v"]
     a, b = predict(cfg, "int8", want, x), predict(cfg, "int8", exp.variables, x)
@@ -393,8 +445,9 @@ def test_qat_summary_export_and_evaluate(qat_run, capsys):
     # the export rebuilt in plain numpy (a fresh process: no jax, flax or tftjax imported)
     # reproduces tftjax's int8 outputs on the bundled ES windows it holds
     ref = Path(__file__).resolve().parents[1] / "experiments" / "int8_numpy_reference.py"
-    r = subprocess.run([sys.executable, str(ref), "--export", str(out), "--json"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ref), "--export", str(out), "--json"], capture_output=True, text=True
+    )
     assert r.returncode in (0, 1), r.stderr  # 1: not every window within one step
     got = json.loads(r.stdout)
     # Window by window: within one output step, or a rounding flip. numpy's exp and tanh and
@@ -414,8 +467,9 @@ def test_qat_summary_export_and_evaluate(qat_run, capsys):
     f32_only = out.parent / "float_only"
     shutil.copytree(out, f32_only)
     (f32_only / "model_int8.safetensors").unlink()
-    r = subprocess.run([sys.executable, str(ref), "--export", str(f32_only)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ref), "--export", str(f32_only)], capture_output=True, text=True
+    )
     assert r.returncode == 2 and "holds float32 weights only" in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
@@ -444,10 +498,17 @@ def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
     capsys.readouterr()
     assert call(evaluate_cli.main, "--checkpoint", flt, "--int8", "--calibrate", "2") == 0
     printed = capsys.readouterr().out
-    assert "calibrated on 2 training batches (minmax, PTQ)" in printed and "TFT: int8 inference" in printed
-    for args, expect in ((["--int8", "--act-symmetric"], "--act-symmetric choose how a PTQ"),
-                         (["--int8", "--calibrate", "2", "--stacked-scales", "bogus"],
-                          "--stacked-scales must be one of channel, variable, got 'bogus'")):
+    assert (
+        "calibrated on 2 training batches (minmax, PTQ)" in printed
+        and "TFT: int8 inference" in printed
+    )
+    for args, expect in (
+        (["--int8", "--act-symmetric"], "--act-symmetric choose how a PTQ"),
+        (
+            ["--int8", "--calibrate", "2", "--stacked-scales", "bogus"],
+            "--stacked-scales must be one of channel, variable, got 'bogus'",
+        ),
+    ):
         assert call(evaluate_cli.main, "--checkpoint", flt, *args) == 2
         err = capsys.readouterr().err
         assert expect in err and err.count("\n") == 1, err
@@ -469,20 +530,37 @@ def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
     init = initial_weights(ft, qcfg, ds)
     saved = raw_state(sorted((ft / "checkpoints").glob("tft_final_epoch*"))[-1])["quant_stats"]
     assert counts(saved) == {6} and counts(init.quant_stats) == {1}
-    chex.assert_trees_all_equal(export_lib.flatten(saved, "")["/quantiles/kernel_in/max"],
-                                export_lib.flatten(init.quant_stats, "")["/quantiles/kernel_in/max"])
+    chex.assert_trees_all_equal(
+        export_lib.flatten(saved, "")["/quantiles/kernel_in/max"],
+        export_lib.flatten(init.quant_stats, "")["/quantiles/kernel_in/max"],
+    )
 
 
 @RUN
-@pytest.mark.parametrize("args,expect", [
-    (["--qat", "--qat-freeze-after", "-1"], "--qat-freeze-after must be >= 1 (observers need one batch), got -1"),
-    (["--qat", "--qat-layers", "attention/*", "lstm_enc"], "--qat-layers lstm_enc matches no layer"),
-    (["--qat-freeze-after", "5"], "need --qat"),
-    (["--qat", "--init-from", "nowhere"], "--init-from nowhere: no such checkpoint"),
-    (["--qat", "--stacked-scales", "bogus"], "--stacked-scales must be one of channel, variable, got 'bogus'"),
-    (["--qat", "--weight-granularity", "row"], "--weight-granularity must be one of channel, tensor"),
-    (["--act-symmetric"], "need --qat (or a PTQ --calibrate)"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (
+            ["--qat", "--qat-freeze-after", "-1"],
+            "--qat-freeze-after must be >= 1 (observers need one batch), got -1",
+        ),
+        (
+            ["--qat", "--qat-layers", "attention/*", "lstm_enc"],
+            "--qat-layers lstm_enc matches no layer",
+        ),
+        (["--qat-freeze-after", "5"], "need --qat"),
+        (["--qat", "--init-from", "nowhere"], "--init-from nowhere: no such checkpoint"),
+        (
+            ["--qat", "--stacked-scales", "bogus"],
+            "--stacked-scales must be one of channel, variable, got 'bogus'",
+        ),
+        (
+            ["--qat", "--weight-granularity", "row"],
+            "--weight-granularity must be one of channel, tensor",
+        ),
+        (["--act-symmetric"], "need --qat (or a PTQ --calibrate)"),
+    ],
+)
 def test_bad_qat_flags_exit_2(args, expect, tmp_path, capsys):
     rc = call(train_cli.main, *TINY_TRAIN, "--workdir", tmp_path / "run", *args)
     err = capsys.readouterr().err
@@ -493,14 +571,32 @@ def test_bad_qat_flags_exit_2(args, expect, tmp_path, capsys):
 @pytest.mark.slow
 @RUN
 def test_init_from_another_model_and_bad_exports_exit_2(qat_run, tmp_path, capsys):
-    rc = call(train_cli.main, *tiny_tft(), "--hidden-size", "8", "--qat", "--init-from",
-              qat_run / "run", "--workdir", tmp_path / "run")
+    rc = call(
+        train_cli.main,
+        *tiny_tft(),
+        "--hidden-size",
+        "8",
+        "--qat",
+        "--init-from",
+        qat_run / "run",
+        "--workdir",
+        tmp_path / "run",
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "another model than this run's: model.hidden: 16 there, 8 now" in err, err
     from test_runloop import other_file
 
-    rc = call(train_cli.main, *TINY_TRAIN, "--qat", "--init-from", qat_run / "run",
-              "--parquet-file", other_file(tmp_path), "--workdir", tmp_path / "run")
+    rc = call(
+        train_cli.main,
+        *TINY_TRAIN,
+        "--qat",
+        "--init-from",
+        qat_run / "run",
+        "--parquet-file",
+        other_file(tmp_path),
+        "--workdir",
+        tmp_path / "run",
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "other.parquet (sha256" in err and "fine-tune on the data" in err, err
     rc = call(export_cli.main, "--checkpoint", tmp_path / "missing", "--out", tmp_path / "o")
@@ -525,19 +621,25 @@ def test_a_qat_checkpoint_from_before_the_folded_layout_is_refused(qat_run, tmp_
     shutil.copytree(qat_run / "run", old)
     newer = tmp_path / "newer"  # 917d886 until quant_format: the layout told by its settings
     shutil.copytree(qat_run / "run", newer)
-    for run, fields in ((old, ("quant_format", "stacked_scales", "weight_granularity",
-                               "act_symmetric")), (newer, ("quant_format",))):
+    for run, fields in (
+        (old, ("quant_format", "stacked_scales", "weight_granularity", "act_symmetric")),
+        (newer, ("quant_format",)),
+    ):
         for meta in run.glob("checkpoints/*/meta/metadata"):
             m = json.loads(meta.read_text())
             model = m["identity"]["model"]  # written flat, as tftjax wrote it then (schema 1)
-            m["identity"]["model"] = {k: v for part in ("model", "head", "quant", "execution",
-                                                        "data") for k, v in model[part].items()}
+            m["identity"]["model"] = {
+                k: v
+                for part in ("model", "head", "quant", "execution", "data")
+                for k, v in model[part].items()
+            }
             for f in fields:
                 (m["identity"] if f == "quant_format" else m["identity"]["model"]).pop(f)
             meta.write_text(json.dumps(m))
-    for main, args in ((evaluate_cli.main, ["--checkpoint", old, "--int8"]),
-                       (train_cli.main, ["--resume", "--workdir", old, "--epochs", "3",
-                                         "--no-progress"])):
+    for main, args in (
+        (evaluate_cli.main, ["--checkpoint", old, "--int8"]),
+        (train_cli.main, ["--resume", "--workdir", old, "--epochs", "3", "--no-progress"]),
+    ):
         assert call(main, *args) == 2
         err = capsys.readouterr().err
         assert "before quantization format 2" in err and err.count("\n") == 1, err
@@ -565,22 +667,34 @@ def test_layer_patterns_choose_what_is_quantized():
     cfg = small(qat_layers=("attention/*", "lstm_*/w_h", "*_vsn/glu_k"))
     # shapes and dtypes say it all: nothing here needs to be compiled
     v = jax.eval_shape(lambda k: init_variables(cfg, k), jax.random.key(0))
-    observed = {"/".join(str(getattr(k, "key", "")) for k in p[:-1])
-                for p, _ in jax.tree_util.tree_flatten_with_path(v["quant_stats"])[0]}
+    observed = {
+        "/".join(str(getattr(k, "key", "")) for k in p[:-1])
+        for p, _ in jax.tree_util.tree_flatten_with_path(v["quant_stats"])[0]
+    }
     vsns = {f"{n}_vsn/glu_k_in" for n in ("static", "encoder", "decoder")}
-    assert observed == {f"attention/{n}/kernel_in" for n in ("query", "key", "value", "out")} | {
-        "lstm_encoder/w_h_in", "lstm_decoder/w_h_in"} | vsns
+    assert (
+        observed
+        == {f"attention/{n}/kernel_in" for n in ("query", "key", "value", "out")}
+        | {"lstm_encoder/w_h_in", "lstm_decoder/w_h_in"}
+        | vsns
+    )
     i8 = jax.eval_shape(lambda p: int8_variables(p, quant_spec(cfg, "int8")), v["params"])
-    int8_leaves = {jax.tree_util.keystr(p) for p, a in jax.tree_util.tree_flatten_with_path(
-        i8["params"])[0] if a.dtype == jnp.int8}
-    assert int8_leaves == {f"['attention']['{n}']['kernel']" for n in ("query", "key", "value", "out")
-                           } | {f"['lstm_{n}']['w_h']" for n in ("encoder", "decoder")} | {
-        f"['{n}_vsn']['glu_k']" for n in ("static", "encoder", "decoder")}
+    int8_leaves = {
+        jax.tree_util.keystr(p)
+        for p, a in jax.tree_util.tree_flatten_with_path(i8["params"])[0]
+        if a.dtype == jnp.int8
+    }
+    assert int8_leaves == {
+        f"['attention']['{n}']['kernel']" for n in ("query", "key", "value", "out")
+    } | {f"['lstm_{n}']['w_h']" for n in ("encoder", "decoder")} | {
+        f"['{n}_vsn']['glu_k']" for n in ("static", "encoder", "decoder")
+    }
 
 
 def test_export_refuses_zero_sample_windows(tmp_path, capsys):
-    rc = call(export_cli.main, "--checkpoint", tmp_path / "run", "--out", tmp_path / "o",
-              "--samples", 0)
+    rc = call(
+        export_cli.main, "--checkpoint", tmp_path / "run", "--out", tmp_path / "o", "--samples", 0
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "--samples must be >= 1 window, got 0" in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()

@@ -15,8 +15,9 @@ def np_fake_quant(x, s, zp, qmin, qmax):
     return (np.clip(r, qmin, qmax) - zp) * s, (r >= qmin) & (r <= qmax)
 
 
-@pytest.mark.parametrize("s,zp,qmin,qmax", [(0.05, 0.0, -128, 127), (0.02, 13.0, 0, 255),
-                                            (0.1, -3.0, -127, 127)])
+@pytest.mark.parametrize(
+    "s,zp,qmin,qmax", [(0.05, 0.0, -128, 127), (0.02, 13.0, 0, 255), (0.1, -3.0, -127, 127)]
+)
 def test_forward_and_backward_per_tensor(s, zp, qmin, qmax):
     rng = np.random.default_rng(0)
     x = (rng.normal(size=(64, 33)) * 0.4 * (qmax - qmin) * s).astype(np.float32)
@@ -52,8 +53,9 @@ def test_per_channel_absmax_element_keeps_its_gradient(axis):
 def test_values_outside_the_range_get_no_gradient_and_scales_none():
     x = jnp.array([-10.0, -1.27, -1.0, 0.0, 1.27, 1.2749, 1.3, 10.0])
     s = jnp.float32(0.01)
-    gx, gs, gz = jax.grad(lambda v, sc, z: fake_quant(v, sc, z, -127, 127).sum(),
-                          argnums=(0, 1, 2))(x, s, jnp.float32(0.0))
+    gx, gs, gz = jax.grad(
+        lambda v, sc, z: fake_quant(v, sc, z, -127, 127).sum(), argnums=(0, 1, 2)
+    )(x, s, jnp.float32(0.0))
     np.testing.assert_array_equal(np.asarray(gx), [0, 1, 1, 1, 1, 1, 0, 0])
     assert float(gs) == 0.0 and float(gz) == 0.0
 
@@ -74,11 +76,11 @@ def test_composes_with_jit_remat_scan_and_vmap():
         body = jax.checkpoint(lambda c, xi: (c + loss(w, xi[None]), None))
         return jax.lax.scan(body, 0.0, x)[0]
 
-    np.testing.assert_allclose(np.asarray(jax.grad(scanned)(w, x)), np.asarray(ref),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jax.grad(scanned)(w, x)), np.asarray(ref), rtol=1e-5, atol=1e-6
+    )
     per_row = jax.vmap(jax.grad(loss), in_axes=(None, 0))(w, x[:, None])
-    np.testing.assert_allclose(np.asarray(per_row.sum(0)), np.asarray(ref), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(per_row.sum(0)), np.asarray(ref), rtol=1e-5, atol=1e-6)
 
 
 def test_moving_average_observer_and_qparams_by_hand():

@@ -45,8 +45,13 @@ def commands() -> list[tuple[str, str]]:
 
 def test_the_docs_show_commands():
     found = {c.split()[0] for _, c in commands()}
-    assert {"tftjax.train", "tftjax.dqn", "tftjax.predict", "tftjax.backtest",
-            "tftjax.memory"} <= found
+    assert {
+        "tftjax.train",
+        "tftjax.dqn",
+        "tftjax.predict",
+        "tftjax.backtest",
+        "tftjax.memory",
+    } <= found
 
 
 @pytest.mark.parametrize("where,command", commands())
@@ -56,7 +61,7 @@ def test_a_documented_command_parses(where, command, capsys):
     if (ROOT / module.replace(".", "/") / "__main__.py").is_file():  # a package's entry
         module += ".__main__"
     mod = importlib.import_module(module)
-    main = getattr(mod, "main")
+    main = mod.main
     try:
         rc = main(words[1:] + ["--help"])
     except SystemExit as e:

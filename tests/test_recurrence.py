@@ -30,8 +30,12 @@ def loss(fn, B=B):
 
     def f(*args):
         (c, h), hs = fn(*args)
-        return (jnp.sum(c * c) + jnp.sum(jnp.sin(h.astype(jnp.float32)))
-                + jnp.sum(wt * hs.astype(jnp.float32)))
+        return (
+            jnp.sum(c * c)
+            + jnp.sum(jnp.sin(h.astype(jnp.float32)))
+            + jnp.sum(wt * hs.astype(jnp.float32))
+        )
+
     return f
 
 
@@ -46,7 +50,7 @@ ALL = tuple(range(6))
 @pytest.mark.parametrize("recompute", [False, True])
 def test_values_and_gradients_equal_autodiff_float32(recompute):
     args = inputs(jnp.float32)
-    fn = lambda *a: lstm_recurrence(*a, recompute)  # noqa: E731
+    fn = lambda *a: lstm_recurrence(*a, recompute)
     with jax.default_matmul_precision("highest"):
         out, want = fn(*args), ref(*args)
         g = jax.grad(loss(fn), argnums=ALL)(*args)
@@ -65,8 +69,7 @@ def test_values_and_gradients_equal_autodiff_float32(recompute):
 def test_bfloat16_compute_sums_the_recurrent_gradient_in_float32():
     args = inputs(jnp.bfloat16)
     g = jax.grad(loss(lstm_recurrence), argnums=ALL)(*args)
-    assert [x.dtype for x in g] == [jnp.bfloat16] * 3 + [jnp.float32, jnp.float32,
-                                                         jnp.bfloat16]
+    assert [x.dtype for x in g] == [jnp.bfloat16] * 3 + [jnp.float32, jnp.float32, jnp.bfloat16]
     # against the float32 recurrence on the same (bf16-rounded) inputs: bf16 keeps 8 bits,
     # and every backward step rounds its gate gradients to bf16 once (2^-8 relative)
     args32 = [a.astype(jnp.float32) for a in args]
@@ -90,7 +93,7 @@ def test_the_kernel_gradient_is_one_float32_gemm(dtype):
                 dots.append((tuple(v.aval.dtype for v in e.invars), e.outvars[0].aval.dtype))
             if e.primitive.name == "scan":
                 n0, n1 = e.params["num_consts"], e.params["num_carry"]
-                carries += [v.aval.shape for v in e.invars[n0:n0 + n1]]
+                carries += [v.aval.shape for v in e.invars[n0 : n0 + n1]]
             for sub in jax.core.jaxprs_in_params(e.params):
                 walk(sub, dots, carries)
         return dots, carries
@@ -114,13 +117,15 @@ def test_the_pallas_kernels_equal_the_scans(dtype, recompute, b):
     from tftjax.models.remat import is_gpu
 
     args = inputs(dtype, b)
-    tol = 1e-5 if dtype == jnp.float32 else 2 ** -5
+    tol = 1e-5 if dtype == jnp.float32 else 2**-5
     # interpreted here; compiled where the tests run on a GPU
     kernel = KernelMode.COMPILED if is_gpu() else KernelMode.INTERPRETED
     with jax.default_matmul_precision("highest"):
         outs = [lstm_recurrence(*args, recompute, p) for p in (kernel, KernelMode.XLA)]
-        g, g_ref = (jax.grad(loss(lambda *a, p=p: lstm_recurrence(*a, recompute, p), b),
-                             argnums=ALL)(*args) for p in (kernel, KernelMode.XLA))
+        g, g_ref = (
+            jax.grad(loss(lambda *a, p=p: lstm_recurrence(*a, recompute, p), b), argnums=ALL)(*args)
+            for p in (kernel, KernelMode.XLA)
+        )
     for a, b in zip(*(jax.tree.leaves(o) for o in outs)):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         assert a.shape == b.shape and np.abs(a - b).max() <= tol * np.abs(b).max()

@@ -5,18 +5,26 @@ import numpy as np
 import pytest
 from conftest import random_inputs
 
-from tftjax.stats import losses
-from tftjax.models import remat
 from tftjax.config import preset
+from tftjax.models import remat
 from tftjax.models.tft import TFT, init_params
+from tftjax.stats import losses
 
 # "gpu:…": the GPU's plan of the tier (tftjax.models.remat.GPU_PLANS: the VSNs in checkpointed
 # chunks of batched matmuls), traced and checked here on the CPU
 # "pallas:…": the VSNs, LSTMs, GRNs and gates through the Pallas kernels (models.pallas_vsn,
 # pallas_lstm, pallas_grn, pallas_gated), interpreted
-TIERS = ["minimal", "aggressive", "full", "offload", "pallas:off",
-         *(pytest.param(t, marks=pytest.mark.slow)  # the full tier: same mechanisms, GPU plans
-           for t in ("gpu:minimal", "gpu:aggressive", "gpu:full"))]
+TIERS = [
+    "minimal",
+    "aggressive",
+    "full",
+    "offload",
+    "pallas:off",
+    *(
+        pytest.param(t, marks=pytest.mark.slow)  # the full tier: same mechanisms, GPU plans
+        for t in ("gpu:minimal", "gpu:aggressive", "gpu:full")
+    ),
+]
 B = 4
 
 
@@ -24,8 +32,15 @@ def config(tier):
     # vsn_chunk=3 chunks every VSN with padding (5 → 2×3, 10 → 4×3, 220 → 74×3).
     platform, _, tier = tier.rpartition(":")
     if platform == "pallas":
-        return preset("tiny", remat=tier, vsn_chunk=3, vsn_kernel="pallas", lstm_kernel="pallas",
-                      grn_kernel="pallas", attention_kernel="pallas")
+        return preset(
+            "tiny",
+            remat=tier,
+            vsn_chunk=3,
+            vsn_kernel="pallas",
+            lstm_kernel="pallas",
+            grn_kernel="pallas",
+            attention_kernel="pallas",
+        )
     return preset("tiny", remat=tier, vsn_chunk=3, platform=platform or None)
 
 
@@ -46,8 +61,9 @@ def loss_and_grads(tier, params, inputs):
     s, h, k, y = inputs
 
     def loss(p):
-        pred, _ = TFT(cfg).apply({"params": p}, s, h, k, False,
-                                 rngs={"dropout": jax.random.key(7, impl="rbg")})
+        pred, _ = TFT(cfg).apply(
+            {"params": p}, s, h, k, False, rngs={"dropout": jax.random.key(7, impl="rbg")}
+        )
         return losses.quantile_loss(y, pred, cfg.head.quantiles)
 
     return jax.jit(jax.value_and_grad(loss))(params)
@@ -97,8 +113,9 @@ def test_tier_gradients_at_the_default_matmul_precision(inputs, reference):
     flat = dict(jax.tree_util.tree_flatten_with_path(grads)[0])
     for path, g_ref in jax.tree_util.tree_flatten_with_path(ref_grads)[0]:
         g_ref = np.asarray(g_ref)
-        assert np.abs(np.asarray(flat[path]) - g_ref).max() <= rtol * np.abs(g_ref).max() + 1e-30, \
+        assert np.abs(np.asarray(flat[path]) - g_ref).max() <= rtol * np.abs(g_ref).max() + 1e-30, (
             jax.tree_util.keystr(path)
+        )
 
 
 @pytest.mark.xdist_group("remat_reference")
@@ -109,7 +126,9 @@ def test_off_gradients_reach_every_leaf(reference):
 
 
 def test_unknown_tier_lists_the_tiers():
-    with pytest.raises(ValueError, match="choose one of: off, minimal, aggressive, full, offload, fastest, auto"):
+    with pytest.raises(
+        ValueError, match="choose one of: off, minimal, aggressive, full, offload, fastest, auto"
+    ):
         remat.plan("sideways")
 
 
@@ -118,7 +137,13 @@ def test_offload_on_cpu_says_it_is_aggressive():
     assert "behaves exactly like 'aggressive'" in p.note
     a = remat.plan("aggressive")
     assert (p.lstm, p.encoders, p.attention, p.vsn, p.vsn_scan, p.policy) == (
-        a.lstm, a.encoders, a.attention, a.vsn, a.vsn_scan, a.policy)
+        a.lstm,
+        a.encoders,
+        a.attention,
+        a.vsn,
+        a.vsn_scan,
+        a.policy,
+    )
     assert remat.plan("offload", backend="gpu").note == ""
 
 
@@ -141,19 +166,28 @@ def saved_shapes(tier, params, inputs):
     s, h, k, y = inputs
 
     def loss(p):
-        pred, _ = TFT(cfg).apply({"params": p}, s, h, k, False,
-                                 rngs={"dropout": jax.random.key(7, impl="rbg")})
+        pred, _ = TFT(cfg).apply(
+            {"params": p}, s, h, k, False, rngs={"dropout": jax.random.key(7, impl="rbg")}
+        )
         return losses.quantile_loss(y, pred, cfg.head.quantiles)
 
-    return Counter(tuple(a.shape) for a, src in saved_residuals(loss, params)
-                   if not src.startswith("from the argument"))
+    return Counter(
+        tuple(a.shape)
+        for a, src in saved_residuals(loss, params)
+        if not src.startswith("from the argument")
+    )
 
 
 @pytest.mark.xdist_group("remat_reference")
 @pytest.mark.parametrize("tier", remat.ORDER)
 def test_tier_saves_what_it_says(tier, inputs, reference):
     cfg = config(tier)
-    te, td, d, m = cfg.data.encoder_steps, cfg.data.decoder_steps, cfg.model.hidden, cfg.model.num_historical + cfg.model.num_known
+    te, td, d, m = (
+        cfg.data.encoder_steps,
+        cfg.data.decoder_steps,
+        cfg.model.hidden,
+        cfg.model.num_historical + cfg.model.num_known,
+    )
     shapes = saved_shapes(tier, reference[0], inputs)
     per_step_lstm = shapes[(te, B, d)]  # gates/activations stacked over encoder steps
     attention_weights = shapes[(B, cfg.model.heads, td, te + td)]
@@ -178,8 +212,10 @@ def test_tier_saves_what_it_says(tier, inputs, reference):
 
 @pytest.mark.xdist_group("remat_reference")
 def test_tiers_save_less_and_less(inputs, reference):
-    sizes = [sum(int(np.prod(s)) * n for s, n in saved_shapes(t, reference[0], inputs).items())
-             for t in remat.ORDER]
+    sizes = [
+        sum(int(np.prod(s)) * n for s, n in saved_shapes(t, reference[0], inputs).items())
+        for t in remat.ORDER
+    ]
     assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == len(sizes), sizes
     assert sizes[-1] < sizes[0] / 4, sizes
 
@@ -192,7 +228,6 @@ def test_offload_moves_the_vsn_chunk_residuals_on_a_device_with_host_memory(inpu
     assert {"vsn_glu", "vsn_y"} <= set(remat.OFFLOAD_NAMES)
     cfg = config("aggressive")
     s, h, k, _ = inputs
-    jaxpr = str(jax.make_jaxpr(lambda prm: TFT(cfg).apply({"params": prm}, s, h, k))(
-        reference[0]))
+    jaxpr = str(jax.make_jaxpr(lambda prm: TFT(cfg).apply({"params": prm}, s, h, k))(reference[0]))
     for name in ("vsn_glu", "vsn_y", "lstm_gates", "attention_weights", "grn_hidden"):
         assert f"name={name}" in jaxpr, name

@@ -1,16 +1,14 @@
 """Training is the same with or without remat: every tier, trained from one seed for the same
 epochs, ends at the weights of ``off`` (to float32 round-off), leaf by leaf."""
 
-import dataclasses
-
 import jax
 import numpy as np
 import pytest
 from conftest import short_es
 
-from tftjax.models import remat
 from tftjax.config import TrainConfig, preset
 from tftjax.data import load_dataset
+from tftjax.models import remat
 from tftjax.training import leaf_differences, train_epochs
 
 CFG = preset("tiny", vsn_chunk=3)  # chunks of 3: every VSN runs chunked, with padding

@@ -18,19 +18,38 @@ from conftest import bars_columns, call, random_bars, short_es, write_table
 from tftjax import dqn as dqn_lib
 from tftjax import evaluate as evaluate_cli
 from tftjax import train as train_cli
-from tftjax.runner.checkpoints import list_checkpoints
-from tftjax.config import (ConfigError, DataConfig, ExecutionConfig, HeadConfig, ModelConfig,
-                           TFTConfig, TrainConfig, preset)
-from tftjax.dqn.config import DQN_PRESETS, DQNConfig
+from tftjax.config import (
+    ConfigError,
+    DataConfig,
+    ExecutionConfig,
+    HeadConfig,
+    ModelConfig,
+    TFTConfig,
+    TrainConfig,
+    preset,
+)
 from tftjax.data import Dataset, epoch_batches, load_dataset
 from tftjax.dqn import __main__ as dqn_cli
+from tftjax.dqn.config import DQN_PRESETS, DQNConfig
+from tftjax.runner.checkpoints import list_checkpoints
 from tftjax.serving.saved import evaluate_checkpoint
 from tftjax.training import TrainingDiverged, train_and_evaluate
 
 # --remat off: the tier of preset("tiny") in the in-process runs, so that they and the CLI
 # runs share compiled steps (the CLI's own default tier is run by test_train and test_parallel)
-TINY_TFT = ["--preset", "tiny", "--remat", "off", "--batch-size", "32",
-            "--max-steps-per-epoch", "3", "--patience", "0", "--no-progress"]
+TINY_TFT = [
+    "--preset",
+    "tiny",
+    "--remat",
+    "off",
+    "--batch-size",
+    "32",
+    "--max-steps-per-epoch",
+    "3",
+    "--patience",
+    "0",
+    "--no-progress",
+]
 
 
 # tftjax.train's: without the PNG plots (a quarter of a warm tiny run; test_train.py,
@@ -41,10 +60,37 @@ TINY_TRAIN = [*TINY_TFT, "--no-plots"]
 def tiny_tft(*args):
     """The tiny CLI run's flags on the suite's short data file (conftest.short_es)."""
     return [*TINY_TRAIN, "--parquet-file", short_es(), *args]
-TINY_DQN = ["--window", "4", "--features", "r1", "ret_5", "rvol_10", "--episode-len", "64",
-            "--num-envs", "4", "--steps-per-epoch", "200", "--hidden", "16", "--batch-size", "32",
-            "--buffer-size", "2000", "--learning-starts", "64", "--target-update-every", "20",
-            "--eps-decay-steps", "400", "--patience", "0", "--no-progress"]
+
+
+TINY_DQN = [
+    "--window",
+    "4",
+    "--features",
+    "r1",
+    "ret_5",
+    "rvol_10",
+    "--episode-len",
+    "64",
+    "--num-envs",
+    "4",
+    "--steps-per-epoch",
+    "200",
+    "--hidden",
+    "16",
+    "--batch-size",
+    "32",
+    "--buffer-size",
+    "2000",
+    "--learning-starts",
+    "64",
+    "--target-update-every",
+    "20",
+    "--eps-decay-steps",
+    "400",
+    "--patience",
+    "0",
+    "--no-progress",
+]
 quiet = dict(log=lambda *a: None, progress=False)
 tft_quiet = dict(quiet, plots=False)  # train_and_evaluate without its PNG plots
 
@@ -56,8 +102,9 @@ def snapshot(d):
 def raw_state(path):
     """A checkpoint's state as plain arrays (no target structure needed)."""
     ckpt = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
-    return ckpt.restore(path.absolute(), args=ocp.args.Composite(
-        state=ocp.args.StandardRestore())).state
+    return ckpt.restore(
+        path.absolute(), args=ocp.args.Composite(state=ocp.args.StandardRestore())
+    ).state
 
 
 def other_file(tmp_path):
@@ -70,8 +117,16 @@ def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("base")
     (root / "data").mkdir()
     shutil.copy(short_es(), root / "data" / "bars.parquet")
-    rc = call(train_cli.main, *TINY_TRAIN, "--epochs", "3", "--workdir", root / "run",
-              "--parquet-file", root / "data" / "bars.parquet")
+    rc = call(
+        train_cli.main,
+        *TINY_TRAIN,
+        "--epochs",
+        "3",
+        "--workdir",
+        root / "run",
+        "--parquet-file",
+        root / "data" / "bars.parquet",
+    )
     assert rc == 0
     assert not list((root / "run").glob("*.png"))  # --no-plots
     return root, root / "run"
@@ -125,15 +180,31 @@ def test_resume_through_the_cli_equals_the_uninterrupted_run(base, tmp_path, cap
     # an execution setting may change on resume, and the change is printed (float32 matmuls
     # at full precision: on CPU the default already is)
     capsys.readouterr()
-    assert call(train_cli.main, "--resume", "--workdir", copy / "run", "--epochs", "3",
-                "--no-progress", "--matmul-precision", "highest", "--no-plots") == 0
-    assert ("--resume: model.execution.matmul_precision: 'default' in the checkpoint, "
-            "'highest' now"
-            in capsys.readouterr().out)
+    assert (
+        call(
+            train_cli.main,
+            "--resume",
+            "--workdir",
+            copy / "run",
+            "--epochs",
+            "3",
+            "--no-progress",
+            "--matmul-precision",
+            "highest",
+            "--no-plots",
+        )
+        == 0
+    )
+    assert (
+        "--resume: model.execution.matmul_precision: 'default' in the checkpoint, "
+        "'highest' now" in capsys.readouterr().out
+    )
     a = raw_state(ckpts / "tft_epoch_3")
     chex.assert_trees_all_equal(a, raw_state(straight / "checkpoints" / "tft_epoch_3"))
     assert int(a["step"]) == 9
-    rows = [json.loads(x)["epoch"] for x in (copy / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x)["epoch"] for x in (copy / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert rows == [1, 2, 3]
 
 
@@ -148,11 +219,17 @@ def early(tmp_path_factory):
     seen = {}
     # lr 0.03: a noisy validation loss; patience 2 (it stops at epoch 6 here, best 4): the
     # best epoch is not among the latest two, and its checkpoint is kept apart from them
-    tc = TrainConfig(epochs=20, batch_size=32, learning_rate=0.03, max_steps_per_epoch=3,
-                     patience=2)
+    tc = TrainConfig(
+        epochs=20, batch_size=32, learning_rate=0.03, max_steps_per_epoch=3, patience=2
+    )
     _, summary = train_and_evaluate(
-        preset("tiny"), tc, root / "run", parquet_file=data,
-        callback=lambda e, s, m, f: seen.__setitem__(e, jax.device_get(s.params)), **tft_quiet)
+        preset("tiny"),
+        tc,
+        root / "run",
+        data=data,
+        callback=lambda e, s, m, f: seen.__setitem__(e, jax.device_get(s.params)),
+        **tft_quiet,
+    )
     return root, summary, seen
 
 
@@ -168,8 +245,11 @@ def test_early_stop_restores_the_best_weights(early, capsys):
     # checkpoints after an early stop: the latest 2 epochs, the best one, and the final
     assert best < last - 1
     assert set(list_checkpoints(root / "run" / "checkpoints")) == {
-        f"tft_epoch_{last - 1}", f"tft_epoch_{last}", f"tft_epoch_{best}",
-        f"tft_final_epoch{last}"}
+        f"tft_epoch_{last - 1}",
+        f"tft_epoch_{last}",
+        f"tft_epoch_{best}",
+        f"tft_final_epoch{last}",
+    }
     final = root / "run" / "checkpoints" / f"tft_final_epoch{last}"
     chex.assert_trees_all_equal(raw_state(final)["params"], seen[best])
     assert summary["model"]["val"]["loss"] == pytest.approx(hist[best - 1]["val_loss"], rel=1e-6)
@@ -217,7 +297,7 @@ def test_nan_mid_epoch_stops_within_the_epoch(tmp_path):
     cfg = preset("tiny")
     es = load_dataset(short_es(), cfg.data)
     tc = TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=4, patience=0)
-    train_and_evaluate(cfg, tc, tmp_path, dataset=es, **tft_quiet)
+    train_and_evaluate(cfg, tc, tmp_path, data=es, **tft_quiet)
     before = snapshot(tmp_path / "checkpoints")
     # NaN decoder inputs at one origin row, first used by the third batch of epoch 2 (batch
     # order by numpy). (A NaN *target* is a missing one, masked: it cannot make the loss NaN.)
@@ -226,25 +306,36 @@ def test_nan_mid_epoch_stops_within_the_epoch(tmp_path):
     row = int(next(s for s in idx[2] if s not in idx[:2])) + E - 1
     future = es.features.future.copy()
     future[row] = np.nan
-    bad = Dataset.single(es.bars, dataclasses.replace(es.features, future=future), es.splits,
-                         es.cfg)
+    bad = Dataset.single(
+        es.bars, dataclasses.replace(es.features, future=future), es.splits, es.cfg
+    )
     with pytest.raises(TrainingDiverged, match="at step 3 of epoch 2.*tft_epoch_1"):
-        train_and_evaluate(cfg, dataclasses.replace(tc, epochs=3), tmp_path, dataset=bad,
-                           resume=True, **tft_quiet)
+        train_and_evaluate(
+            cfg, dataclasses.replace(tc, epochs=3), tmp_path, data=bad, resume=True, **tft_quiet
+        )
     assert snapshot(tmp_path / "checkpoints") == before
-    assert [json.loads(x)["epoch"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert [
+        json.loads(x)["epoch"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ] == [1]
 
 
 @pytest.mark.slow
 def test_no_validation_windows_turns_early_stopping_off(tmp_path):
     cfg = preset("tiny")
-    ds = load_dataset(short_es(), DataConfig(encoder_steps=cfg.data.encoder_steps,
-                                       decoder_steps=cfg.data.decoder_steps, val_fraction=0.0))
+    ds = load_dataset(
+        short_es(),
+        DataConfig(
+            encoder_steps=cfg.data.encoder_steps,
+            decoder_steps=cfg.data.decoder_steps,
+            val_fraction=0.0,
+        ),
+    )
     assert ds.splits.val.size == 0
     lines = []
     tc = TrainConfig(epochs=3, batch_size=32, max_steps_per_epoch=2, patience=1)
-    _, s = train_and_evaluate(cfg, tc, tmp_path, dataset=ds, log=lines.append, progress=False,
-                           plots=False)
+    _, s = train_and_evaluate(
+        cfg, tc, tmp_path, data=ds, log=lines.append, progress=False, plots=False
+    )
     assert not s["stopped_early"] and s["epochs_run"] == 3 and s["weights_epoch"] == 3
     assert "val" not in s["model"] and any("no validation windows" in x for x in lines)
     # the compile is timed apart: only the first epoch of a run carries it
@@ -255,10 +346,21 @@ def test_no_validation_windows_turns_early_stopping_off(tmp_path):
 
 # ----------------------------------------------------------------- DQN
 def test_dqn_crash_before_the_final_save_resumes_to_a_final(tmp_path, capsys):
-    cfg = DQNConfig(window=4, features=("r1", "ret_5", "rvol_10"), episode_len=64, num_envs=4,
-                    steps_per_epoch=200, hidden=(16,), batch_size=32, buffer_size=2_000,
-                    learning_starts=64, target_update_every=20, eps_decay_steps=400, epochs=3,
-                    patience=0)
+    cfg = DQNConfig(
+        window=4,
+        features=("r1", "ret_5", "rvol_10"),
+        episode_len=64,
+        num_envs=4,
+        steps_per_epoch=200,
+        hidden=(16,),
+        batch_size=32,
+        buffer_size=2_000,
+        learning_starts=64,
+        target_update_every=20,
+        eps_decay_steps=400,
+        epochs=3,
+        patience=0,
+    )
     seen = {}
 
     def crash_at_the_end(epoch, state, metrics, is_final):
@@ -276,8 +378,10 @@ def test_dqn_crash_before_the_final_save_resumes_to_a_final(tmp_path, capsys):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # the loop ranks on the smoothed score (mean of the last epochs), recorded per row as the
     # very floats it compared: the first of a tie, as the loop's strict comparison keeps it
-    best = max((r for r in rows if r["val_sharpe_smoothed"] is not None),
-               key=lambda r: r["val_sharpe_smoothed"])["epoch"]
+    best = max(
+        (r for r in rows if r["val_sharpe_smoothed"] is not None),
+        key=lambda r: r["val_sharpe_smoothed"],
+    )["epoch"]
     final = raw_state(ckpts / "dqn_final_epoch3")
     chex.assert_trees_all_equal(final["params"], seen[best].params)
     assert json.loads((tmp_path / "summary.json").read_text())["weights_epoch"] == best
@@ -301,33 +405,47 @@ def test_dqn_resume_through_the_cli(tmp_path, capsys):
     assert snapshot(wd) == before
     assert call(dqn_cli.main, "--resume", "--workdir", wd, "--epochs", "3", "--no-progress") == 0
     assert call(dqn_cli.main, *TINY_DQN, "--epochs", "3", "--workdir", straight) == 0
-    chex.assert_trees_all_equal(raw_state(wd / "checkpoints" / "dqn_epoch_3"),
-                                raw_state(straight / "checkpoints" / "dqn_epoch_3"))
+    chex.assert_trees_all_equal(
+        raw_state(wd / "checkpoints" / "dqn_epoch_3"),
+        raw_state(straight / "checkpoints" / "dqn_epoch_3"),
+    )
 
 
 # ----------------------------------------------------------------- configs
-@pytest.mark.parametrize("make,expect", [
-    (lambda: ModelConfig(hidden=0), "--hidden-size must be >= 1, got 0"),
-    (lambda: ModelConfig(d_v=0), "--d-v must be >= 1, got 0"),
-    (lambda: ModelConfig(dropout=1.0), "--dropout must be in [0, 1), got 1.0"),
-    (lambda: ModelConfig(dropout=-0.1), "--dropout must be in [0, 1)"),
-    (lambda: ExecutionConfig(remat="sideways"), "--remat must be one of off, minimal, "
-                                                "aggressive, full, offload, fastest, auto"),
-    (lambda: HeadConfig(quantiles=(0.1, 0.9)), "must include 0.5 and 0.9"),
-    (lambda: DataConfig(target="nonsense"), "--target must be one of bar, cumulative, got "
-                                            "'nonsense'"),
-    (lambda: ModelConfig(instrument_dropout=1.0), "--instrument-dropout must be in [0, 1)"),
-    (lambda: preset("tiny", qat=True, precision="bf16"), "--precision bf16 and --qat"),
-    (lambda: preset("tiny", nonsense=1), "unknown model setting 'nonsense'"),
-    (lambda: TFTConfig.from_json({"schema": 3}), "schema 3: written by a newer tftjax"),
-    (lambda: TFTConfig.from_json({"hidden": 8, "colour": "red"}), "unknown model setting "
-                                                                  "'colour'"),
-    (lambda: TrainConfig(seed=-1), "seed must be in [0, 2**32), got -1"),
-    (lambda: TrainConfig(learning_rate=float("nan")), "learning_rate must be a finite number"),
-    (lambda: TrainConfig(patience=-1), "patience must be >= 0"),
-    (lambda: DQNConfig(learning_starts=60_000), "learning_starts (60000) must be <= buffer_size"),
-    (lambda: DQNConfig(seed=-1), "seed must be in [0, 2**32)"),
-])
+@pytest.mark.parametrize(
+    "make,expect",
+    [
+        (lambda: ModelConfig(hidden=0), "--hidden-size must be >= 1, got 0"),
+        (lambda: ModelConfig(d_v=0), "--d-v must be >= 1, got 0"),
+        (lambda: ModelConfig(dropout=1.0), "--dropout must be in [0, 1), got 1.0"),
+        (lambda: ModelConfig(dropout=-0.1), "--dropout must be in [0, 1)"),
+        (
+            lambda: ExecutionConfig(remat="sideways"),
+            "--remat must be one of off, minimal, aggressive, full, offload, fastest, auto",
+        ),
+        (lambda: HeadConfig(quantiles=(0.1, 0.9)), "must include 0.5 and 0.9"),
+        (
+            lambda: DataConfig(target="nonsense"),
+            "--target must be one of bar, cumulative, got 'nonsense'",
+        ),
+        (lambda: ModelConfig(instrument_dropout=1.0), "--instrument-dropout must be in [0, 1)"),
+        (lambda: preset("tiny", qat=True, precision="bf16"), "--precision bf16 and --qat"),
+        (lambda: preset("tiny", nonsense=1), "unknown model setting 'nonsense'"),
+        (lambda: TFTConfig.from_json({"schema": 3}), "schema 3: written by a newer tftjax"),
+        (
+            lambda: TFTConfig.from_json({"hidden": 8, "colour": "red"}),
+            "unknown model setting 'colour'",
+        ),
+        (lambda: TrainConfig(seed=-1), "seed must be in [0, 2**32), got -1"),
+        (lambda: TrainConfig(learning_rate=float("nan")), "learning_rate must be a finite number"),
+        (lambda: TrainConfig(patience=-1), "patience must be >= 0"),
+        (
+            lambda: DQNConfig(learning_starts=60_000),
+            "learning_starts (60000) must be <= buffer_size",
+        ),
+        (lambda: DQNConfig(seed=-1), "seed must be in [0, 2**32)"),
+    ],
+)
 def test_configs_validate_themselves(make, expect):
     with pytest.raises(ConfigError, match=None) as e:
         make()

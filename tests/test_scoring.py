@@ -35,17 +35,27 @@ def test_holm_by_hand():
 def test_kupiec_and_christoffersen_by_hand():
     hits = np.array([0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0], bool)
     n, x, p = 20, 4, 0.1
-    lr = -2 * ((n - x) * math.log(1 - p) + x * math.log(p)
-               - ((n - x) * math.log(1 - x / n) + x * math.log(x / n)))
+    lr = -2 * (
+        (n - x) * math.log(1 - p)
+        + x * math.log(p)
+        - ((n - x) * math.log(1 - x / n) + x * math.log(x / n))
+    )
     k = scoring.kupiec(hits, p)
     assert (k["n"], k["hits"]) == (20, 4)
     assert k["lr"] == pytest.approx(lr) and k["p"] == pytest.approx(stats.chi2.sf(lr, 1))
     # transitions: 0→0 12, 0→1 3, 1→0 3, 1→1 1
     n00, n01, n10, n11 = 12, 3, 3, 1
     pi0, pi1, pi = 3 / 15, 1 / 4, 4 / 19
-    lr = -2 * ((n00 + n10) * math.log(1 - pi) + (n01 + n11) * math.log(pi)
-               - (n00 * math.log(1 - pi0) + n01 * math.log(pi0) + n10 * math.log(1 - pi1)
-                  + n11 * math.log(pi1)))
+    lr = -2 * (
+        (n00 + n10) * math.log(1 - pi)
+        + (n01 + n11) * math.log(pi)
+        - (
+            n00 * math.log(1 - pi0)
+            + n01 * math.log(pi0)
+            + n10 * math.log(1 - pi1)
+            + n11 * math.log(pi1)
+        )
+    )
     c = scoring.christoffersen(hits)
     assert (c["n00"], c["n01"], c["n10"], c["n11"]) == (n00, n01, n10, n11)
     assert c["lr"] == pytest.approx(lr) and c["p"] == pytest.approx(stats.chi2.sf(lr, 1))
@@ -82,8 +92,9 @@ def test_scores_of_quantile_forecasts_by_hand():
     want = 2 * (0.75 * 0.375 + 1.0 * 0.25 + 0.75 * 0.375)
     assert scoring.crps_from_quantiles(np.array([2.0]), pred, qs)[0] == pytest.approx(want)
     assert scoring.crossing_rate(np.array([[0.0, 1.0, 2.0], [0.0, 2.0, 1.0]])) == 0.5
-    counts, expected = scoring.pit_counts(np.array([-2.0, -0.5, 0.5, 0.5, 3.0]),
-                                          np.tile(pred, (5, 1)), qs)
+    counts, expected = scoring.pit_counts(
+        np.array([-2.0, -0.5, 0.5, 0.5, 3.0]), np.tile(pred, (5, 1)), qs
+    )
     np.testing.assert_array_equal(counts, [1, 1, 2, 1])
     np.testing.assert_allclose(expected, [1.25, 1.25, 1.25, 1.25])
 

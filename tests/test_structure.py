@@ -7,8 +7,6 @@ as a half-initialised module at some user's first call."""
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent / "tftjax"
 
 
@@ -103,14 +101,19 @@ def test_the_layers_import_downwards_only():
     for m in package("tftjax.training"):
         assert not GRAPH[m] & (package("tftjax.serving") | set(clis())), m
     for m in package("tftjax.stats") | package("tftjax.config"):
-        assert not GRAPH[m] & (package("tftjax.models") | package("tftjax.training")
-                               | package("tftjax.runner")), m
+        assert not GRAPH[m] & (
+            package("tftjax.models") | package("tftjax.training") | package("tftjax.runner")
+        ), m
     for m in package("tftjax.stats"):
         assert not any(x.startswith("tftjax.data") for x in GRAPH[m]), m
     for m in package("tftjax.models"):
         assert not GRAPH[m] & (package("tftjax.training") | package("tftjax.runner")), m
-    facades = {"tftjax.training", "tftjax.training.run", "tftjax.serving.api",
-               "tftjax.serving.saved"}
+    facades = {
+        "tftjax.training",
+        "tftjax.training.run",
+        "tftjax.serving.api",
+        "tftjax.serving.saved",
+    }
     for m in package("tftjax.dqn"):
         reached = {x for x in GRAPH[m] if x.startswith(("tftjax.training", "tftjax.serving"))}
         assert reached <= facades, (m, reached - facades)
@@ -140,8 +143,11 @@ def the_map() -> list[str]:
     import tftjax
 
     text = tftjax.__doc__.split("::", 1)[1].split("Entry points", 1)[0]
-    return ["tftjax" + ("." + line.split()[0] if line.split()[0] != "tftjax" else "")
-            for line in text.splitlines() if line.startswith("  ") and line.strip()]
+    return [
+        "tftjax" + ("." + line.split()[0] if line.split()[0] != "tftjax" else "")
+        for line in text.splitlines()
+        if line.startswith("  ") and line.strip()
+    ]
 
 
 def entry_points() -> list[str]:
@@ -154,8 +160,9 @@ def test_the_map_names_every_module_in_an_order_the_imports_follow():
     assert len(order) == len(set(order))
     named = {m for m, p in MODULES.items() if m != "tftjax" and p.read_text().strip()}
     assert sorted(set(order) | set(entry_points())) == sorted(named), (
-        "modules missing from the map: " + ", ".join(sorted(named - set(order)
-                                                          - set(entry_points()))))
+        "modules missing from the map: "
+        + ", ".join(sorted(named - set(order) - set(entry_points())))
+    )
     seen = set()
     for m in order:
         later = GRAPH[m] - seen

@@ -51,10 +51,18 @@ def test_calibrated_on_es(cal):
 
 def test_cli_writes_parquet(tmp_path):
     out = tmp_path / "syn.parquet"
-    proc = subprocess.run([sys.executable, "-m", "tftjax.data.synthetic", "--days", "2", "--out",
-                           str(out)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tftjax.data.synthetic", "--days", "2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert len(read_bars(out)) == 2 * SESSION_MINUTES
-    bad = subprocess.run([sys.executable, "-m", "tftjax.data.synthetic", "--days", "0", "--out",
-                          str(out)], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tftjax.data.synthetic", "--days", "0", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--days" in bad.stderr

@@ -30,33 +30,53 @@ def test_a_target_plan_is_never_capped_at_this_machines_device(monkeypatch):
 
     monkeypatch.setattr(planning, "device_limit", lambda: 10**9)
     monkeypatch.setattr(planning, "min_bytes", lambda *a: 0)
-    monkeypatch.setattr(planning, "analyse", lambda cfg, b, rows, accumulate=1: Compiled(
-        cfg.execution.remat, b, 0, 0, 0, 5 * 10**9, 0))
+    monkeypatch.setattr(
+        planning,
+        "analyse",
+        lambda cfg, b, rows, accumulate=1: Compiled(cfg.execution.remat, b, 0, 0, 0, 5 * 10**9, 0),
+    )
     logs = []
     cfg = preset("tiny", remat="off")
     monkeypatch.setattr(planning, "targeting", lambda: True)
-    assert planning.plan_auto(cfg, 70e9, 64, 100, log=logs.append, grow_batch=False,
-                              backend="gpu")[0] == "off"
+    assert (
+        planning.plan_auto(cfg, 70e9, 64, 100, log=logs.append, grow_batch=False, backend="gpu")[0]
+        == "off"
+    )
     assert not any("device's limit" in line for line in logs), logs
     monkeypatch.setattr(planning, "targeting", lambda: False)  # here: capped at 0.9 GB
     with pytest.raises(targets.ConfigError, match="no remat tier fits 0.90 GB"):
-        planning.plan_auto(cfg, 70e9, 64, 100, log=logs.append, grow_batch=False,
-                           backend="gpu")
+        planning.plan_auto(cfg, 70e9, 64, 100, log=logs.append, grow_batch=False, backend="gpu")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not targets.available(),
-                    reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')")
+@pytest.mark.skipif(
+    not targets.available(), reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')"
+)
 def test_memory_cli_plans_for_a_target(tmp_path, capsys):
-    rc = call(memory_cli.main, "--target", "rtx4090", "--preset", "tiny", "--tiers", "off",
-              "--batch-sizes", "64", "--budgets", "24", "--out", tmp_path)
+    rc = call(
+        memory_cli.main,
+        "--target",
+        "rtx4090",
+        "--preset",
+        "tiny",
+        "--tiers",
+        "off",
+        "--batch-sizes",
+        "64",
+        "--budgets",
+        "24",
+        "--out",
+        tmp_path,
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "NVIDIA GeForce RTX 4090 (compile-only target)" in (tmp_path / "memory.json").read_text()
     # planned against the pool a run on that card gets (JAX's default 75%), never this
     # machine's device, with what is not modelled said
-    assert ("--remat auto on NVIDIA GeForce RTX 4090 (25.8 GB; JAX's pool 75% of it, "
-            "XLA_PYTHON_CLIENT_MEM_FRACTION; planned for 90% of the pool): --remat off") in out
+    assert (
+        "--remat auto on NVIDIA GeForce RTX 4090 (25.8 GB; JAX's pool 75% of it, "
+        "XLA_PYTHON_CLIENT_MEM_FRACTION; planned for 90% of the pool): --remat off"
+    ) in out
     assert "not modelled: the CUDA context" in out and "not run" in out
 
 

@@ -12,12 +12,10 @@ import pytest
 from conftest import call, random_bars, short_es, xla_optimised
 
 from tftjax import train as train_cli
-
-from tftjax.runner.checkpoints import list_checkpoints
-from tftjax.config import preset
+from tftjax.config import ConfigError, TrainConfig, preset
 from tftjax.data import Dataset, load_dataset, make_splits, to_device
 from tftjax.data.features import FeatureSet, FeatureStats
-from tftjax.config import ConfigError, TrainConfig
+from tftjax.runner.checkpoints import list_checkpoints
 from tftjax.training import Trainer, create_train_state, train_and_evaluate
 
 CFG = preset("tiny")
@@ -43,8 +41,14 @@ def signal_dataset(n=2264, seed=0) -> Dataset:
     # decoder step k of a window ending at row t sees row t+1+k's known inputs (a gap-free grid)
     d = CFG.data.decoder_steps
     future = known[np.minimum(np.arange(n)[:, None] + 1 + np.arange(d), n - 1)]
-    fs = FeatureSet(rng.normal(size=(n, 210)).astype(np.float32), known, future,
-                    np.zeros(5, np.float32), target, stats)
+    fs = FeatureSet(
+        rng.normal(size=(n, 210)).astype(np.float32),
+        known,
+        future,
+        np.zeros(5, np.float32),
+        target,
+        stats,
+    )
     return Dataset.single(bars, fs, make_splits(n, CFG.data), CFG.data)
 
 
@@ -78,7 +82,7 @@ def test_padded_rows_do_not_count(es):
 def test_loss_falls_well_below_naive_baseline(tmp_path):
     tc = dataclasses.replace(TC, epochs=4, max_steps_per_epoch=None)
     with xla_optimised():  # ~110 steps: the optimised program's speed pays for its compile
-        _, s = train_and_evaluate(CFG, tc, tmp_path, dataset=signal_dataset(1400), **quiet)
+        _, s = train_and_evaluate(CFG, tc, tmp_path, data=signal_dataset(1400), **quiet)
     model, naive = s["model"]["val"]["loss"], s["baselines"]["train_quantiles"]["val"]["loss"]
     assert model < 0.5 * naive, (model, naive)
     assert s["history"][-1]["train_loss"] < 0.5 * s["history"][0]["train_loss"]
@@ -92,7 +96,7 @@ def names(workdir):
 @ES
 def test_checkpoint_names_full_run(tmp_path, es):
     tc = dataclasses.replace(TC, epochs=3)
-    train_and_evaluate(CFG, tc, tmp_path, dataset=es, **dict(quiet, plots=True))
+    train_and_evaluate(CFG, tc, tmp_path, data=es, **dict(quiet, plots=True))
     got = set(names(tmp_path))
     assert {"tft_epoch_2", "tft_epoch_3", "tft_final_epoch3"} <= got
     hist = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -105,9 +109,9 @@ def test_checkpoint_names_full_run(tmp_path, es):
 
 @ES
 def test_refuses_to_overwrite_an_earlier_run(tmp_path, es):
-    train_and_evaluate(CFG, TC, tmp_path, dataset=es, **quiet)
+    train_and_evaluate(CFG, TC, tmp_path, data=es, **quiet)
     with pytest.raises(ConfigError, match="already holds checkpoints"):
-        train_and_evaluate(CFG, TC, tmp_path, dataset=es, **quiet)
+        train_and_evaluate(CFG, TC, tmp_path, data=es, **quiet)
 
 
 def run(*args, timeout=600):
@@ -117,9 +121,25 @@ def run(*args, timeout=600):
 @pytest.mark.slow
 def test_cli_train_and_evaluate(tmp_path, capsys):
     wd = tmp_path / "run"
-    p = run("-m", "tftjax.train", "--preset", "tiny", "--epochs", "1", "--batch-size", "32",
-            "--max-steps-per-epoch", "3", "--workdir", str(wd), "--no-progress",
-            "--profile", "--parquet-file", short_es(), "--no-plots")
+    p = run(
+        "-m",
+        "tftjax.train",
+        "--preset",
+        "tiny",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "32",
+        "--max-steps-per-epoch",
+        "3",
+        "--workdir",
+        str(wd),
+        "--no-progress",
+        "--profile",
+        "--parquet-file",
+        short_es(),
+        "--no-plots",
+    )
     assert p.returncode == 0, p.stderr
     assert not list(wd.glob("*.png"))  # --no-plots (the plots: test_checkpoint_names_full_run)
     assert "naive: train quantiles" in p.stdout and "q-risk P50" in p.stdout
@@ -134,31 +154,47 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
     assert "test" in out and "q-risk P90" in out
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--remat", "sideways"], "--remat must be one of off, minimal, aggressive, full, "
-                                "offload, fastest, auto, got 'sideways'"),
-    (["--precision", "fp8"], "--precision must be one of f32, bf16, got 'fp8'"),
-    (["--matmul-precision", "fastest"], "--matmul-precision must be one of default, high, "
-                                        "highest, got 'fastest'"),
-    (["--vsn-kernel", "cuda"], "--vsn-kernel must be one of xla, pallas, got 'cuda'"),
-    (["--lstm-kernel", "cudnn"], "--lstm-kernel must be one of xla, pallas, got 'cudnn'"),
-    (["--grn-kernel", "cuda"], "--grn-kernel must be one of xla, pallas, got 'cuda'"),
-    (["--attention-kernel", "flash"], "--attention-kernel must be one of xla, pallas, got 'flash'"),
-    (["--optimizer-kernel", "apex"], "--optimizer-kernel must be one of xla, pallas, got 'apex'"),
-    (["--epochs", "0"], "epochs must be >= 1, got 0"),
-    (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),
-    (["--hidden-size", "0"], "--hidden-size must be >= 1, got 0"),
-    (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
-    (["--d-v", "0"], "--d-v must be >= 1, got 0"),
-    (["--kernels", "triton"], "--kernels must be one of xla, pallas, got 'triton'"),
-    (["--kernels-exclude", "vsn,flash"], "--kernels-exclude must be one of vsn, lstm, grn, "
-                                         "attention, optimizer, got 'flash'"),
-    (["--parquet-file", "/nonexistent/bars.parquet"], "bars.parquet: file not found"),
-    (["--bogus-flag"], "bogus"),
-    (["--remat", "auto"], "--remat auto needs --memory-budget"),
-    (["--remat", "auto", "--memory-budget", "1MB"], "no remat tier fits"),
-    (["--remat", "auto", "--memory-budget", "lots"], "is not a size"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (
+            ["--remat", "sideways"],
+            "--remat must be one of off, minimal, aggressive, full, "
+            "offload, fastest, auto, got 'sideways'",
+        ),
+        (["--precision", "fp8"], "--precision must be one of f32, bf16, got 'fp8'"),
+        (
+            ["--matmul-precision", "fastest"],
+            "--matmul-precision must be one of default, high, highest, got 'fastest'",
+        ),
+        (["--vsn-kernel", "cuda"], "--vsn-kernel must be one of xla, pallas, got 'cuda'"),
+        (["--lstm-kernel", "cudnn"], "--lstm-kernel must be one of xla, pallas, got 'cudnn'"),
+        (["--grn-kernel", "cuda"], "--grn-kernel must be one of xla, pallas, got 'cuda'"),
+        (
+            ["--attention-kernel", "flash"],
+            "--attention-kernel must be one of xla, pallas, got 'flash'",
+        ),
+        (
+            ["--optimizer-kernel", "apex"],
+            "--optimizer-kernel must be one of xla, pallas, got 'apex'",
+        ),
+        (["--epochs", "0"], "epochs must be >= 1, got 0"),
+        (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),
+        (["--hidden-size", "0"], "--hidden-size must be >= 1, got 0"),
+        (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
+        (["--d-v", "0"], "--d-v must be >= 1, got 0"),
+        (["--kernels", "triton"], "--kernels must be one of xla, pallas, got 'triton'"),
+        (
+            ["--kernels-exclude", "vsn,flash"],
+            "--kernels-exclude must be one of vsn, lstm, grn, attention, optimizer, got 'flash'",
+        ),
+        (["--parquet-file", "/nonexistent/bars.parquet"], "bars.parquet: file not found"),
+        (["--bogus-flag"], "bogus"),
+        (["--remat", "auto"], "--remat auto needs --memory-budget"),
+        (["--remat", "auto", "--memory-budget", "1MB"], "no remat tier fits"),
+        (["--remat", "auto", "--memory-budget", "lots"], "is not a size"),
+    ],
+)
 def test_cli_bad_input_exit_2(tmp_path, args, expect, capsys):
     rc = call(train_cli.main, "--preset", "tiny", "--workdir", tmp_path / "w", *args)
     err = capsys.readouterr().err
@@ -169,8 +205,16 @@ def test_cli_bad_input_exit_2(tmp_path, args, expect, capsys):
 
 def test_cli_bad_input_exit_2_through_python_m(tmp_path):
     # the entry point as a user runs it: one line on stderr, exit code 2, nothing written
-    p = run("-m", "tftjax.train", "--preset", "tiny", "--workdir", str(tmp_path / "w"),
-            "--remat", "sideways")
+    p = run(
+        "-m",
+        "tftjax.train",
+        "--preset",
+        "tiny",
+        "--workdir",
+        str(tmp_path / "w"),
+        "--remat",
+        "sideways",
+    )
     assert p.returncode == 2, p.stderr
     assert "--remat must be one of off" in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr

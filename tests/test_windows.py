@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 
 from tftjax.config import DataConfig
-from tftjax.data import (DataError, build_features, epoch_batches, gather, load_dataset,
-                         make_splits, to_device)
+from tftjax.data import (
+    DataError,
+    build_features,
+    epoch_batches,
+    gather,
+    load_dataset,
+    make_splits,
+    to_device,
+)
 from tftjax.data.features import WARMUP
 
 CFG = DataConfig()
@@ -91,8 +98,9 @@ def test_gather_shapes_and_values_equal_numpy_slices(dataset, gather_jit):
         np.testing.assert_array_equal(batch.known[i, :50], fs.known[s : s + 50])
         # decoder steps: the calendar slots after the last encoder bar, not the later bars
         np.testing.assert_array_equal(batch.known[i, 50:], fs.future[s + 49])
-        np.testing.assert_allclose(batch.target[i], grid_targets(dataset, s + 49, 10),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            batch.target[i], grid_targets(dataset, s + 49, 10), rtol=1e-5, atol=1e-6
+        )
         np.testing.assert_array_equal(batch.static[i], fs.static)
 
 
@@ -114,8 +122,8 @@ def test_decoder_targets_are_masked_at_the_bundled_es_gaps(dataset):
     """A missing minute is a missing target, not the next bar shifted into its step: at every
     window whose 10 decoder slots cross one of the ES file's gaps, the steps after the gap
     keep their own minutes' bars, and the loss and the metrics leave the missing ones out."""
-    from tftjax.stats import losses, scoring
     from tftjax.config import preset
+    from tftjax.stats import losses, scoring
     from tftjax.training.evaluation import window_targets
 
     ts = dataset.bars.ts.astype(np.int64)
@@ -142,11 +150,13 @@ def test_decoder_targets_are_masked_at_the_bundled_es_gaps(dataset):
     np.testing.assert_allclose(float(got), want, rtol=1e-5)
     i90 = list(qs).index(0.9)
     q90 = 2 * pin[..., i90].sum() / np.abs(y[ok]).sum()
-    m = losses.finalize(losses.metric_sums(jnp.asarray(y), jnp.asarray(pred), qs,
-                                           jnp.ones(len(y), bool)))
+    m = losses.finalize(
+        losses.metric_sums(jnp.asarray(y), jnp.asarray(pred), qs, jnp.ones(len(y), bool))
+    )
     np.testing.assert_allclose(m["q_risk_90"], q90, rtol=1e-5)
-    np.testing.assert_allclose(scoring.from_sums(scoring.window_sums(y, pred, qs))["q_risk_90"],
-                               q90, rtol=1e-6)
+    np.testing.assert_allclose(
+        scoring.from_sums(scoring.window_sums(y, pred, qs))["q_risk_90"], q90, rtol=1e-6
+    )
     np.testing.assert_allclose(losses.numpy_metrics(y, pred, qs)["q_risk_90"], q90, rtol=1e-6)
     assert scoring.window_sums(y, pred, qs)[:, 5].sum() == ok.sum()
     # and the gradient of the loss is finite (a NaN target must not poison the update)
@@ -188,8 +198,11 @@ def test_fan_titles_show_the_bars_own_times():
     ds = load_dataset(short_es(), cfg.data)
     starts = ds.splits.test[[0, -1]]
     table = pq.read_table(short_es())
-    col = next(c for c in table.column_names if c.lower() in ("ts", "ts_event", "timestamp",
-                                                                 "datetime", "date"))
+    col = next(
+        c
+        for c in table.column_names
+        if c.lower() in ("ts", "ts_event", "timestamp", "datetime", "date")
+    )
     times = table.column(col).to_pylist()
     want = []
     for s in starts:
@@ -221,5 +234,6 @@ def test_cumulative_targets_are_the_k_bar_sums(dataset):
     # without gaps, step k is the sum of the next k bars' own targets
     full = np.isfinite(want).all(axis=1)
     per_bar = ds.features.target[starts[full, None] + e + np.arange(d)].astype(np.float64)
-    np.testing.assert_allclose(window_targets(ds, starts)[full], np.cumsum(per_bar, axis=1),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        window_targets(ds, starts)[full], np.cumsum(per_bar, axis=1), rtol=1e-6, atol=1e-6
+    )

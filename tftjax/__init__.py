@@ -73,6 +73,7 @@ this map names every module::
   models.layers            Dense, GLU, GRN, gated add & norm, LSTM, interpretable attention
   models.folded            the selection GRN with the embeddings folded in (float and int8)
   models.vsn               variable selection networks (stacked per-variable GRNs)
+  models.blocks            which implementation runs each block (XLA, Pallas, quantized)
   models.tft               the Temporal Fusion Transformer
   models                   (the package's face)
   quant.ptq                post-training calibration of int8 activation ranges

@@ -17,7 +17,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from tftjax.cli import data_files, run_folder, tft_command_line, tft_configs
+from tftjax.cli import data_files, first_paragraph, run_folder, tft_command_line, tft_configs
 from tftjax.cli import main as cli_main
 from tftjax.config import ConfigError
 from tftjax.config.presets import PresetName
@@ -64,42 +64,59 @@ class BacktestOptions:
     """Write a TensorBoard log per fold (RUN/tensorboard)."""
 
 
-COMMAND_LINE = tft_command_line("python -m tftjax.backtest", __doc__.split("\n\n")[0],
-                                BacktestOptions, "small", TRAIN_DEFAULTS)
+COMMAND_LINE = tft_command_line(
+    "python -m tftjax.backtest", first_paragraph(__doc__), BacktestOptions, "small", TRAIN_DEFAULTS
+)
 
 
 def run(argv: list[str] | None = None) -> int:
     parsed = COMMAND_LINE.parse(argv)
     opts = parsed.options(BacktestOptions)
-    cfg, tc = tft_configs(parsed, opts.preset, train_defaults=TRAIN_DEFAULTS,
-                          settings=opts.config)
+    cfg, tc = tft_configs(parsed, opts.preset, train_defaults=TRAIN_DEFAULTS, settings=opts.config)
     workdir = run_folder(opts.workdir, "runs/backtest", False)
     if workdir.exists() and any(workdir.iterdir()):
         raise ConfigError(f"--workdir {workdir} is not empty; choose a new folder")
-    plan = WalkForward(opts.folds, opts.test_fraction, opts.bootstrap, opts.tune_trials,
-                       opts.tune_epochs)
+    plan = WalkForward(
+        opts.folds, opts.test_fraction, opts.bootstrap, opts.tune_trials, opts.tune_epochs
+    )
     if opts.tune_trials:
         try:
             import optuna  # noqa: F401
         except ImportError:
             raise ConfigError("--tune-trials needs optuna: pip install 'tftjax[tune]'") from None
-    out = backtest(cfg, tc, data_files(opts.parquet_file, opts.dataset), workdir, plan,
-                   progress=opts.progress, tensorboard=opts.tensorboard)
-    tuned = ("in each fold" if opts.tune_trials else "once (--config)" if opts.config else "no")
-    out["settings"] = {"preset": opts.preset, "config": str(opts.config) if opts.config else None,
-                       "tuned": tuned, "tune_trials": opts.tune_trials}
+    out = backtest(
+        cfg,
+        tc,
+        data_files(opts.parquet_file, opts.dataset),
+        workdir,
+        plan,
+        progress=opts.progress,
+        tensorboard=opts.tensorboard,
+    )
+    tuned = "in each fold" if opts.tune_trials else "once (--config)" if opts.config else "no"
+    out["settings"] = {
+        "preset": opts.preset,
+        "config": str(opts.config) if opts.config else None,
+        "tuned": tuned,
+        "tune_trials": opts.tune_trials,
+    }
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "backtest.json").write_text(json.dumps(out, indent=1))
-    print(f"settings tuned inside each fold ({opts.tune_trials} trials on its training and "
-          "validation stretches)" if opts.tune_trials else
-          "settings tuned on validation (--config " + str(opts.config) + ")" if opts.config
-          else f"settings: the {opts.preset} preset as given (not tuned)")
+    print(
+        f"settings tuned inside each fold ({opts.tune_trials} trials on its training and "
+        "validation stretches)"
+        if opts.tune_trials
+        else "settings tuned on validation (--config " + str(opts.config) + ")"
+        if opts.config
+        else f"settings: the {opts.preset} preset as given (not tuned)"
+    )
     print(format_table(out))
     if opts.plot:
         from tftjax.plots import pit_histogram
 
-        pit_histogram(workdir / "pit.png", out["pooled"]["tft"]["calibration"]["pit"],
-                      cfg.head.quantiles)
+        pit_histogram(
+            workdir / "pit.png", out["pooled"]["tft"]["calibration"]["pit"], cfg.head.quantiles
+        )
     print(f"wrote {workdir / 'backtest.json'}")
     return 0
 
@@ -108,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(run, argv)
 
 
-if __name__ == "__main__":
+def main_exit() -> None:
+    """The console script: :func:`main`, and the process ends with its exit code."""
     from tftjax.cli import exit as cli_exit
 
     cli_exit(main())
+
+
+if __name__ == "__main__":
+    main_exit()

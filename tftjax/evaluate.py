@@ -20,7 +20,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from tftjax.cli import CommandLine, data_files, quant_options
+from tftjax.cli import CommandLine, data_files, first_paragraph, quant_options
 from tftjax.cli import main as cli_main
 from tftjax.errors import ConfigError
 
@@ -62,8 +62,9 @@ class EvaluateOptions:
     """With --calibrate: stacked GRN weight scales per (variable, channel), or per variable."""
 
 
-COMMAND_LINE = CommandLine("python -m tftjax.evaluate", __doc__.split("\n\n")[0],
-                           {"options": EvaluateOptions})
+COMMAND_LINE = CommandLine(
+    "python -m tftjax.evaluate", first_paragraph(__doc__), {"options": EvaluateOptions}
+)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -72,12 +73,19 @@ def run(argv: list[str] | None = None) -> int:
     args = COMMAND_LINE.parse(argv).options(EvaluateOptions)
     if args.calibrate is not None and args.calibrate < 1:
         raise ConfigError(f"--calibrate must be >= 1 batch, got {args.calibrate}")
-    evaluate_checkpoint(args.checkpoint, data_files(args.parquet_file, args.dataset), args.split,
-                        int8=args.int8, calibrate_batches=args.calibrate or 0,
-                        unknown=args.unknown_instrument, instrument=args.instrument,
-                        calibration=args.calibration,
-                        quant_options=quant_options(args.act_symmetric, args.weight_granularity,
-                                                    args.stacked_scales))
+    evaluate_checkpoint(
+        args.checkpoint,
+        data_files(args.parquet_file, args.dataset),
+        args.split,
+        int8=args.int8,
+        calibrate_batches=args.calibrate or 0,
+        unknown=args.unknown_instrument,
+        instrument=args.instrument,
+        calibration=args.calibration,
+        quant_options=quant_options(
+            args.act_symmetric, args.weight_granularity, args.stacked_scales
+        ),
+    )
     return 0
 
 
@@ -85,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(run, argv)
 
 
-if __name__ == "__main__":
+def main_exit() -> None:
+    """The console script: :func:`main`, and the process ends with its exit code."""
     from tftjax.cli import exit as cli_exit
 
     cli_exit(main())
+
+
+if __name__ == "__main__":
+    main_exit()

@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from tftjax.cli import CommandLine, quant_options
+from tftjax.cli import CommandLine, first_paragraph, quant_options
 from tftjax.cli import main as cli_main
 from tftjax.errors import ConfigError
 
@@ -38,9 +38,9 @@ class ExportOptions:
     outputs for them (what another runtime checks its rebuild against)."""
 
 
-
-COMMAND_LINE = CommandLine("python -m tftjax.export", __doc__.split("\n\n")[0],
-                           {"options": ExportOptions})
+COMMAND_LINE = CommandLine(
+    "python -m tftjax.export", first_paragraph(__doc__), {"options": ExportOptions}
+)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -49,10 +49,16 @@ def run(argv: list[str] | None = None) -> int:
     args = COMMAND_LINE.parse(argv).options(ExportOptions)
     if args.calibrate is not None and args.calibrate < 1:
         raise ConfigError(f"--calibrate must be >= 1 batch, got {args.calibrate}")
-    export(args.checkpoint, args.out, calibrate_batches=args.calibrate or 0,
-           calibration=args.calibration, quant_options=quant_options(args.act_symmetric, args.weight_granularity,
-                                                args.stacked_scales),
-           sample_windows=args.samples)
+    export(
+        args.checkpoint,
+        args.out,
+        calibrate_batches=args.calibrate or 0,
+        calibration=args.calibration,
+        quant_options=quant_options(
+            args.act_symmetric, args.weight_granularity, args.stacked_scales
+        ),
+        sample_windows=args.samples,
+    )
     return 0
 
 
@@ -60,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(run, argv)
 
 
-if __name__ == "__main__":
+def main_exit() -> None:
+    """The console script: :func:`main`, and the process ends with its exit code."""
     from tftjax.cli import exit as cli_exit
 
     cli_exit(main())
+
+
+if __name__ == "__main__":
+    main_exit()

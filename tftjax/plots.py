@@ -20,8 +20,12 @@ def loss_curves(path: Path, history: list[dict]) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     ep = [h["epoch"] for h in history]
-    ax.plot(ep, [np.nan if h.get("train_loss") is None else h["train_loss"] for h in history],
-            "o-", label="train")
+    ax.plot(
+        ep,
+        [np.nan if h.get("train_loss") is None else h["train_loss"] for h in history],
+        "o-",
+        label="train",
+    )
     ax.plot(ep, [h["val_loss"] for h in history], "s-", label="validation")
     ax.set_xlabel("epoch")
     ax.set_ylabel("quantile loss")
@@ -32,8 +36,15 @@ def loss_curves(path: Path, history: list[dict]) -> None:
     plt.close(fig)
 
 
-def quantile_fan(path: Path, target_history: np.ndarray, target: np.ndarray, pred: np.ndarray,
-                 quantiles, titles: list[str], ylabel: str = "return / train std") -> None:
+def quantile_fan(
+    path: Path,
+    target_history: np.ndarray,
+    target: np.ndarray,
+    pred: np.ndarray,
+    quantiles,
+    titles: list[str],
+    ylabel: str = "return / train std",
+) -> None:
     """``target_history [k, T_e]``, ``target [k, T_d]``, ``pred [k, T_d, Q]`` (in the units
     ``ylabel`` names)."""
     plt = _plt()
@@ -46,8 +57,15 @@ def quantile_fan(path: Path, target_history: np.ndarray, target: np.ndarray, pre
         x = np.arange(td)
         for lo in range(len(qs) // 2):
             hi = len(qs) - 1 - lo
-            ax.fill_between(x, pred[i, :, lo], pred[i, :, hi], color="tab:blue", alpha=0.15 + 0.1 * lo,
-                            lw=0, label=f"P{qs[lo] * 100:g}–P{qs[hi] * 100:g}")
+            ax.fill_between(
+                x,
+                pred[i, :, lo],
+                pred[i, :, hi],
+                color="tab:blue",
+                alpha=0.15 + 0.1 * lo,
+                lw=0,
+                label=f"P{qs[lo] * 100:g}–P{qs[hi] * 100:g}",
+            )
         if len(qs) % 2:
             ax.plot(x, pred[i, :, len(qs) // 2], color="tab:blue", lw=1.5, label="median")
         ax.plot(x, target[i], "k.-", lw=1, label="actual")
@@ -61,8 +79,16 @@ def quantile_fan(path: Path, target_history: np.ndarray, target: np.ndarray, pre
     plt.close(fig)
 
 
-def variable_importance(path: Path, static_w: np.ndarray, hist_w: np.ndarray, fut_w: np.ndarray,
-                        static_names, hist_names, fut_names, top: int = 20) -> None:
+def variable_importance(
+    path: Path,
+    static_w: np.ndarray,
+    hist_w: np.ndarray,
+    fut_w: np.ndarray,
+    static_names,
+    hist_names,
+    fut_names,
+    top: int = 20,
+) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(14, 5), gridspec_kw={"width_ratios": [1, 2, 1]})
     for ax, w, names, title in (
@@ -83,8 +109,10 @@ def variable_importance(path: Path, static_w: np.ndarray, hist_w: np.ndarray, fu
 def window_titles(ts: np.ndarray, starts: np.ndarray, encoder_steps: int) -> list[str]:
     """Fan titles: each window's first forecast bar as the bars store it (``ts``: int64
     nanoseconds since the epoch, wall-clock or UTC), to the minute."""
-    return [f"first forecast bar {np.datetime64(int(t), 'ns').astype('datetime64[m]')}"
-            for t in ts[np.asarray(starts) + encoder_steps]]
+    return [
+        f"first forecast bar {np.datetime64(int(t), 'ns').astype('datetime64[m]')}"
+        for t in ts[np.asarray(starts) + encoder_steps]
+    ]
 
 
 def training_plots(workdir: Path, history, trainer, params, ds, cfg, write: bool = True) -> None:
@@ -111,10 +139,15 @@ def training_plots(workdir: Path, history, trainer, params, ds, cfg, write: bool
         titles = [f"{ds.names[i]}: {t}" for i, t in zip(ds.series_of(picks), titles)]
     quantile_fan(workdir / "quantile_fan.png", past, future, pred, cfg.head.quantiles, titles)
     hist_names = list(historical_names(cfg.data.features)) + [f"{n} (known)" for n in KNOWN_NAMES]
-    variable_importance(workdir / "variable_importance.png",
-                        interp.static_weights.mean(0), interp.historical_weights.mean((0, 1)),
-                        interp.future_weights.mean((0, 1)), STATIC_NAMES, hist_names,
-                        KNOWN_NAMES)
+    variable_importance(
+        workdir / "variable_importance.png",
+        interp.static_weights.mean(0),
+        interp.historical_weights.mean((0, 1)),
+        interp.future_weights.mean((0, 1)),
+        STATIC_NAMES,
+        hist_names,
+        KNOWN_NAMES,
+    )
 
 
 def dqn_plots(workdir: Path, history: list[dict], score: str, rollouts: dict) -> None:
@@ -127,8 +160,9 @@ def dqn_plots(workdir: Path, history: list[dict], score: str, rollouts: dict) ->
     axes[0].plot(ep, [np.nan if h["loss"] is None else h["loss"] for h in history], "o-", ms=3)
     axes[0].set(title="Huber loss (train)", xlabel="epoch")
     ep_ret = [np.nan if h.get("episode_return") is None else h["episode_return"] for h in history]
-    axes[1].plot(np.asarray(ep)[np.isfinite(ep_ret)], np.asarray(ep_ret)[np.isfinite(ep_ret)],
-                 "o-", ms=3)
+    axes[1].plot(
+        np.asarray(ep)[np.isfinite(ep_ret)], np.asarray(ep_ret)[np.isfinite(ep_ret)], "o-", ms=3
+    )
     axes[1].set(title="mean episode return (ε-greedy, train)", xlabel="epoch")
     axes[2].plot(ep, [h[score] for h in history], "o-", ms=3, color="C2")
     axes[2].set(title=f"{score} (greedy)", xlabel="epoch")
@@ -163,8 +197,11 @@ def pit_histogram(path: Path, pit: dict, quantiles) -> None:
     ax.bar(x - 0.2, counts / counts.sum(), 0.4, label="observed")
     ax.bar(x + 0.2, expected / expected.sum(), 0.4, label="expected (calibrated)")
     ax.set_xticks(x, labels)
-    ax.set(xlabel="quantile bin of the target", ylabel="share of targets",
-           title="PIT histogram of the quantile forecasts")
+    ax.set(
+        xlabel="quantile bin of the target",
+        ylabel="share of targets",
+        title="PIT histogram of the quantile forecasts",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -21,7 +21,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from tftjax.cli import CommandLine, data_files
+from tftjax.cli import CommandLine, data_files, first_paragraph
 from tftjax.cli import main as cli_main
 from tftjax.errors import ConfigError
 
@@ -91,13 +91,18 @@ def print_last(f, cfg) -> list[int]:
     for name in dict.fromkeys(t["instrument"].tolist()):
         i0 = int(np.flatnonzero(t["instrument"] == name)[-1]) - d + 1
         firsts.append(i0)
-        print(f"{name}: from the bar of {_fmt(t['origin_time'][i0], f.zone)} "
-              f"(close {t['close_at_origin'][i0]:.6g}; times {f.meta['time_zone']})")
+        print(
+            f"{name}: from the bar of {_fmt(t['origin_time'][i0], f.zone)} "
+            f"(close {t['close_at_origin'][i0]:.6g}; times {f.meta['time_zone']})"
+        )
         print("| bar | time | " + " | ".join(f"{k} ({what})" for k in qs) + " |")
         print("|---|---|" + "---|" * len(qs))
         for i in range(i0, i0 + d):
-            print(f"| {t['horizon'][i]} | {_fmt(t['target_time'][i], f.zone)} | "
-                  + " | ".join(f"{t[k][i]:+.5f}" for k in qs) + " |")
+            print(
+                f"| {t['horizon'][i]} | {_fmt(t['target_time'][i], f.zone)} | "
+                + " | ".join(f"{t[k][i]:+.5f}" for k in qs)
+                + " |"
+            )
     return firsts
 
 
@@ -109,18 +114,28 @@ def plot(path: Path, f, cfg, firsts: list[int]) -> None:
     ds, t, d, e = f.dataset, f.table, cfg.data.decoder_steps, cfg.data.encoder_steps
     k = [i // d for i in firsts]  # the origins of those rows
     starts = f.starts[k]
-    scale = np.array([ds.series[j].features.stats.target_scale
-                      for j in ds.series_of(f.rows[k])])[:, None]
+    scale = np.array([ds.series[j].features.stats.target_scale for j in ds.series_of(f.rows[k])])[
+        :, None
+    ]
     hist = ds.features.target[starts[:, None] + np.arange(e)] * scale
     real = t["realised"].reshape(-1, d)[k]
-    titles = [f"{t['instrument'][i]}: from the bar of {_fmt(t['origin_time'][i], f.zone)}"
-              for i in firsts]
-    quantile_fan(path, hist, real, f.pred[k] * scale[:, :, None], cfg.head.quantiles, titles,
-                 ylabel="log return")
+    titles = [
+        f"{t['instrument'][i]}: from the bar of {_fmt(t['origin_time'][i], f.zone)}" for i in firsts
+    ]
+    quantile_fan(
+        path,
+        hist,
+        real,
+        f.pred[k] * scale[:, :, None],
+        cfg.head.quantiles,
+        titles,
+        ylabel="log return",
+    )
 
 
-COMMAND_LINE = CommandLine("python -m tftjax.predict", __doc__.split("\n\n")[0],
-                           {"options": PredictOptions})
+COMMAND_LINE = CommandLine(
+    "python -m tftjax.predict", first_paragraph(__doc__), {"options": PredictOptions}
+)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -134,10 +149,18 @@ def run(argv: list[str] | None = None) -> int:
     from tftjax.serving.api import load
 
     model = load(args.checkpoint, int8=args.int8)
-    f = model.run(data_files(args.parquet_file, args.dataset) or None, as_of=args.as_of,
-                  origins=args.origins, start=args.start, end=args.end, split=args.split,
-                  series=args.series, unknown_instrument=args.unknown_instrument,
-                  instrument=args.instrument, stale_after=args.stale_after)
+    f = model.run(
+        data_files(args.parquet_file, args.dataset) or None,
+        as_of=args.as_of,
+        origins=args.origins,
+        start=args.start,
+        end=args.end,
+        split=args.split,
+        series=args.series,
+        unknown_instrument=args.unknown_instrument,
+        instrument=args.instrument,
+        stale_after=args.stale_after,
+    )
     f.write(args.out)
     for w in f.warnings:
         print(f"warning: {w}")
@@ -145,8 +168,10 @@ def run(argv: list[str] | None = None) -> int:
     firsts = print_last(f, model.saved.cfg)
     if args.plot:
         plot(args.plot, f, model.saved.cfg, firsts)
-    print(f"wrote {args.out} ({len(f.table['horizon'])} rows)"
-          + (f" and {args.plot}" if args.plot else ""))
+    print(
+        f"wrote {args.out} ({len(f.table['horizon'])} rows)"
+        + (f" and {args.plot}" if args.plot else "")
+    )
     return 0
 
 
@@ -154,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(run, argv)
 
 
-if __name__ == "__main__":
+def main_exit() -> None:
+    """The console script: :func:`main`, and the process ends with its exit code."""
     from tftjax.cli import exit as cli_exit
 
     cli_exit(main())
+
+
+if __name__ == "__main__":
+    main_exit()

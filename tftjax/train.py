@@ -20,8 +20,15 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
+from tftjax.cli import (
+    Parsed,
+    data_files,
+    first_paragraph,
+    run_folder,
+    tft_command_line,
+    tft_configs,
+)
 from tftjax.cli import main as cli_main
-from tftjax.cli import Parsed, data_files, run_folder, tft_command_line, tft_configs
 from tftjax.config import AUTO, TFTConfig, TrainConfig
 from tftjax.config.presets import PresetName
 
@@ -81,8 +88,9 @@ class TrainOptions:
     tensorboard --logdir runs/ shows every run)."""
 
 
-COMMAND_LINE = tft_command_line("python -m tftjax.train", __doc__.split("\n\n")[0],
-                                TrainOptions, "tft225")
+COMMAND_LINE = tft_command_line(
+    "python -m tftjax.train", first_paragraph(__doc__), TrainOptions, "tft225"
+)
 
 
 def configs(parsed: Parsed) -> tuple[TFTConfig, TrainConfig, TrainOptions]:
@@ -118,9 +126,11 @@ def run(argv: list[str] | None = None) -> int:
     assert opts.workdir is not None
     paths = data_files(opts.parquet_file, opts.dataset)
     par = parallel.make_parallel(opts.devices, layout=opts.feature_layout)
-    parallel.check_divisible(tc.batch_size // tc.accumulate, par.size,
-                             "--batch-size" if tc.accumulate == 1 else
-                             f"--batch-size / --accumulate {tc.accumulate} =")
+    parallel.check_divisible(
+        tc.batch_size // tc.accumulate,
+        par.size,
+        "--batch-size" if tc.accumulate == 1 else f"--batch-size / --accumulate {tc.accumulate} =",
+    )
     if cfg.execution.remat == AUTO:  # the fastest tier that fits, at the largest batch
         from tftjax.memory import resolve_auto
 
@@ -130,14 +140,24 @@ def run(argv: list[str] | None = None) -> int:
     from tftjax.training import train_and_evaluate
 
     primary = parallel.is_primary()
-    train_and_evaluate(cfg, tc, opts.workdir, parquet_file=paths, resume=opts.resume,
-                       progress=opts.progress and primary,
-                       profile_dir=str(opts.workdir / LOGDIR) if opts.profile else None,
-                       par=par, log=print if primary else (lambda *a, **k: None),
-                       plots=opts.plots, tensorboard=opts.tensorboard)
+    train_and_evaluate(
+        cfg,
+        tc,
+        opts.workdir,
+        data=paths,
+        resume=opts.resume,
+        progress=opts.progress and primary,
+        profile_dir=str(opts.workdir / LOGDIR) if opts.profile else None,
+        par=par,
+        log=print if primary else (lambda *a, **k: None),
+        plots=opts.plots,
+        tensorboard=opts.tensorboard,
+    )
     if opts.profile and primary:
-        print(f"profile trace written under {opts.workdir / LOGDIR} (tensorboard --logdir "
-              f"{opts.workdir}: its profile tab, beside the scalars)")
+        print(
+            f"profile trace written under {opts.workdir / LOGDIR} (tensorboard --logdir "
+            f"{opts.workdir}: its profile tab, beside the scalars)"
+        )
     return 0
 
 
@@ -145,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(run, argv)
 
 
-if __name__ == "__main__":
+def main_exit() -> None:
+    """The console script: :func:`main`, and the process ends with its exit code."""
     from tftjax.cli import exit as cli_exit
 
     cli_exit(main())
+
+
+if __name__ == "__main__":
+    main_exit()

@@ -23,9 +23,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Literal
 
-from tftjax.cli import data_files, run_folder, tft_command_line, tft_configs
+from tftjax.cli import data_files, first_paragraph, run_folder, tft_command_line, tft_configs
 from tftjax.cli import main as cli_main
 from tftjax.config import ConfigError, TFTConfig
 from tftjax.config.presets import PresetName
@@ -66,8 +65,9 @@ class TuneOptions:
     """Write a TensorBoard log per trial (RUN/tensorboard)."""
 
 
-COMMAND_LINE = tft_command_line("python -m tftjax.tune", __doc__.split("\n\n")[0],
-                                TuneOptions, "small", TRAIN_DEFAULTS)
+COMMAND_LINE = tft_command_line(
+    "python -m tftjax.tune", first_paragraph(__doc__), TuneOptions, "small", TRAIN_DEFAULTS
+)
 
 
 def data_digest(paths) -> list[str]:
@@ -77,8 +77,13 @@ def data_digest(paths) -> list[str]:
     from tftjax.data import default_parquet
     from tftjax.data.identity import file_sha256
 
-    files = [default_parquet()] if paths is None else list(paths) if isinstance(
-        paths, (list, tuple)) else [paths]
+    files = (
+        [default_parquet()]
+        if paths is None
+        else list(paths)
+        if isinstance(paths, (list, tuple))
+        else [paths]
+    )
     return [file_sha256(p) if Path(p).is_file() else str(p) for p in files]
 
 
@@ -87,40 +92,71 @@ def run(argv: list[str] | None = None) -> int:
     opts = parsed.options(TuneOptions)
     if opts.trials < 1:
         raise ConfigError(f"--trials must be >= 1, got {opts.trials}")
-    cfg, tc = tft_configs(parsed, opts.preset, train_defaults=TRAIN_DEFAULTS,
-                          settings=opts.config)
+    cfg, tc = tft_configs(parsed, opts.preset, train_defaults=TRAIN_DEFAULTS, settings=opts.config)
     workdir = run_folder(opts.workdir, "runs/tune", False)
     journal, started = workdir / "study.journal", workdir / "search.json"
     paths = data_files(opts.parquet_file, opts.dataset)
-    search = json.loads(json.dumps({"model": cfg.to_json(), "train": tc.to_json(),
-                                    "data": data_digest(paths),
-                                    "sampler_seed": opts.sampler_seed}, default=str))
+    search = json.loads(
+        json.dumps(
+            {
+                "model": cfg.to_json(),
+                "train": tc.to_json(),
+                "data": data_digest(paths),
+                "sampler_seed": opts.sampler_seed,
+            },
+            default=str,
+        )
+    )
     if opts.resume:
         if not journal.is_file() or not started.is_file():
-            raise ConfigError(f"--resume: {workdir} holds no search to go on with "
-                              f"(no study.journal and search.json)")
+            raise ConfigError(
+                f"--resume: {workdir} holds no search to go on with "
+                f"(no study.journal and search.json)"
+            )
         was = json.loads(started.read_text())
         was["model"] = TFTConfig.from_json(was["model"]).to_json()  # any schema
-        changed = [path.split(":")[0].rsplit(".", 1)[-1]  # a field's name, as its flag
-                   for path in identity_diff(was, search)]
+        changed = [
+            path.split(":")[0].rsplit(".", 1)[-1]  # a field's name, as its flag
+            for path in identity_diff(was, search)
+        ]
         if changed:
-            raise ConfigError(f"--resume: {', '.join(changed)} differ from the search started in "
-                              f"{workdir}; give the same settings, or a new --workdir")
+            raise ConfigError(
+                f"--resume: {', '.join(changed)} differ from the search started in "
+                f"{workdir}; give the same settings, or a new --workdir"
+            )
     elif workdir.exists() and any(p != started for p in workdir.iterdir()):
-        raise ConfigError(f"--workdir {workdir} is not empty; choose a new folder, or "
-                          f"--resume to go on with its search")
+        raise ConfigError(
+            f"--workdir {workdir} is not empty; choose a new folder, or "
+            f"--resume to go on with its search"
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     if not opts.resume:
         started.write_text(json.dumps(search, indent=1))
-    out = tune(cfg, tc, paths, workdir, opts.trials, opts.sampler_seed,
-               progress=opts.progress, journal=journal, tensorboard=opts.tensorboard)
+    out = tune(
+        cfg,
+        tc,
+        paths,
+        workdir,
+        opts.trials,
+        opts.sampler_seed,
+        progress=opts.progress,
+        journal=journal,
+        tensorboard=opts.tensorboard,
+    )
     (workdir / "trials.json").write_text(json.dumps(out, indent=1))
-    best = {**out["settings"], "tuned": {"trials": opts.trials, "sampler_seed": opts.sampler_seed,
-                                         "objective": "best validation loss"}}
+    best = {
+        **out["settings"],
+        "tuned": {
+            "trials": opts.trials,
+            "sampler_seed": opts.sampler_seed,
+            "objective": "best validation loss",
+        },
+    }
     (workdir / "best.json").write_text(json.dumps(best, indent=1))
     print(format_trials(out))
-    print(f"wrote {workdir / 'best.json'} (python -m tftjax.train --config "
-          f"{workdir / 'best.json'})")
+    print(
+        f"wrote {workdir / 'best.json'} (python -m tftjax.train --config {workdir / 'best.json'})"
+    )
     return 0
 
 
@@ -128,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(run, argv)
 
 
-if __name__ == "__main__":
+def main_exit() -> None:
+    """The console script: :func:`main`, and the process ends with its exit code."""
     from tftjax.cli import exit as cli_exit
 
     cli_exit(main())
+
+
+if __name__ == "__main__":
+    main_exit()

@@ -15,13 +15,24 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tftjax.cli.flags import CommandLine, Parsed
 
-__all__ = ["CommandLine", "Parsed", "data_file", "data_files", "exit", "main", "quant_options",
-           "run_folder", "tft_command_line", "tft_configs"]
+__all__ = [
+    "first_paragraph",
+    "CommandLine",
+    "Parsed",
+    "data_file",
+    "data_files",
+    "exit",
+    "main",
+    "quant_options",
+    "run_folder",
+    "tft_command_line",
+    "tft_configs",
+]
 
 
 def main(run: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
@@ -38,8 +49,10 @@ def main(run: Callable[[list[str] | None], int | None], argv: list[str] | None =
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted: saves already started were completed; resume with --resume",
-              file=sys.stderr)
+        print(
+            "interrupted: saves already started were completed; resume with --resume",
+            file=sys.stderr,
+        )
         return 130
 
 
@@ -61,9 +74,14 @@ def exit(code: int) -> None:
 
             if distributed.global_state.client is not None:
                 jax.distributed.shutdown()
-        except Exception:  # noqa: BLE001 - leaving anyway
+        except Exception:  # leaving anyway
             pass
     os._exit(code)
+
+
+def first_paragraph(doc: str | None) -> str:
+    """A module docstring's first paragraph: a command's description in its help."""
+    return (doc or "").split("\n\n")[0]
 
 
 def run_folder(given: str | Path | None, root: str | Path, resume: bool) -> Path:
@@ -76,19 +94,22 @@ def run_folder(given: str | Path | None, root: str | Path, resume: bool) -> Path
     """
     import re
 
-    from tftjax.runner.checkpoints import list_checkpoints
     from tftjax.errors import ConfigError
+    from tftjax.runner.checkpoints import list_checkpoints
 
     if given is not None:
         return Path(given)
     root = Path(root)
-    runs = sorted((p for p in root.glob("run_*") if re.fullmatch(r"run_\d+", p.name)),
-                  key=lambda p: int(p.name[4:]))
+    runs = sorted(
+        (p for p in root.glob("run_*") if re.fullmatch(r"run_\d+", p.name)),
+        key=lambda p: int(p.name[4:]),
+    )
     if resume:
         done = [p for p in runs if list_checkpoints(p / "checkpoints")]
         if not done:
-            raise ConfigError(f"--resume: no run with checkpoints under {root}; name one with "
-                              "--workdir")
+            raise ConfigError(
+                f"--resume: no run with checkpoints under {root}; name one with --workdir"
+            )
         return done[-1]
     return root / f"run_{int(runs[-1].name[4:]) + 1 if runs else 1:03d}"
 
@@ -119,8 +140,10 @@ def data_files(parquet_files, dataset: str | None):
 
         names = [n.strip() for n in dataset.split(",")]
         if "" in names or len(set(names)) < len(names):
-            raise ConfigError(f"--dataset {dataset!r}: give distinct bundled names separated by "
-                              "commas, e.g. spx,nasdaq")
+            raise ConfigError(
+                f"--dataset {dataset!r}: give distinct bundled names separated by "
+                "commas, e.g. spx,nasdaq"
+            )
         files = [bundled_path(n) for n in names]
     return None if not files else files[0] if len(files) == 1 else files
 
@@ -130,8 +153,10 @@ def enable_compilation_cache() -> None:
     ``~/.cache/tftjax/jax``) so that a second run of the same model skips its
     compiles (the TFT-225 train step takes 10-20 s to compile on a CPU). JAX's own
     ``JAX_COMPILATION_CACHE_DIR`` wins; ``TFTJAX_COMPILATION_CACHE=0`` turns it off."""
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or \
-            os.environ.get("TFTJAX_COMPILATION_CACHE", "1") == "0":
+    if (
+        os.environ.get("JAX_COMPILATION_CACHE_DIR")
+        or os.environ.get("TFTJAX_COMPILATION_CACHE", "1") == "0"
+    ):
         return
     import jax
 
@@ -143,33 +168,48 @@ def enable_compilation_cache() -> None:
 def quant_options(act_symmetric: bool, weight_granularity: str, stacked_scales: str) -> dict:
     """A PTQ's quantization options (``--act-symmetric``, ``--weight-granularity``,
     ``--stacked-scales`` of evaluate and export) that are set away from their defaults."""
-    given = {"act_symmetric": act_symmetric, "weight_granularity": weight_granularity,
-             "stacked_scales": stacked_scales}
-    default = {"act_symmetric": False, "weight_granularity": "channel",
-               "stacked_scales": "channel"}
+    given = {
+        "act_symmetric": act_symmetric,
+        "weight_granularity": weight_granularity,
+        "stacked_scales": stacked_scales,
+    }
+    default = {"act_symmetric": False, "weight_granularity": "channel", "stacked_scales": "channel"}
     return {k: v for k, v in given.items() if v != default[k]}
 
 
 MODEL_PARTS = ("model", "head", "quant", "execution", "data")
 
 
-def tft_command_line(prog: str, description: str, options: type, preset_name: str,
-                     train_defaults: dict | None = None) -> CommandLine:
+def tft_command_line(
+    prog: str, description: str, options: type, preset_name: str, train_defaults: dict | None = None
+) -> CommandLine:
     """The command line of a command that trains TFTs (train, tune, backtest): every field
     of the model's five parts and of the training config, the command's ``options``, and
     the old per-family kernel switches (hidden). The help shows ``preset_name``'s values."""
     from tftjax.config import SECTIONS, TrainConfig, get_preset
 
     p = get_preset(preset_name)
-    display = {**{name: getattr(p.model, name) for name in MODEL_PARTS},
-               "train": p.train_for(**(train_defaults or {})), "options": options()}
-    parts = {**{name: SECTIONS[name] for name in MODEL_PARTS}, "train": TrainConfig,
-             "options": options}
+    display = {
+        **{name: getattr(p.model, name) for name in MODEL_PARTS},
+        "train": p.train_for(**(train_defaults or {})),
+        "options": options(),
+    }
+    parts = {
+        **{name: SECTIONS[name] for name in MODEL_PARTS},
+        "train": TrainConfig,
+        "options": options,
+    }
     return CommandLine(prog, description, parts, display, legacy_kernel_flags=True)
 
 
-def tft_configs(parsed: Parsed, preset_name: str, *, train_defaults: dict | None = None,
-                settings: str | Path | None = None, saved=None):
+def tft_configs(
+    parsed: Parsed,
+    preset_name: str,
+    *,
+    train_defaults: dict | None = None,
+    settings: str | Path | None = None,
+    saved=None,
+):
     """``(TFTConfig, TrainConfig)`` of a command line: the preset's (training: the
     command's ``train_defaults`` under the preset's own), or ``saved`` (a resumed run's
     pair); then the ``settings`` file (``--config``); then the flags given.
@@ -189,6 +229,9 @@ def tft_configs(parsed: Parsed, preset_name: str, *, train_defaults: dict | None
         cfg, tc = apply_settings(cfg, tc, read_settings(settings), f"--config {settings}")
     cfg = cfg.override(**parsed.model_settings(MODEL_PARTS))
     if parsed.legacy_kernels:
-        cfg = cfg.override(execution=legacy_kernels(
-            cfg.execution, parsed.legacy_kernels, parsed.given_flag("execution", "kernels")))
+        cfg = cfg.override(
+            execution=legacy_kernels(
+                cfg.execution, parsed.legacy_kernels, parsed.given_flag("execution", "kernels")
+            )
+        )
     return cfg, dataclasses.replace(tc, **parsed.part("train"))

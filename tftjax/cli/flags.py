@@ -28,9 +28,15 @@ from tftjax.config.execution import LEGACY_KERNEL_FLAGS
 from tftjax.config.fields import choices, field_types, is_optional, strip_optional
 from tftjax.errors import ConfigError
 
-HEADINGS = {"model": "the network", "head": "the quantile head", "quant": "quantization",
-            "execution": "how it runs", "data": "the data", "train": "training",
-            "options": "this command"}
+HEADINGS = {
+    "model": "the network",
+    "head": "the quantile head",
+    "quant": "quantization",
+    "execution": "how it runs",
+    "data": "the data",
+    "train": "training",
+    "options": "this command",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,17 +84,29 @@ class Parsed:
 class CommandLine:
     """An argparse parser over a command's config parts and its own options."""
 
-    def __init__(self, prog: str, description: str, parts: dict[str, type],
-                 display: dict[str, Any] | None = None, legacy_kernel_flags: bool = False,
-                 epilog: str | None = None, exclude: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        prog: str,
+        description: str,
+        parts: dict[str, type],
+        display: dict[str, Any] | None = None,
+        legacy_kernel_flags: bool = False,
+        epilog: str | None = None,
+        exclude: tuple[str, ...] = (),
+    ):
         """``parts``: part name → config dataclass (``"options"``: the command's own);
         ``display``: part name → the instance whose values the help shows as defaults;
         ``exclude``: fields (``part.name``) that this command does not offer."""
         self.parts = parts
-        self.parser = _Parser(prog=prog, description=description, epilog=epilog,
-                              usage=f"{prog} [flags]  (--help lists them)",
-                              argument_default=argparse.SUPPRESS, allow_abbrev=False,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        self.parser = _Parser(
+            prog=prog,
+            description=description,
+            epilog=epilog,
+            usage=f"{prog} [flags]  (--help lists them)",
+            argument_default=argparse.SUPPRESS,
+            allow_abbrev=False,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         seen: dict[str, str] = {}
         for part, cls in parts.items():
             group = self.parser.add_argument_group(HEADINGS.get(part, part))
@@ -101,13 +119,23 @@ class CommandLine:
                     if n in seen:
                         raise ValueError(f"{n} is a flag of both {seen[n]} and {part}")
                     seen[n] = part
-                _add(group, f, field_types(cls)[f.name], f"{part}.{f.name}", names,
-                     field_docs(cls).get(f.name, ""), shown)
+                _add(
+                    group,
+                    f,
+                    field_types(cls)[f.name],
+                    f"{part}.{f.name}",
+                    names,
+                    field_docs(cls).get(f.name, ""),
+                    shown,
+                )
         if legacy_kernel_flags:
             for name in LEGACY_KERNEL_FLAGS:
-                self.parser.add_argument(f"--{name.replace('_', '-')}", dest=f"legacy.{name}",
-                                         type=_converter(Literal["xla", "pallas"], False),
-                                         help=argparse.SUPPRESS)
+                self.parser.add_argument(
+                    f"--{name.replace('_', '-')}",
+                    dest=f"legacy.{name}",
+                    type=_converter(Literal["xla", "pallas"], False),
+                    help=argparse.SUPPRESS,
+                )
 
     def parse(self, argv: list[str] | None) -> Parsed:
         """The flags given in ``argv`` (default: ``sys.argv[1:]``).
@@ -128,12 +156,15 @@ class CommandLine:
 
 
 def flag_names(f: dataclasses.Field) -> list[str]:
-    return ["--" + (f.metadata.get("flag") or f.name.replace("_", "-")),
-            *f.metadata.get("aliases", ())]
+    return [
+        "--" + (f.metadata.get("flag") or f.name.replace("_", "-")),
+        *f.metadata.get("aliases", ()),
+    ]
 
 
-def _add(group, f: dataclasses.Field, tp: Any, dest: str, names: list[str], doc: str,
-         shown: Any) -> None:
+def _add(
+    group, f: dataclasses.Field, tp: Any, dest: str, names: list[str], doc: str, shown: Any
+) -> None:
     help_ = doc
     if shown is not None:
         help_ += f" (default: {_show(getattr(shown, f.name))})"
@@ -141,8 +172,10 @@ def _add(group, f: dataclasses.Field, tp: Any, dest: str, names: list[str], doc:
         help_ += f" (default: {_show(f.default)})"
     base = strip_optional(tp)
     allowed = choices(base)
-    kw: dict[str, Any] = {"dest": dest, "help": argparse.SUPPRESS if f.metadata.get("hidden")
-                          else help_.replace("%", "%%")}
+    kw: dict[str, Any] = {
+        "dest": dest,
+        "help": argparse.SUPPRESS if f.metadata.get("hidden") else help_.replace("%", "%%"),
+    }
     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
         kw["required"] = True
     if base is bool:
@@ -151,9 +184,14 @@ def _add(group, f: dataclasses.Field, tp: Any, dest: str, names: list[str], doc:
     if get_origin(base) is tuple:
         inner = get_args(base)[0]
         inner_choices = choices(inner)
-        kw.update(nargs="+", action=_Extend, type=_converter(inner, False, split=inner is not Path),
-                  metavar=_metavar(inner) if inner_choices is None
-                  else "{" + ",".join(map(str, inner_choices)) + "}")
+        kw.update(
+            nargs="+",
+            action=_Extend,
+            type=_converter(inner, False, split=inner is not Path),
+            metavar=_metavar(inner)
+            if inner_choices is None
+            else "{" + ",".join(map(str, inner_choices)) + "}",
+        )
     else:
         kw.update(type=_converter(base, is_optional(tp)), metavar=_metavar(base, is_optional(tp)))
     if allowed is not None and get_origin(base) is not tuple:
@@ -165,8 +203,12 @@ class _Extend(argparse.Action):
     """One or more values, each also split on commas: ``--x a b``, ``--x a,b``."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, tuple(
-            v for vs in values for v in (vs if isinstance(vs, tuple) else (vs,))))
+        values = values if isinstance(values, (list, tuple)) else [values]
+        setattr(
+            namespace,
+            self.dest,
+            tuple(v for vs in values for v in (vs if isinstance(vs, tuple) else (vs,))),
+        )
 
 
 def _converter(tp: Any, optional: bool, split: bool = False):
@@ -178,9 +220,13 @@ def _converter(tp: Any, optional: bool, split: bool = False):
         if allowed is not None:
             if text not in map(str, allowed):
                 raise argparse.ArgumentTypeError(
-                    f"must be one of {', '.join(map(str, allowed))}, got {text!r}")
-            return tp(text) if isinstance(tp, type) and issubclass(tp, enum.Enum) else next(
-                a for a in allowed if str(a) == text)
+                    f"must be one of {', '.join(map(str, allowed))}, got {text!r}"
+                )
+            return (
+                tp(text)
+                if isinstance(tp, type) and issubclass(tp, enum.Enum)
+                else next(a for a in allowed if str(a) == text)
+            )
         if tp is bool:
             return _bool(text)
         return tp(text)
@@ -229,8 +275,12 @@ def field_docs(cls: type) -> dict[str, str]:
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
         for node, nxt in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
                 out[node.target.id] = re.sub(r"\s+", " ", nxt.value.value).strip()
     return out

@@ -107,8 +107,11 @@ class ExecutionConfig:
         """These settings with exactly ``families`` as Pallas kernels."""
         if not families:
             return dataclasses.replace(self, kernels=Kernels.XLA, kernels_exclude=())
-        return dataclasses.replace(self, kernels=Kernels.PALLAS, kernels_exclude=tuple(
-            f for f in KERNEL_FAMILIES if f not in families))
+        return dataclasses.replace(
+            self,
+            kernels=Kernels.PALLAS,
+            kernels_exclude=tuple(f for f in KERNEL_FAMILIES if f not in families),
+        )
 
 
 LEGACY_KERNEL_FLAGS = {f"{f}_kernel": f for f in KERNEL_FAMILIES}
@@ -116,8 +119,9 @@ LEGACY_KERNEL_FLAGS = {f"{f}_kernel": f for f in KERNEL_FAMILIES}
 accepted on the command line, in settings files and in saved configs."""
 
 
-def legacy_kernels(execution: ExecutionConfig, old: dict[str, str],
-                   kernels_given: bool = False) -> ExecutionConfig:
+def legacy_kernels(
+    execution: ExecutionConfig, old: dict[str, str], kernels_given: bool = False
+) -> ExecutionConfig:
     """``execution`` with the old per-family switches (``{"vsn_kernel": "pallas", ...}``)
     applied: the families they name ``pallas`` run as Pallas kernels and, unless ``--kernels``
     was given too, every other family stays in XLA; those named ``xla`` are excluded.
@@ -136,8 +140,9 @@ def legacy_kernels(execution: ExecutionConfig, old: dict[str, str],
     if execution.kernels == Kernels.XLA:  # nothing to exclude from
         return dataclasses.replace(execution, kernels_exclude=())
     excluded = {*execution.kernels_exclude, *off}
-    return dataclasses.replace(execution, kernels_exclude=tuple(
-        f for f in KERNEL_FAMILIES if f in excluded))
+    return dataclasses.replace(
+        execution, kernels_exclude=tuple(f for f in KERNEL_FAMILIES if f in excluded)
+    )
 
 
 _SIZE = re.compile(r"^\s*[0-9.]+(e[0-9]+)?\s*([KMGT]I?B|B)?\s*$", re.IGNORECASE)
@@ -160,8 +165,17 @@ def parse_bytes(text: str) -> float:
     if not _SIZE.match(text):
         raise ValueError(f"not a size: {text!r}")
     t = text.strip().upper().replace(" ", "")
-    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
-             "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
+    units = {
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+        "TIB": 2**40,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "TB": 10**12,
+        "B": 1,
+    }
     for u, mult in units.items():
         if t.endswith(u):
             return float(t[: -len(u)]) * mult

@@ -18,8 +18,15 @@ import typing
 from typing import Any, Literal, get_args, get_origin
 
 
-def setting(default: Any, *, flag: str | None = None, aliases: tuple[str, ...] = (),
-            cli: bool = True, hidden: bool = False, neutral: bool = False) -> Any:
+def setting(
+    default: Any,
+    *,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    cli: bool = True,
+    hidden: bool = False,
+    neutral: bool = False,
+) -> Any:
     """A config field with a default and its metadata.
 
     Args:
@@ -34,8 +41,16 @@ def setting(default: Any, *, flag: str | None = None, aliases: tuple[str, ...] =
       neutral: the field changes neither the shapes nor the initial values of the
         parameters (models that differ only in such fields share one compiled init).
     """
-    return dataclasses.field(default=default, metadata={
-        "flag": flag, "aliases": aliases, "cli": cli, "hidden": hidden, "neutral": neutral})
+    return dataclasses.field(
+        default=default,
+        metadata={
+            "flag": flag,
+            "aliases": aliases,
+            "cli": cli,
+            "hidden": hidden,
+            "neutral": neutral,
+        },
+    )
 
 
 def is_neutral(f: dataclasses.Field) -> bool:
@@ -90,13 +105,16 @@ def choice_errors(obj: Any) -> dict[str, bool]:
         if allowed is None:
             continue
         bad = [v for v in values if getattr(v, "value", v) not in allowed]
-        out[f"{flag_name(f)} must be one of {', '.join(map(str, allowed))}, got "
-            f"{', '.join(repr(getattr(v, 'value', v)) for v in bad)}"] = not bad
+        out[
+            f"{flag_name(f)} must be one of {', '.join(map(str, allowed))}, got "
+            f"{', '.join(repr(getattr(v, 'value', v)) for v in bad)}"
+        ] = not bad
     return out
 
 
 def to_json(obj: Any) -> dict:
     """A config as JSON values: enums by value, tuples as lists, sub-configs nested."""
+
     def value(v: Any) -> Any:
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
             return to_json(v)
@@ -129,7 +147,7 @@ def coerce(tp: Any, v: Any) -> Any:
     if v is None:
         return v
     tp = strip_optional(tp)
-    if dataclasses.is_dataclass(tp) and isinstance(v, dict):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(v, dict):
         return from_json(tp, v, tp.__name__)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:

@@ -28,8 +28,15 @@ from typing import Any, Literal
 
 from tftjax.config.data import NUM_HISTORICAL, NUM_KNOWN, NUM_STATIC, DataConfig
 from tftjax.config.execution import LEGACY_KERNEL_FLAGS, ExecutionConfig, legacy_kernels
-from tftjax.config.fields import (choice_errors, coerce, field_types, from_json, is_neutral,
-                                  setting, to_json)
+from tftjax.config.fields import (
+    choice_errors,
+    coerce,
+    field_types,
+    from_json,
+    is_neutral,
+    setting,
+    to_json,
+)
 from tftjax.errors import ConfigError, check, finite
 
 DEFAULT_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
@@ -178,12 +185,20 @@ class QuantConfig:
 
     @property
     def layout_is_default(self) -> bool:
-        return (not self.act_symmetric and self.weight_granularity == "channel"
-                and self.stacked_scales == "channel")
+        return (
+            not self.act_symmetric
+            and self.weight_granularity == "channel"
+            and self.stacked_scales == "channel"
+        )
 
 
-SECTIONS = {"model": ModelConfig, "head": HeadConfig, "quant": QuantConfig,
-            "execution": ExecutionConfig, "data": DataConfig}
+SECTIONS = {
+    "model": ModelConfig,
+    "head": HeadConfig,
+    "quant": QuantConfig,
+    "execution": ExecutionConfig,
+    "data": DataConfig,
+}
 """The parts of a :class:`TFTConfig`, by attribute name."""
 
 
@@ -222,20 +237,27 @@ class TFTConfig:
                 whole[name] = value
             else:
                 parts.setdefault(section_of(name), {})[name] = value
-        out = dataclasses.replace(self, **whole, **{
-            s: dataclasses.replace(whole.get(s, getattr(self, s)), **kv)
-            for s, kv in parts.items()})
+        out = dataclasses.replace(
+            self,
+            **whole,
+            **{
+                s: dataclasses.replace(whole.get(s, getattr(self, s)), **kv)
+                for s, kv in parts.items()
+            },
+        )
         if old:  # the five per-family switches before --kernels
-            out = dataclasses.replace(out, execution=legacy_kernels(
-                out.execution, old, "kernels" in settings))
+            out = dataclasses.replace(
+                out, execution=legacy_kernels(out.execution, old, "kernels" in settings)
+            )
         return out
 
     def init_key(self) -> TFTConfig:
         """This config with every setting that changes neither the parameters' shapes nor
         their initial values at its default (the execution part whole): models with equal
         keys initialise to equal values (tested), so they share one compiled init."""
-        return TFTConfig(**{name: _neutral_reset(getattr(self, name), name == "execution")
-                            for name in SECTIONS})
+        return TFTConfig(
+            **{name: _neutral_reset(getattr(self, name), name == "execution") for name in SECTIONS}
+        )
 
     def float_twin(self) -> TFTConfig:
         """The same model without quantization (what ``--init-from`` compares)."""
@@ -269,8 +291,16 @@ def section_of(name: str) -> str:
 
 def _neutral_reset(part: Any, whole: bool) -> Any:
     defaults = type(part)()
-    return defaults if whole else dataclasses.replace(part, **{
-        f.name: getattr(defaults, f.name) for f in dataclasses.fields(part) if is_neutral(f)})
+    return (
+        defaults
+        if whole
+        else dataclasses.replace(
+            part,
+            **{
+                f.name: getattr(defaults, f.name) for f in dataclasses.fields(part) if is_neutral(f)
+            },
+        )
+    )
 
 
 def from_parts(d: dict) -> TFTConfig:
@@ -314,8 +344,11 @@ def flat_settings(d: dict, where: str, base: TFTConfig | None = None) -> dict[st
             raise ConfigError(f"{where}: unknown model setting {name!r}") from None
         out[name] = coerce(field_types(SECTIONS[section])[name], value)
     if old:
-        execution = (base or TFTConfig()).override(
-            **{k: v for k, v in out.items() if section_of(k) == "execution"}).execution
+        execution = (
+            (base or TFTConfig())
+            .override(**{k: v for k, v in out.items() if section_of(k) == "execution"})
+            .execution
+        )
         out = {k: v for k, v in out.items() if section_of(k) != "execution"}
         out["execution"] = legacy_kernels(execution, old, "kernels" in d)
     return out

@@ -48,33 +48,61 @@ class Preset:
         """The training settings of a command whose own defaults are ``command_defaults``
         (backtest: 30 epochs, patience 3): those, with every setting the preset changes
         from :class:`TrainConfig`'s defaults on top."""
-        own = {f.name: getattr(self.train, f.name) for f in dataclasses.fields(TrainConfig)
-               if getattr(self.train, f.name) != getattr(TrainConfig(), f.name)}
+        own = {
+            f.name: getattr(self.train, f.name)
+            for f in dataclasses.fields(TrainConfig)
+            if getattr(self.train, f.name) != getattr(TrainConfig(), f.name)
+        }
         return TrainConfig(**{**command_defaults, **own})
 
 
 _FASTEST = ExecutionConfig(remat=FASTEST)
-PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("tft225", "TFT-225 as specified, this platform's fastest remat tier",
-           TFTConfig(execution=_FASTEST)),
-    Preset("tft225-gpu", "TFT-225 on an NVIDIA GPU: bf16, the Pallas kernels, --remat auto",
-           TFTConfig(execution=ExecutionConfig(remat="auto", precision="bf16",
-                                               kernels=Kernels.PALLAS))),
-    Preset("small", "d 32: a few thousand training windows (daily bars over decades)",
-           TFTConfig(model=ModelConfig(hidden=32, d_v=4, heads=2, dropout=0.2),
-                     execution=_FASTEST)),
-    # a few thousand windows, estimated to the optimum: half small's width, more dropout,
-    # the head anchored on the baseline chosen on validation, and its training settings
-    Preset("compact", "d 16, anchored, with --ema 0.9, 4 checks an epoch, --smooth 3",
-           TFTConfig(model=ModelConfig(hidden=16, d_v=4, heads=2, dropout=0.3),
-                     head=HeadConfig(anchor="auto"), execution=_FASTEST),
-           TrainConfig(batch_size=32, evals_per_epoch=4, ema=0.9, smooth=3, patience=8)),
-    Preset("tiny", "20 + 5 steps, d 16, three quantiles, no remat: tests and smoke runs",
-           TFTConfig(model=ModelConfig(hidden=16, d_v=4, heads=2),
-                     head=HeadConfig(quantiles=(0.1, 0.5, 0.9)),
-                     execution=ExecutionConfig(remat="off", vsn_chunk=64),
-                     data=DataConfig(encoder_steps=20, decoder_steps=5))),
-)}
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "tft225",
+            "TFT-225 as specified, this platform's fastest remat tier",
+            TFTConfig(execution=_FASTEST),
+        ),
+        Preset(
+            "tft225-gpu",
+            "TFT-225 on an NVIDIA GPU: bf16, the Pallas kernels, --remat auto",
+            TFTConfig(
+                execution=ExecutionConfig(remat="auto", precision="bf16", kernels=Kernels.PALLAS)
+            ),
+        ),
+        Preset(
+            "small",
+            "d 32: a few thousand training windows (daily bars over decades)",
+            TFTConfig(
+                model=ModelConfig(hidden=32, d_v=4, heads=2, dropout=0.2), execution=_FASTEST
+            ),
+        ),
+        # a few thousand windows, estimated to the optimum: half small's width, more dropout,
+        # the head anchored on the baseline chosen on validation, and its training settings
+        Preset(
+            "compact",
+            "d 16, anchored, with --ema 0.9, 4 checks an epoch, --smooth 3",
+            TFTConfig(
+                model=ModelConfig(hidden=16, d_v=4, heads=2, dropout=0.3),
+                head=HeadConfig(anchor="auto"),
+                execution=_FASTEST,
+            ),
+            TrainConfig(batch_size=32, evals_per_epoch=4, ema=0.9, smooth=3, patience=8),
+        ),
+        Preset(
+            "tiny",
+            "20 + 5 steps, d 16, three quantiles, no remat: tests and smoke runs",
+            TFTConfig(
+                model=ModelConfig(hidden=16, d_v=4, heads=2),
+                head=HeadConfig(quantiles=(0.1, 0.5, 0.9)),
+                execution=ExecutionConfig(remat="off", vsn_chunk=64),
+                data=DataConfig(encoder_steps=20, decoder_steps=5),
+            ),
+        ),
+    )
+}
 assert tuple(PRESETS) == PRESET_NAMES
 
 

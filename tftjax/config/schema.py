@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
 
 from tftjax.config.fields import coerce, field_types
 from tftjax.config.model import TFTConfig, flat_settings
@@ -19,8 +18,9 @@ from tftjax.config.train import TrainConfig
 from tftjax.errors import ConfigError
 
 
-def apply_settings(cfg: TFTConfig, tc: TrainConfig, settings: dict,
-                   source: str = "--config") -> tuple[TFTConfig, TrainConfig]:
+def apply_settings(
+    cfg: TFTConfig, tc: TrainConfig, settings: dict, source: str = "--config"
+) -> tuple[TFTConfig, TrainConfig]:
     """``{"model": {...}, "train": {...}}`` (flat field names) applied to a model and a
     training config.
 
@@ -28,16 +28,16 @@ def apply_settings(cfg: TFTConfig, tc: TrainConfig, settings: dict,
       ConfigError: unknown sections or fields, or values the configs refuse.
     """
     if bad := sorted(set(settings) - {"model", "train"}):
-        raise ConfigError(f"{source}: unknown section(s) {', '.join(bad)} (expected model "
-                          "and train)")
+        raise ConfigError(
+            f"{source}: unknown section(s) {', '.join(bad)} (expected model and train)"
+        )
     model, train = settings.get("model", {}), settings.get("train", {})
     if not isinstance(model, dict) or not isinstance(train, dict):
         raise ConfigError(f"{source}: 'model' and 'train' must map setting names to values")
     if bad := sorted(set(train) - {f.name for f in dataclasses.fields(TrainConfig)}):
         raise ConfigError(f"{source}: unknown setting(s) {', '.join('train.' + b for b in bad)}")
     train = {k: coerce(field_types(TrainConfig)[k], v) for k, v in train.items()}
-    return (cfg.override(**flat_settings(model, source, cfg)),
-            dataclasses.replace(tc, **train))
+    return (cfg.override(**flat_settings(model, source, cfg)), dataclasses.replace(tc, **train))
 
 
 def read_settings(path: str | Path) -> dict:

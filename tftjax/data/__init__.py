@@ -13,15 +13,26 @@ from __future__ import annotations
 from tftjax.config import WARMUP
 from tftjax.data.bars import Bars, read_bars, write_bars
 from tftjax.data.bundled import DATASETS, bundled_path, default_parquet
-from tftjax.data.dataset import (UNKNOWN_POLICIES, Dataset, Series, load_dataset,
-                                 saved_featurisation)
-from tftjax.data.features import FeatureSet, build_features
-from tftjax.data.identity import (content_hash, data_identity, file_sha256, find_data_file,
-                                  find_data_files)
-from tftjax.data.quality import quality_warnings
+from tftjax.data.dataset import UNKNOWN_POLICIES, Dataset, Series, load_dataset, saved_featurisation
 from tftjax.data.feature_stats import FeatureStats
-from tftjax.data.windows import (Batch, DeviceData, Splits, epoch_batches, gather, make_splits,
-                                 to_device)
+from tftjax.data.features import FeatureSet, build_features
+from tftjax.data.identity import (
+    content_hash,
+    data_identity,
+    file_sha256,
+    find_data_file,
+    find_data_files,
+)
+from tftjax.data.quality import quality_warnings
+from tftjax.data.windows import (
+    Batch,
+    DeviceData,
+    Splits,
+    epoch_batches,
+    gather,
+    make_splits,
+    to_device,
+)
 from tftjax.errors import DataError
 
 __all__ = [

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.compute as _pc
 import pyarrow.parquet as pq
 
 from tftjax.config import WARMUP, DataConfig
@@ -33,8 +34,17 @@ from tftjax.errors import DataError
 
 TIME_COLUMNS = ("ts", "ts_event", "timestamp", "datetime", "date")
 VALUE_COLUMNS = ("open", "high", "low", "close", "volume")
-SYMBOL_COLUMNS = ("symbol", "ticker", "instrument", "instrument_id", "asset", "contract",
-                  "security")
+SYMBOL_COLUMNS = (
+    "symbol",
+    "ticker",
+    "instrument",
+    "instrument_id",
+    "asset",
+    "contract",
+    "security",
+)
+
+pc: Any = _pc  # pyarrow.compute's functions are made at import: no stubs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +72,12 @@ class Bars:
     def __len__(self) -> int:
         return int(self.ts.shape[0])
 
-    def slice(self, start: int, stop: int) -> "Bars":
+    def slice(self, start: int, stop: int) -> Bars:
         return dataclasses.replace(
             self, **{f: getattr(self, f)[start:stop] for f in ("ts",) + VALUE_COLUMNS}, sha256=""
         )
 
-    def replace(self, **columns: np.ndarray) -> "Bars":
+    def replace(self, **columns: np.ndarray) -> Bars:
         return dataclasses.replace(self, **columns, sha256="")
 
 
@@ -82,13 +92,16 @@ def _fmt_ts(ns: int) -> str:
 def _find_column(table: pa.Table, wanted: str, path: str = "") -> str | None:
     hits = [name for name in table.column_names if name.lower() == wanted]
     if len(hits) > 1:
-        raise DataError(f"{path}: columns {' and '.join(repr(h) for h in hits)} both present "
-                        f"(names are read case-insensitively): keep one")
+        raise DataError(
+            f"{path}: columns {' and '.join(repr(h) for h in hits)} both present "
+            f"(names are read case-insensitively): keep one"
+        )
     return hits[0] if hits else None
 
 
-def _check_one_instrument(table: pa.Table, path: str, long: bool = False
-                          ) -> list[str] | tuple[str, list]:
+def _check_one_instrument(
+    table: pa.Table, path: str, long: bool = False
+) -> list[str] | tuple[str, list]:
     """Refuse several instruments interleaved in one file (a symbol that comes back after
     another began); a sequence of contracts one after another (futures rolls) is one series
     and only noted. Returns the notes; with ``long``, a long file's ``(column, symbols)``
@@ -111,16 +124,21 @@ def _check_one_instrument(table: pa.Table, path: str, long: bool = False
             if long:
                 if col.null_count:
                     row = int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
-                    raise DataError(f"{path}: column '{name}' row {row}: missing symbol (a long "
-                                    "file needs the instrument of every row)")
+                    raise DataError(
+                        f"{path}: column '{name}' row {row}: missing symbol (a long "
+                        "file needs the instrument of every row)"
+                    )
                 return name, values.to_pylist()
             raise DataError(
                 f"{path}: column '{name}' holds {len(values)} instruments ({shown}{more}), "
                 f"interleaved from row {int(change[0])}: a long file of several series; train "
-                "on it (python -m tftjax.train --parquet-file) or keep one instrument's rows")
-        notes.append(f"{path}: column '{name}' changes {runs - 1} time(s) ({shown}{more}), one "
-                     f"after another from row {int(change[0])}: read as one rolled series (the "
-                     "returns across a roll are the price difference between contracts)")
+                "on it (python -m tftjax.train --parquet-file) or keep one instrument's rows"
+            )
+        notes.append(
+            f"{path}: column '{name}' changes {runs - 1} time(s) ({shown}{more}), one "
+            f"after another from row {int(change[0])}: read as one rolled series (the "
+            "returns across a roll are the price difference between contracts)"
+        )
     return notes
 
 
@@ -151,8 +169,10 @@ def _time_to_ns(col: pa.ChunkedArray, path: str, name: str) -> np.ndarray:
     if arr.null_count:
         row = int(np.flatnonzero(pc.is_null(arr).to_numpy(zero_copy_only=False))[0])
         raise DataError(f"{path}: column '{name}' row {row}: missing timestamp")
-    return arr.to_numpy().view("int64") if arr.type.tz is None else np.asarray(
-        pc.cast(arr, pa.int64())
+    return (
+        arr.to_numpy().view("int64")
+        if arr.type.tz is None
+        else np.asarray(pc.cast(arr, pa.int64()))
     )
 
 
@@ -186,7 +206,9 @@ def validate(bars: Bars, min_rows: int) -> None:
             )
     row = _first(bars.volume < 0)
     if row is not None:
-        raise DataError(f"{path}: column 'volume' row {row}: negative volume {float(bars.volume[row])!r}")
+        raise DataError(
+            f"{path}: column 'volume' row {row}: negative volume {float(bars.volume[row])!r}"
+        )
     top = np.maximum(bars.open, bars.close)
     row = _first(bars.high < top)
     if row is not None:
@@ -208,9 +230,13 @@ def validate(bars: Bars, min_rows: int) -> None:
         raise DataError(
             f"{path}: column 'ts' row {row + 1}: {kind} timestamp {_fmt_ts(bars.ts[row + 1])} "
             f"(previous row {row}: {_fmt_ts(bars.ts[row])})"
-            + ("; several instruments in one file? a long file needs a symbol column ("
-               + ", ".join(SYMBOL_COLUMNS[:3]) + ", …) naming each row's instrument"
-               if kind == "duplicate" else "")
+            + (
+                "; several instruments in one file? a long file needs a symbol column ("
+                + ", ".join(SYMBOL_COLUMNS[:3])
+                + ", …) naming each row's instrument"
+                if kind == "duplicate"
+                else ""
+            )
         )
     if len(bars) < min_rows:
         raise DataError(
@@ -244,8 +270,11 @@ def read_series(path: str | os.PathLike, *, min_rows: int | None = None) -> list
     out = []
     for sym in sorted(symbols, key=str):
         part = table.filter(pc.equal(col, pa.scalar(sym, col.type)))
-        out.append(dataclasses.replace(
-            _from_table(part, f"{path}[{sym}]", sha, (), min_rows), symbol=str(sym)))
+        out.append(
+            dataclasses.replace(
+                _from_table(part, f"{path}[{sym}]", sha, (), min_rows), symbol=str(sym)
+            )
+        )
     return out
 
 
@@ -263,19 +292,21 @@ def _time_goes_back(table: pa.Table, change: np.ndarray, path: str) -> bool:
 
 
 def _time_column(table: pa.Table, path: str) -> str | None:
-    return next((_find_column(table, c, path) for c in TIME_COLUMNS
-                 if _find_column(table, c, path)), None)
+    return next(
+        (_find_column(table, c, path) for c in TIME_COLUMNS if _find_column(table, c, path)), None
+    )
 
 
-def _from_table(table: pa.Table, path_s: str, sha: str, notes: tuple,
-                min_rows: int | None) -> Bars:
+def _from_table(
+    table: pa.Table, path_s: str, sha: str | None, notes: tuple, min_rows: int | None
+) -> Bars:
     time_name = _time_column(table, path_s)
     if time_name is None:
         raise DataError(
             f"{path_s}: no time column (looked for {', '.join(TIME_COLUMNS)}; "
             f"found {', '.join(table.column_names) or 'no columns'})"
         )
-    cols: dict[str, np.ndarray] = {}
+    cols: dict[str, Any] = {}
     for name in VALUE_COLUMNS:
         actual = _find_column(table, name, path_s)
         if actual is None:
@@ -287,8 +318,14 @@ def _from_table(table: pa.Table, path_s: str, sha: str, notes: tuple,
     t = table.column(time_name).type
     # an integer epoch counts from 1970-01-01 UTC: instants, not a wall clock
     tz = t.tz if pa.types.is_timestamp(t) and t.tz else "UTC" if pa.types.is_integer(t) else None
-    bars = Bars(path=path_s, ts=np.ascontiguousarray(ts, dtype=np.int64), **cols,
-                sha256=sha, tz=tz, notes=notes)
+    bars = Bars(
+        path=path_s,
+        ts=np.ascontiguousarray(ts, dtype=np.int64),
+        **cols,
+        sha256=sha or "",
+        tz=tz,
+        notes=notes,
+    )
     validate(bars, default_min_rows() if min_rows is None else min_rows)
     return bars
 

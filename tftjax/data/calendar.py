@@ -39,24 +39,53 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.compute as _pc
 
-from tftjax.data.sessions import (DAILY, NS_DAY, NS_HOUR, NS_MIN, NS_SEC, resolve_calendar_name,
-                                  sessions, slots)
+from tftjax.data.sessions import (
+    DAILY,
+    NS_DAY,
+    NS_HOUR,
+    NS_MIN,
+    NS_SEC,
+    resolve_calendar_name,
+    sessions,
+    slots,
+)
 from tftjax.errors import ConfigError
 
 _UNITS = {
-    "ns": 1, "us": 10**3, "ms": 10**6,
-    "s": NS_SEC, "sec": NS_SEC, "secs": NS_SEC, "second": NS_SEC, "seconds": NS_SEC,
-    "m": NS_MIN, "min": NS_MIN, "mins": NS_MIN, "t": NS_MIN, "minute": NS_MIN,
+    "ns": 1,
+    "us": 10**3,
+    "ms": 10**6,
+    "s": NS_SEC,
+    "sec": NS_SEC,
+    "secs": NS_SEC,
+    "second": NS_SEC,
+    "seconds": NS_SEC,
+    "m": NS_MIN,
+    "min": NS_MIN,
+    "mins": NS_MIN,
+    "t": NS_MIN,
+    "minute": NS_MIN,
     "minutes": NS_MIN,
-    "h": NS_HOUR, "hr": NS_HOUR, "hrs": NS_HOUR, "hour": NS_HOUR, "hours": NS_HOUR,
-    "d": NS_DAY, "day": NS_DAY, "days": NS_DAY, "w": 7 * NS_DAY, "week": 7 * NS_DAY,
+    "h": NS_HOUR,
+    "hr": NS_HOUR,
+    "hrs": NS_HOUR,
+    "hour": NS_HOUR,
+    "hours": NS_HOUR,
+    "d": NS_DAY,
+    "day": NS_DAY,
+    "days": NS_DAY,
+    "w": 7 * NS_DAY,
+    "week": 7 * NS_DAY,
     "weeks": 7 * NS_DAY,
 }
+
+pc: Any = _pc  # pyarrow.compute's functions are made at import: no stubs
 
 
 def parse_interval(text: str) -> int:
@@ -68,7 +97,7 @@ def parse_interval(text: str) -> int:
     """
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*", str(text))
     unit = None if not m or m.group(2) in ("M", "MS", "Y", "Q") else _UNITS.get(m.group(2).lower())
-    if unit is None or float(m.group(1)) <= 0:
+    if m is None or unit is None or float(m.group(1)) <= 0:
         raise ConfigError(f"--bar-interval {text!r} is not a duration like 1min, 5min, 1h or 1d")
     return int(round(float(m.group(1)) * unit))
 
@@ -85,8 +114,10 @@ def check_zone(zone: str) -> str:
     try:
         pc.local_timestamp(pa.array([0], pa.timestamp("ns", tz=zone)))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowKeyError):
-        raise ConfigError(f"--timezone {zone!r} is not a time zone name (e.g. America/Chicago, "
-                          "Europe/London, UTC)") from None
+        raise ConfigError(
+            f"--timezone {zone!r} is not a time zone name (e.g. America/Chicago, "
+            "Europe/London, UTC)"
+        ) from None
     return zone
 
 
@@ -131,18 +162,29 @@ class Clock:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Clock":
-        return cls(int(d["interval"]), d.get("zone"), d.get("data_zone"), d.get("calendar"),
-                   bool(d.get("weekdays", False)))
+    def from_json(cls, d: dict) -> Clock:
+        return cls(
+            int(d["interval"]),
+            d.get("zone"),
+            d.get("data_zone"),
+            d.get("calendar"),
+            bool(d.get("weekdays", False)),
+        )
 
     @property
     def daily(self) -> bool:
         return DAILY[0] <= self.interval <= DAILY[1]
 
 
-def make_clock(ts: np.ndarray, data_zone: str | None, train_rows: tuple[int, int], *,
-               bar_interval: str | None = None, timezone: str | None = None,
-               calendar: str | None = None) -> Clock:
+def make_clock(
+    ts: np.ndarray,
+    data_zone: str | None,
+    train_rows: tuple[int, int],
+    *,
+    bar_interval: str | None = None,
+    timezone: str | None = None,
+    calendar: str | None = None,
+) -> Clock:
     """The clock of a series: ``Δ`` from ``bar_interval`` or the median step of the
     training rows, the wall-clock zone from ``timezone``, the data, or the calendar."""
     if bar_interval:
@@ -156,14 +198,19 @@ def make_clock(ts: np.ndarray, data_zone: str | None, train_rows: tuple[int, int
     elif data_zone:
         zone = data_zone
     elif calendar:
-        zone = sessions(calendar, int(ts[0]), int(ts[0])).zone if resolve_calendar_name(
-            calendar) != "24/7" else "UTC"
+        zone = (
+            sessions(calendar, int(ts[0]), int(ts[0])).zone
+            if resolve_calendar_name(calendar) != "24/7"
+            else "UTC"
+        )
     else:
         zone = None
     if calendar and interval > DAILY[1]:
-        raise ConfigError(f"--calendar {calendar}: bars of {format_interval(interval)} are longer "
-                          "than a session; a calendar works with intraday or daily bars (leave "
-                          "--calendar out for weekly bars)")
+        raise ConfigError(
+            f"--calendar {calendar}: bars of {format_interval(interval)} are longer "
+            "than a session; a calendar works with intraday or daily bars (leave "
+            "--calendar out for weekly bars)"
+        )
     weekdays = False
     if not calendar and DAILY[0] <= interval <= DAILY[1]:  # trading days or every day?
         a, b = train_rows
@@ -242,8 +289,7 @@ class Timeline:
         if self.sess is None:
             if self.clock.daily and self.clock.weekdays:  # the k-th weekday after the bar
                 days = np.busday_offset(self._days(self.wall)[:, None], k, roll="backward")
-                wall = (days.astype("datetime64[ns]").view(np.int64)
-                        + (self.wall % NS_DAY)[:, None])
+                wall = days.astype("datetime64[ns]").view(np.int64) + (self.wall % NS_DAY)[:, None]
                 return to_utc(wall, self.clock.zone), wall
             if self.clock.daily:  # calendar days of the wall clock
                 wall = self.wall[:, None] + k * self.clock.interval

@@ -21,20 +21,26 @@ from pathlib import Path
 
 import numpy as np
 
-from tftjax.stats.baselines import ewma_scale
 from tftjax.config import WARMUP, DataConfig, TFTConfig
 from tftjax.data.anchors import with_anchor
 from tftjax.data.bars import Bars, read_series
 from tftjax.data.bundled import DATASETS, bundled_path, default_parquet
 from tftjax.data.calendar import format_interval
+from tftjax.data.feature_stats import pooled_stats
 from tftjax.data.features import FeatureSet, FeatureStats, build_features
 from tftjax.data.identity import combined_identity, data_identity
 from tftjax.data.panel import check_shared_dates, fold_members
 from tftjax.data.quality import series_warnings
-from tftjax.data.feature_stats import pooled_stats
-from tftjax.data.windows import (Splits, fold_splits, global_cuts, make_splits, splits_at,
-                                 window_decoder_targets)
+from tftjax.data.windows import (
+    Splits,
+    fold_splits,
+    global_cuts,
+    make_splits,
+    splits_at,
+    window_decoder_targets,
+)
 from tftjax.errors import DataError
+from tftjax.stats.baselines import ewma_scale
 
 UNKNOWN_POLICIES = ("refuse", "embed")
 """What evaluation and prediction do with an instrument the model was not trained on:
@@ -80,8 +86,15 @@ class Dataset:
     (:attr:`tftjax.config.HeadConfig.dataset_anchor`; None: no anchor)."""
 
     @classmethod
-    def single(cls, bars: Bars, features: FeatureSet, splits: Splits, cfg: DataConfig,
-               warnings: tuple[str, ...] = (), name: str | None = None) -> "Dataset":
+    def single(
+        cls,
+        bars: Bars,
+        features: FeatureSet,
+        splits: Splits,
+        cfg: DataConfig,
+        warnings: tuple[str, ...] = (),
+        name: str | None = None,
+    ) -> Dataset:
         name = name or series_name(bars)
         return cls((Series(name, bars, features, splits, 0),), cfg, (name,), None, warnings)
 
@@ -109,29 +122,42 @@ class Dataset:
         parts = [self._features(s) for s in self.series]
         if len(parts) == 1:
             return parts[0]
-        cat = lambda name: np.concatenate([getattr(f, name) for f in parts])  # noqa: E731
-        static = np.concatenate([np.broadcast_to(f.static, (len(f), f.static.size))
-                                 for f in parts]).astype(np.float32)
-        return FeatureSet(cat("historical"), cat("known"), cat("future"), static, cat("target"),
-                          parts[0].stats, None,
-                          np.concatenate([ewma_scale(f.target) for f in parts]),
-                          np.concatenate([window_decoder_targets(f) for f in parts]),
-                          *((cat("anchor"), cat("anchor_z")) if self.anchor is not None
-                            else (None, None)),
-                          None if self.vocab is None else cat("instrument"))
+        cat = lambda name: np.concatenate([getattr(f, name) for f in parts])
+        static = np.concatenate(
+            [np.broadcast_to(f.static, (len(f), f.static.size)) for f in parts]
+        ).astype(np.float32)
+        return FeatureSet(
+            cat("historical"),
+            cat("known"),
+            cat("future"),
+            static,
+            cat("target"),
+            parts[0].stats,
+            None,
+            np.concatenate([ewma_scale(f.target) for f in parts]),
+            np.concatenate([window_decoder_targets(f) for f in parts]),
+            *((cat("anchor"), cat("anchor_z")) if self.anchor is not None else (None, None)),
+            None if self.vocab is None else cat("instrument"),
+        )
 
     def _features(self, s: Series) -> FeatureSet:
         f, c = s.features, self.cfg
         if self.anchor is not None:  # its own bars, scale and training rows (data.anchors)
             name, quantiles = self.anchor
-            f = with_anchor(f, s.bars, f.stats.train_rows, name, quantiles,
-                            c.decoder_steps, c.target == "cumulative")
+            f = with_anchor(
+                f,
+                s.bars,
+                f.stats.train_rows,
+                name,
+                quantiles,
+                c.decoder_steps,
+                c.target == "cumulative",
+            )
         if self.vocab is None:  # a model from before vocabularies: its static input 0
             return f
         static = f.static.copy()
         static[0] = 0  # the categorical rides in ``instrument``, never as a float
-        return dataclasses.replace(f, static=static,
-                                   instrument=np.full(len(f), s.index, np.int32))
+        return dataclasses.replace(f, static=static, instrument=np.full(len(f), s.index, np.int32))
 
     @functools.cached_property
     def splits(self) -> Splits:
@@ -139,10 +165,15 @@ class Dataset:
         if len(self.series) == 1:
             return self.series[0].splits
         first = self.series[0].splits
-        cat = lambda name: np.concatenate([getattr(s.splits, name) + o for s, o in  # noqa: E731
-                                           zip(self.series, self.offsets)]).astype(np.int32)
-        return Splits(first.train_rows, first.val_rows, first.test_rows,
-                      cat("train"), cat("val"), cat("test"))
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate(
+                [getattr(s.splits, name) + o for s, o in zip(self.series, self.offsets)]
+            ).astype(np.int32)
+
+        return Splits(
+            first.train_rows, first.val_rows, first.test_rows, cat("train"), cat("val"), cat("test")
+        )
 
     def series_of(self, rows: np.ndarray) -> np.ndarray:
         """The series index of global rows."""
@@ -159,8 +190,11 @@ class Dataset:
     def describe(self) -> str:
         if len(self.series) == 1:
             return f"{len(self.bars):,} bars from {self.bars.path}"
-        return (f"{len(self.ts):,} bars of {len(self.series)} series ("
-                + ", ".join(f"{s.name} {len(s.bars):,}" for s in self.series) + ")")
+        return (
+            f"{len(self.ts):,} bars of {len(self.series)} series ("
+            + ", ".join(f"{s.name} {len(s.bars):,}" for s in self.series)
+            + ")"
+        )
 
     def identity(self, run_dir: str | os.PathLike | None = None) -> dict:
         """What a run records of its data and checks on resume and evaluate."""
@@ -171,11 +205,14 @@ class Dataset:
     def stats_meta(self) -> dict:
         """What a checkpoint keeps to featurise data as this run did (statistics, vocab, cuts)."""
         stats = [self._features(s).stats for s in self.series]  # with the --anchor's fit
-        return {"feature_stats": stats[0].to_json(),
-                "series": [{"name": s.name, "feature_stats": st.to_json()}
-                           for s, st in zip(self.series, stats)],
-                "vocab": None if self.vocab is None else list(self.vocab),
-                "cuts": None if self.cuts is None else list(self.cuts)}
+        return {
+            "feature_stats": stats[0].to_json(),
+            "series": [
+                {"name": s.name, "feature_stats": st.to_json()} for s, st in zip(self.series, stats)
+            ],
+            "vocab": None if self.vocab is None else list(self.vocab),
+            "cuts": None if self.cuts is None else list(self.cuts),
+        }
 
 
 def saved_featurisation(meta: dict) -> dict:
@@ -186,13 +223,15 @@ def saved_featurisation(meta: dict) -> dict:
     model = meta.get("identity", meta).get("model")
     anchor = None if model is None else TFTConfig.from_json(model).head.dataset_anchor
     if meta.get("series"):
-        return {"stats": {s["name"]: FeatureStats.from_json(s["feature_stats"])
-                          for s in meta["series"]},
-                "vocab": None if meta.get("vocab") is None else tuple(meta["vocab"]),
-                "cuts": None if meta.get("cuts") is None else tuple(meta["cuts"]),
-                "anchor": anchor}
-    return {"stats": FeatureStats.from_json(meta["feature_stats"]), "vocab": None,
-            "anchor": anchor}
+        return {
+            "stats": {
+                s["name"]: FeatureStats.from_json(s["feature_stats"]) for s in meta["series"]
+            },
+            "vocab": None if meta.get("vocab") is None else tuple(meta["vocab"]),
+            "cuts": None if meta.get("cuts") is None else tuple(meta["cuts"]),
+            "anchor": anchor,
+        }
+    return {"stats": FeatureStats.from_json(meta["feature_stats"]), "vocab": None, "anchor": anchor}
 
 
 def series_name(bars: Bars) -> str:
@@ -204,12 +243,19 @@ def series_name(bars: Bars) -> str:
     return mine.get(p.resolve(), p.stem) if bars.sha256 else p.stem
 
 
-def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
-                 stats: FeatureStats | dict[str, FeatureStats] | None = None,
-                 vocab: tuple[str, ...] | None | str = "own", cuts: tuple[int, int] | None = None,
-                 unknown: str = "refuse", instrument: str | None = None,
-                 need_splits: bool = True, fold: tuple[int, int, int] | None = None,
-                 anchor: tuple[str, tuple[float, ...]] | None = None) -> Dataset:
+def load_dataset(
+    path=None,
+    cfg: DataConfig = DataConfig(),
+    *,
+    stats: FeatureStats | dict[str, FeatureStats] | None = None,
+    vocab: tuple[str, ...] | None | str = "own",
+    cuts: tuple[int, int] | None = None,
+    unknown: str = "refuse",
+    instrument: str | None = None,
+    need_splits: bool = True,
+    fold: tuple[int, int, int] | None = None,
+    anchor: tuple[str, tuple[float, ...]] | None = None,
+) -> Dataset:
     """Read ``path`` (one file, or a list of files; default: the bundled ES bars) into
     features and splits.
 
@@ -237,84 +283,139 @@ def load_dataset(path=None, cfg: DataConfig = DataConfig(), *,
     Raises:
       DataError: bad or too little data, naming the file; an unknown instrument.
     """
-    paths = [default_parquet()] if path is None else (
-        list(path) if isinstance(path, (list, tuple)) else [path])
-    short = (None if fold is not None  # a fold: a short series sits out
-             else WARMUP + (cfg.window if need_splits else cfg.encoder_steps))
-    bars = [b for p in paths for b in read_series(p, min_rows=short)]
-    names = [series_name(b) for b in bars]
-    if instrument is not None:
-        if len(bars) != 1 or bars[0].symbol is not None:
-            raise DataError(f"--instrument {instrument}: names the one series of a file without "
-                            "a symbol column")
-        names = [instrument]
-    if len(set(names)) < len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise DataError(f"two series are named {dup!r} ({', '.join(b.path for b in bars)}): "
-                        "rename one file")
-    check_shared_dates(bars, names)
-    absent = ()
+    paths = (
+        [default_parquet()]
+        if path is None
+        else (list(path) if isinstance(path, (list, tuple)) else [path])
+    )
+    # a fold: a short series sits out, and is not refused
+    short = (
+        None if fold is not None else WARMUP + (cfg.window if need_splits else cfg.encoder_steps)
+    )
+    bars, names = read_named(paths, short, instrument)
+    absent: tuple[str, ...] = ()
     if fold is not None and len(bars) > 1:  # a panel: each series joins where it has data
         members = fold_members(bars, fold, cfg)
         absent = tuple(n for n, m in zip(names, members) if m is None)
-        bars, names = ([x for x, m in zip(xs, members) if m is not None] for xs in (bars, names))
+        bars = [b for b, m in zip(bars, members) if m is not None]
+        names = [n for n, m in zip(names, members) if m is not None]
     if vocab == "own":
         vocab = tuple(names)
+    assert not isinstance(vocab, str)
     if len(bars) > 1 and not cfg.bar_interval:  # before any split or feature: one line
-        steps = [int(np.median(np.diff(b.ts))) for b in bars]
-        if len(set(steps)) > 1:
-            raise DataError("series of different bar intervals in one run: " + ", ".join(
-                f"{n} {format_interval(i)}" for n, i in zip(names, steps))
-                + "; train one model per bar interval")
-    given = []  # each series' saved statistics (None: fitted here)
-    for name, b in zip(names, bars):
-        own = stats
-        if isinstance(stats, dict):
-            own = stats.get(name)
-            if own is None and unknown != "embed":
-                raise DataError(f"{b.path}: instrument {name!r} is not one the model was trained "
-                                f"on ({', '.join(stats)}): name it with --instrument if it is one "
-                                "of them, or serve it with --unknown-instrument embed")
-        elif stats is not None and len(bars) > 1:
-            raise DataError(f"{', '.join(paths_of(bars))}: this model was trained on one series "
-                            "(before instrument vocabularies): give it one")
-        given.append(own)
+        check_intervals(names, [int(np.median(np.diff(b.ts))) for b in bars])
+    given = [saved_stats(name, b, stats, unknown, len(bars)) for name, b in zip(names, bars)]
     if (len(bars) > 1 or cuts is not None) and fold is None:
         cuts = cuts or global_cuts([b.ts for b in bars], cfg)
-    splits, source = [], []
-    for b, own in zip(bars, given):
-        source.append("trained" if own is not None or not isinstance(stats, dict) else "own")
-        try:
-            splits.append(fold_splits(b.ts, fold, cfg, source=b.path, partial=bool(absent)
-                                      or len(bars) > 1) if fold is not None
-                          else splits_at(b.ts, cuts, cfg, source=b.path) if cuts is not None
-                          else make_splits(len(b), cfg, source=str(b.path)))
-        except DataError:
-            if need_splits or (own is None and not isinstance(stats, dict)):
-                raise
-            splits.append(no_splits())
-        if source[-1] == "own" and splits[-1].train_rows[1] <= splits[-1].train_rows[0]:
-            source[-1] = "pooled"  # a new listing: no training rows before the cut
-            given[len(source) - 1] = pooled_stats(list(stats.values()))
     series, warn = [], []
-    for name, b, sp, own, src in zip(names, bars, splits, given, source):
+    for name, b, own in zip(names, bars, given):
+        sp, own, src = series_splits(
+            b,
+            own,
+            stats,
+            cfg,
+            fold,
+            cuts,
+            partial=bool(absent) or len(bars) > 1,
+            need_splits=need_splits,
+        )
         features = build_features(b, cfg, train_rows=sp.train_rows, stats=own)
         index = vocab.index(name) if vocab is not None and name in vocab else len(vocab or ())
         series.append(Series(name, b, features, sp, index, src))
         warn += series_warnings(b, features)
-    intervals = {s.features.stats.clock.interval for s in series}
-    if len(intervals) > 1:
-        raise DataError("series of different bar intervals in one run: " + ", ".join(
-            f"{s.name} {format_interval(s.features.stats.clock.interval)}" for s in series)
-            + "; train one model per bar interval")
-    return Dataset(tuple(series), cfg, vocab, cuts if len(bars) > 1 and fold is None else None,
-                   tuple(warn), absent, anchor)
+    check_intervals([s.name for s in series], [s.features.stats.clock.interval for s in series])
+    return Dataset(
+        tuple(series),
+        cfg,
+        vocab,
+        cuts if len(bars) > 1 and fold is None else None,
+        tuple(warn),
+        absent,
+        anchor,
+    )
+
+
+def read_named(paths: list, min_rows: int | None, instrument: str | None):
+    """Every series of ``paths`` and its name (``instrument`` names a one-series file).
+
+    Raises:
+      DataError: two series of one name, ``instrument`` for a file of several, or series
+        whose dates disagree.
+    """
+    bars = [b for p in paths for b in read_series(p, min_rows=min_rows)]
+    names = [series_name(b) for b in bars]
+    if instrument is not None:
+        if len(bars) != 1 or bars[0].symbol is not None:
+            raise DataError(
+                f"--instrument {instrument}: names the one series of a file without a symbol column"
+            )
+        names = [instrument]
+    if len(set(names)) < len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise DataError(
+            f"two series are named {dup!r} ({', '.join(b.path for b in bars)}): rename one file"
+        )
+    check_shared_dates(bars, names)
+    return bars, names
+
+
+def check_intervals(names: list[str], intervals: list[int]) -> None:
+    """Refuse series of different bar intervals in one run (one line naming each)."""
+    if len(set(intervals)) > 1:
+        raise DataError(
+            "series of different bar intervals in one run: "
+            + ", ".join(f"{n} {format_interval(i)}" for n, i in zip(names, intervals))
+            + "; train one model per bar interval"
+        )
+
+
+def saved_stats(name: str, bars: Bars, stats, unknown: str, n_series: int):
+    """Series ``name``'s saved statistics (None: fitted on its own training rows).
+
+    Raises:
+      DataError: an instrument the model does not know (unless ``unknown`` is ``embed``),
+        or several series for a model from before vocabularies.
+    """
+    if isinstance(stats, dict):
+        own = stats.get(name)
+        if own is None and unknown != "embed":
+            raise DataError(
+                f"{bars.path}: instrument {name!r} is not one the model was trained "
+                f"on ({', '.join(stats)}): name it with --instrument if it is one of "
+                "them, or serve it with --unknown-instrument embed"
+            )
+        return own
+    if stats is not None and n_series > 1:
+        raise DataError(
+            f"{bars.path}: this model was trained on one series (before "
+            "instrument vocabularies): give it one"
+        )
+    return stats
+
+
+def series_splits(
+    b: Bars, own, stats, cfg: DataConfig, fold, cuts, *, partial: bool, need_splits: bool
+):
+    """``(splits, statistics, source)`` of one series: split by the fold, the global cut
+    times, or its own fractions; ``source`` says where its statistics come from (``trained``,
+    ``own``, or ``pooled`` for a new listing with no training rows before the cut)."""
+    source = "trained" if own is not None or not isinstance(stats, dict) else "own"
+    try:
+        if fold is not None:
+            sp = fold_splits(b.ts, fold, cfg, source=b.path, partial=partial)
+        elif cuts is not None:
+            sp = splits_at(b.ts, cuts, cfg, source=b.path)
+        else:
+            sp = make_splits(len(b), cfg, source=str(b.path))
+    except DataError:
+        if need_splits or (own is None and not isinstance(stats, dict)):
+            raise
+        sp = no_splits()
+    if source == "own" and sp.train_rows[1] <= sp.train_rows[0]:
+        return sp, pooled_stats(list(stats.values())), "pooled"
+    return sp, own, source
 
 
 def no_splits() -> Splits:
     empty = np.zeros(0, np.int32)
     return Splits((0, 0), (0, 0), (0, 0), empty, empty, empty)
-
-
-def paths_of(bars: list[Bars]) -> list[str]:
-    return list(dict.fromkeys(str(b.path) for b in bars))

@@ -29,8 +29,7 @@ HISTORICAL_NAMES = tuple(f"{f}_{w}" for f in FAMILIES for w in WINDOWS)
 V2_FAMILIES = tuple({"rvol": "lrvol", "range": "lpv"}.get(f, f) for f in FAMILIES)
 """``--features v2``: ``rvol`` in logs, and ``lpv`` (the winners' volatility inputs) in the
 place of the mean log range."""
-LPV_COLUMNS = ("1", "2", "3", "5", "8", "10", "15", "22", "40", "60", "90", "120", "ewma",
-               "rewma")
+LPV_COLUMNS = ("1", "2", "3", "5", "8", "10", "15", "22", "40", "60", "90", "120", "ewma", "rewma")
 """The ``lpv`` family's 14 columns: the log Parkinson+gap variance of the bar (``1``) and its
 means over the last L bars, then the log variance of the EWMA and range-EWMA anchors."""
 
@@ -39,8 +38,8 @@ def historical_names(features: str = "v1") -> tuple[str, ...]:
     """The 210 historical inputs' names of a feature set (``--features``)."""
     if features == "v1":
         return HISTORICAL_NAMES
-    return tuple(f"{f}_{c}" for f in V2_FAMILIES
-                 for c in (LPV_COLUMNS if f == "lpv" else WINDOWS))
+    return tuple(f"{f}_{c}" for f in V2_FAMILIES for c in (LPV_COLUMNS if f == "lpv" else WINDOWS))
+
 
 assert len(HISTORICAL_NAMES) == NUM_HISTORICAL
 assert len(KNOWN_NAMES) == NUM_KNOWN and len(STATIC_NAMES) == NUM_STATIC
@@ -83,7 +82,8 @@ class FeatureStats:
             "train_rows": list(self.train_rows),
             "clock": self.clock.to_json(),
             "historical_names": list(historical_names(self.features)),
-            "features": self.features, "normalise": self.normalise,
+            "features": self.features,
+            "normalise": self.normalise,
             "normalise_window": self.normalise_window,
             "known_names": list(KNOWN_NAMES),
             "static_names": list(STATIC_NAMES),
@@ -91,14 +91,19 @@ class FeatureStats:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "FeatureStats":
+    def from_json(cls, d: dict) -> FeatureStats:
         features = d.get("features", "v1")
-        if (features not in ("v1", "v2")
-                or list(d.get("historical_names", ())) != list(historical_names(features))
-                or list(d.get("known_names", ())) != list(KNOWN_NAMES) or "clock" not in d):
-            raise DataError("feature statistics were saved for a different feature set (an "
-                            "older tftjax: calendar-true known inputs, the miss_L features); "
-                            "train the model again")
+        if (
+            features not in ("v1", "v2")
+            or list(d.get("historical_names", ())) != list(historical_names(features))
+            or list(d.get("known_names", ())) != list(KNOWN_NAMES)
+            or "clock" not in d
+        ):
+            raise DataError(
+                "feature statistics were saved for a different feature set (an "
+                "older tftjax: calendar-true known inputs, the miss_L features); "
+                "train the model again"
+            )
         return cls(
             hist_mean=np.asarray(d["hist_mean"], dtype=np.float64),
             hist_std=np.asarray(d["hist_std"], dtype=np.float64),
@@ -106,7 +111,8 @@ class FeatureStats:
             static=np.asarray(d["static"], dtype=np.float64),
             train_rows=(int(d["train_rows"][0]), int(d["train_rows"][1])),
             clock=Clock.from_json(d["clock"]),
-            anchor_fit=d.get("anchor_fit"), features=features,
+            anchor_fit=d.get("anchor_fit"),
+            features=features,
             normalise=d.get("normalise", "train"),
             normalise_window=int(d.get("normalise_window", 500)),
         )
@@ -115,7 +121,7 @@ class FeatureStats:
         Path(path).write_text(json.dumps(self.to_json()))
 
     @classmethod
-    def load(cls, path: str | Path) -> "FeatureStats":
+    def load(cls, path: str | Path) -> FeatureStats:
         return cls.from_json(json.loads(Path(path).read_text()))
 
 
@@ -170,9 +176,17 @@ def finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg) -> Featur
     r = log_returns(bars.close)[max(start, 1) : stop]
     scale = robust_scale(r, cfg.winsorize)
     static = _static_features(bars, train_rows[0], stop, scale)
-    return FeatureStats(mean, std, scale, static, (int(train_rows[0]), int(stop)), clock,
-                        features=cfg.features, normalise=cfg.normalise,
-                        normalise_window=cfg.normalise_window)
+    return FeatureStats(
+        mean,
+        std,
+        scale,
+        static,
+        (int(train_rows[0]), int(stop)),
+        clock,
+        features=cfg.features,
+        normalise=cfg.normalise,
+        normalise_window=cfg.normalise_window,
+    )
 
 
 def pooled_stats(stats: list[FeatureStats]) -> FeatureStats:
@@ -183,13 +197,17 @@ def pooled_stats(stats: list[FeatureStats]) -> FeatureStats:
     w = np.array([max(b - a, 1) for a, b in (s.train_rows for s in stats)], np.float64)
     w /= w.sum()
     mean = sum(wi * s.hist_mean for wi, s in zip(w, stats))
-    second = sum(wi * (s.hist_std ** 2 + s.hist_mean ** 2) for wi, s in zip(w, stats))
-    std = np.sqrt(np.maximum(second - mean ** 2, 0.0))
+    second = sum(wi * (s.hist_std**2 + s.hist_mean**2) for wi, s in zip(w, stats))
+    std = np.sqrt(np.maximum(second - mean**2, 0.0))
     first = stats[0]
     return dataclasses.replace(
-        first, hist_mean=mean, hist_std=np.where(std > 0, std, 1.0),
-        target_scale=float(np.sqrt(sum(wi * s.target_scale ** 2 for wi, s in zip(w, stats)))),
-        static=sum(wi * s.static for wi, s in zip(w, stats)), train_rows=(0, 0))
+        first,
+        hist_mean=mean,
+        hist_std=np.where(std > 0, std, 1.0),
+        target_scale=float(np.sqrt(sum(wi * s.target_scale**2 for wi, s in zip(w, stats)))),
+        static=sum(wi * s.static for wi, s in zip(w, stats)),
+        train_rows=(0, 0),
+    )
 
 
 def causal_z(col: np.ndarray, window: int | None, min_rows: int = 20) -> np.ndarray:
@@ -211,8 +229,9 @@ def causal_z(col: np.ndarray, window: int | None, min_rows: int = 20) -> np.ndar
     return np.where(ok & (n >= min_rows), z, np.nan)
 
 
-def decoder_targets(target: np.ndarray, slot: np.ndarray | None, steps: int,
-                    cumulative: bool = False) -> np.ndarray:
+def decoder_targets(
+    target: np.ndarray, slot: np.ndarray | None, steps: int, cumulative: bool = False
+) -> np.ndarray:
     """Every row's decoder targets on the calendar grid, ``[n, steps]`` float32.
 
     Row ``t`` (a window's last encoder bar, on slot ``p_t``) gets at step ``k`` the bar on

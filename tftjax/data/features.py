@@ -77,17 +77,43 @@ import dataclasses
 import numpy as np
 
 from tftjax.config import NUM_HISTORICAL, WARMUP, DataConfig
-from tftjax.data.calendar import (KNOWN_NAMES, NS_MIN, Clock, Timeline, calendar_features,
-                                  make_clock)
+from tftjax.data.calendar import KNOWN_NAMES, NS_MIN, Clock, Timeline, calendar_features, make_clock
+from tftjax.data.feature_stats import (
+    FAMILIES,
+    HISTORICAL_NAMES,
+    LPV_COLUMNS,
+    STATIC_NAMES,
+    V2_FAMILIES,
+    WINDOWS,
+    FeatureStats,
+    causal_z,
+    column_stats,
+    decoder_targets,
+    finish_stats,
+    historical_names,
+    log_returns,
+    train_block,
+)
 from tftjax.data.rolling import Extreme, Rolling, shift
-from tftjax.data.feature_stats import (FAMILIES, HISTORICAL_NAMES, LPV_COLUMNS, STATIC_NAMES, V2_FAMILIES,
-                               WINDOWS, FeatureStats, causal_z, column_stats, decoder_targets,
-                               finish_stats, historical_names, log_returns, train_block)
 from tftjax.stats.volatility import LAMBDA, ewma_variance, range_variance
 
-__all__ = ["CLIP", "FAMILIES", "HISTORICAL_NAMES", "historical_names", "KNOWN_NAMES", "STATIC_NAMES", "WINDOWS",
-           "WARMUP", "FeatureSet", "FeatureStats", "build_features", "historical_columns",
-           "historical_raw", "known_features", "known_inputs"]  # the names, from their homes too
+__all__ = [
+    "CLIP",
+    "FAMILIES",
+    "HISTORICAL_NAMES",
+    "historical_names",
+    "KNOWN_NAMES",
+    "STATIC_NAMES",
+    "WINDOWS",
+    "WARMUP",
+    "FeatureSet",
+    "FeatureStats",
+    "build_features",
+    "historical_columns",
+    "historical_raw",
+    "known_features",
+    "known_inputs",
+]  # the names, from their homes too
 
 CLIP = 10.0
 """Normalised features are clipped to ±CLIP."""
@@ -171,6 +197,7 @@ def historical_columns(bars, slot: np.ndarray | None = None, features: str = "v1
             "gap": R["gap"].sum(L),
         }
         if v2:
+            assert lpv is not None
             cols["lrvol"], cols["lpv"] = np.log(np.maximum(rvol, 1e-12)), lpv[j]
         for f, name in enumerate(V2_FAMILIES if v2 else FAMILIES):
             yield f * nw + j, cols[name]
@@ -187,14 +214,16 @@ def log_vol_columns(o, h, lo, c, lam: float = LAMBDA) -> list[np.ndarray]:
     n = c.shape[0]
     pv = range_variance(o, h, lo, c)
     floor = 1e-3 * np.cumsum(pv) / np.arange(1, n + 1) + 1e-300
-    log = lambda x: np.log(np.maximum(x, floor))  # noqa: E731
+    log = lambda x: np.log(np.maximum(x, floor))
     r = np.zeros(n)
     r[1:] = np.diff(np.log(c))
     ewma_r = ewma_variance(r[1:], lam, init=float(r[1] ** 2)) if n > 1 else np.zeros(0)
     roll = Rolling(pv)
     out = [log(pv)] + [log(roll.mean(int(L))) for L in LPV_COLUMNS[1:-2]]
-    return out + [log(np.concatenate([[np.nan], ewma_r])),
-                  log(ewma_variance(np.sqrt(pv), lam, init=float(pv[0])))]
+    return out + [
+        log(np.concatenate([[np.nan], ewma_r])),
+        log(ewma_variance(np.sqrt(pv), lam, init=float(pv[0]))),
+    ]
 
 
 def known_features(ts: np.ndarray, clock: Clock | None = None) -> np.ndarray:
@@ -205,14 +234,14 @@ def known_features(ts: np.ndarray, clock: Clock | None = None) -> np.ndarray:
     return calendar_features(tl.utc, tl.wall, tl)
 
 
-def known_inputs(ts: np.ndarray, clock: Clock, decoder_steps: int, source: str = "data"
-                 ) -> tuple[np.ndarray, np.ndarray, Timeline]:
+def known_inputs(
+    ts: np.ndarray, clock: Clock, decoder_steps: int, source: str = "data"
+) -> tuple[np.ndarray, np.ndarray, Timeline]:
     """``(known [n, 10], future [n, D, 10], timeline)``: the known inputs at each bar's own
     time, and at the ``D`` calendar slots after each bar (a window's decoder inputs)."""
     tl = Timeline(np.asarray(ts, np.int64), clock, decoder_steps, source)
     fut_utc, fut_wall = tl.future(decoder_steps)
-    return (calendar_features(tl.utc, tl.wall, tl), calendar_features(fut_utc, fut_wall, tl),
-            tl)
+    return (calendar_features(tl.utc, tl.wall, tl), calendar_features(fut_utc, fut_wall, tl), tl)
 
 
 # ----------------------------------------------------------------- features
@@ -249,9 +278,13 @@ def _normalise(col: np.ndarray, mean: float, std: float) -> np.ndarray:
     return np.nan_to_num(z, copy=False, nan=0.0)
 
 
-def build_features(bars, cfg: DataConfig = DataConfig(), *,
-                   train_rows: tuple[int, int] | None = None,
-                   stats: FeatureStats | None = None) -> FeatureSet:
+def build_features(
+    bars,
+    cfg: DataConfig = DataConfig(),
+    *,
+    train_rows: tuple[int, int] | None = None,
+    stats: FeatureStats | None = None,
+) -> FeatureSet:
     """Compute the TFT-225 features of ``bars``.
 
     Each historical column is computed, (fitted,) normalised and written
@@ -273,22 +306,33 @@ def build_features(bars, cfg: DataConfig = DataConfig(), *,
         train_rows = train_rows or (0, n)
         start, stop = train_block(train_rows)
         mean, std = np.zeros(NUM_HISTORICAL), np.ones(NUM_HISTORICAL)
-        clock = make_clock(bars.ts, getattr(bars, "tz", None), (train_rows[0], stop),
-                           bar_interval=cfg.bar_interval, timezone=cfg.timezone,
-                           calendar=cfg.calendar)
+        clock = make_clock(
+            bars.ts,
+            getattr(bars, "tz", None),
+            (train_rows[0], stop),
+            bar_interval=cfg.bar_interval,
+            timezone=cfg.timezone,
+            calendar=cfg.calendar,
+        )
     else:
         mean, std = stats.hist_mean, stats.hist_std
         # the trained clock; whether these timestamps are instants is this file's own business
         tz = getattr(bars, "tz", None)
         clock = dataclasses.replace(stats.clock, data_zone=tz, zone=stats.clock.zone or tz)
     known, future, timeline = known_inputs(bars.ts, clock, cfg.decoder_steps, str(bars.path))
-    which, how, window = ((cfg.features, cfg.normalise, cfg.normalise_window) if fit else
-                          (stats.features, stats.normalise, stats.normalise_window))
+    which, how, window = (
+        (cfg.features, cfg.normalise, cfg.normalise_window)
+        if fit
+        else (stats.features, stats.normalise, stats.normalise_window)
+    )
     for j, col in historical_columns(bars, timeline.slot_index(), which):
         if fit:
             mean[j], std[j] = column_stats(col, start, stop)
-        hist[:, j] = (_normalise(col, mean[j], std[j]) if how == "train" else
-                      _normalise(causal_z(col, window if how == "rolling" else None), 0.0, 1.0))
+        hist[:, j] = (
+            _normalise(col, mean[j], std[j])
+            if how == "train"
+            else _normalise(causal_z(col, window if how == "rolling" else None), 0.0, 1.0)
+        )
     if fit:
         stats = finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg)
     target = log_returns(bars.close) / stats.target_scale
@@ -303,7 +347,7 @@ def build_features(bars, cfg: DataConfig = DataConfig(), *,
         target=target,
         stats=stats,
         timeline=timeline,
-        decoder_target=decoder_targets(target, timeline.slot_index(), cfg.decoder_steps,
-                                       cfg.target == "cumulative"),
+        decoder_target=decoder_targets(
+            target, timeline.slot_index(), cfg.decoder_steps, cfg.target == "cumulative"
+        ),
     )
-

@@ -45,8 +45,12 @@ def data_identity(bars: Bars, run_dir: str | os.PathLike | None = None) -> dict:
 
     ``file`` (absolute, or ``<bundled>/NAME`` for the bundled bars) and ``file_from_run``
     (relative to ``run_dir``) say where to find it again (:func:`find_data_file`)."""
-    out = {"file": str(bars.path), "file_from_run": None, "sha256": content_hash(bars),
-           "rows": len(bars)}
+    out = {
+        "file": str(bars.path),
+        "file_from_run": None,
+        "sha256": content_hash(bars),
+        "rows": len(bars),
+    }
     if bars.sha256:  # read from a file
         p = Path(bars.path).resolve()
         mine = {bundled_path(n).resolve(): bundled_path(n).name for n in DATASETS}
@@ -60,9 +64,13 @@ def combined_identity(series: list[tuple[str, Bars]], run_dir=None) -> dict:
     """The identity of several series: each one's (with its name), and a hash of theirs."""
     parts = [{"name": name, **data_identity(b, run_dir)} for name, b in series]
     h = hashlib.sha256("".join(f"{p['name']}:{p['sha256']};" for p in parts).encode())
-    return {"file": " + ".join(dict.fromkeys(p["file"] for p in parts)),
-            "file_from_run": None, "sha256": "series:" + h.hexdigest(),
-            "rows": sum(p["rows"] for p in parts), "series": parts}
+    return {
+        "file": " + ".join(dict.fromkeys(p["file"] for p in parts)),
+        "file_from_run": None,
+        "sha256": "series:" + h.hexdigest(),
+        "rows": sum(p["rows"] for p in parts),
+        "series": parts,
+    }
 
 
 def find_data_files(identity: dict, run_dir: str | os.PathLike) -> str | list[str]:
@@ -92,12 +100,16 @@ def find_data_file(identity: dict, run_dir: str | os.PathLike) -> str:
         candidates.append(Path(f))
     found = [c for c in candidates if c.is_file()]
     if not found:
-        raise DataError(f"{f}: the data file this run was trained on is not found (looked at "
-                        f"{', '.join(str(c) for c in candidates)}); pass --parquet-file to use "
-                        "another file on purpose")
+        raise DataError(
+            f"{f}: the data file this run was trained on is not found (looked at "
+            f"{', '.join(str(c) for c in candidates)}); pass --parquet-file to use "
+            "another file on purpose"
+        )
     for c in found:
         if file_sha256(c) == identity["sha256"]:
             return str(c)
-    raise DataError(f"{found[0]}: content changed since training (sha256 "
-                    f"{file_sha256(found[0])[:12]}…, recorded {identity['sha256'][:12]}…); pass "
-                    "--parquet-file to use another file on purpose")
+    raise DataError(
+        f"{found[0]}: content changed since training (sha256 "
+        f"{file_sha256(found[0])[:12]}…, recorded {identity['sha256'][:12]}…); pass "
+        "--parquet-file to use another file on purpose"
+    )

@@ -45,9 +45,11 @@ class UserTime:
         if not self.aware:
             return self.ns
         if zone is None:
-            raise ConfigError(f"{self.flag} {self.text}: has a UTC offset, but the bars of "
-                              f"{source} have no zone: give the time without an offset, on "
-                              "the bars' own clock")
+            raise ConfigError(
+                f"{self.flag} {self.text}: has a UTC offset, but the bars of "
+                f"{source} have no zone: give the time without an offset, on "
+                "the bars' own clock"
+            )
         return int(to_wall(np.array([self.ns]), zone)[0])
 
 
@@ -67,8 +69,10 @@ def parse_time(text: str, flag: str) -> UserTime:
     try:
         when = dt.datetime.fromisoformat(body.replace(" ", "T", 1))
     except ValueError:
-        raise ConfigError(f"{flag} {text!r} is not a time (e.g. 2024-03-01T16:00, or with "
-                          "its UTC offset 2024-03-01T16:00-05:00)") from None
+        raise ConfigError(
+            f"{flag} {text!r} is not a time (e.g. 2024-03-01T16:00, or with "
+            "its UTC offset 2024-03-01T16:00-05:00)"
+        ) from None
     aware = when.tzinfo is not None
     delta = when - (_EPOCH_UTC if aware else _EPOCH)
     ns = (delta.days * 86_400 + delta.seconds) * 10**9 + delta.microseconds * 1000
@@ -78,9 +82,15 @@ def parse_time(text: str, flag: str) -> UserTime:
 def parse_times(as_of=None, start=None, end=None) -> dict[str, UserTime | None]:
     """``--as-of``, ``--start`` and ``--end`` parsed (one-line refusals naming the flag;
     ``start`` after ``end`` refused when both are on the same footing)."""
-    out = {k: None if v is None else parse_time(v, f"--{k.replace('_', '-')}")
-           for k, v in (("as_of", as_of), ("start", start), ("end", end))}
-    if out["start"] and out["end"] and out["start"].aware == out["end"].aware \
-            and out["start"].ns > out["end"].ns:
+    out = {
+        k: None if v is None else parse_time(v, f"--{k.replace('_', '-')}")
+        for k, v in (("as_of", as_of), ("start", start), ("end", end))
+    }
+    if (
+        out["start"]
+        and out["end"]
+        and out["start"].aware == out["end"].aware
+        and out["start"].ns > out["end"].ns
+    ):
         raise ConfigError(f"--start {start} is after --end {end}")
     return out

@@ -41,16 +41,21 @@ def check_shared_dates(bars: list[Bars], names: list[str]) -> None:
     for i, d in enumerate(days):
         others = np.concatenate([x for j, x in enumerate(days) if j != i])
         if not np.isin(d, others).any():
-            spans = ", ".join(f"{n} {_day(b.ts[0])} to {_day(b.ts[-1])}"
-                              for j, (n, b) in enumerate(zip(names, bars)) if j != i)
+            spans = ", ".join(
+                f"{n} {_day(b.ts[0])} to {_day(b.ts[-1])}"
+                for j, (n, b) in enumerate(zip(names, bars))
+                if j != i
+            )
             raise DataError(
                 f"{bars[i].path}: series {names[i]!r} ({_day(bars[i].ts[0])} to "
                 f"{_day(bars[i].ts[-1])}) shares no date with the other series ({spans}): the "
-                "series of one run must overlap in time; train on it alone")
+                "series of one run must overlap in time; train on it alone"
+            )
 
 
-def fold_members(bars: list[Bars], fold: tuple[int, int, int], cfg: DataConfig, *,
-                 warmup: int = WARMUP) -> list[Splits | None]:
+def fold_members(
+    bars: list[Bars], fold: tuple[int, int, int], cfg: DataConfig, *, warmup: int = WARMUP
+) -> list[Splits | None]:
     """Each series' splits in a walk-forward fold, or None where it sits the fold out (fewer
     than ``W`` complete training windows before the fold's validation stretch). A member's
     validation or test splits may be empty (it then trains only).
@@ -66,10 +71,14 @@ def fold_members(bars: list[Bars], fold: tuple[int, int, int], cfg: DataConfig, 
     members = [s for s in out if s is not None]
     where = f"the walk-forward fold validating from {_day(fold[0])} (test from {_day(fold[1])})"
     if not members:
-        raise DataError(f"no series has {W} complete {W}-bar training windows before {where}: "
-                        "fewer folds, a smaller --test-fraction or more data")
+        raise DataError(
+            f"no series has {W} complete {W}-bar training windows before {where}: "
+            "fewer folds, a smaller --test-fraction or more data"
+        )
     for split in ("val", "test"):
         if not any(getattr(s, split).size for s in members):
-            raise DataError(f"no series that trains in {where} has a complete {W}-bar window in "
-                            f"its {split} stretch: fewer folds or more data")
+            raise DataError(
+                f"no series that trains in {where} has a complete {W}-bar window in "
+                f"its {split} stretch: fewer folds or more data"
+            )
     return out

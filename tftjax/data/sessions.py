@@ -57,15 +57,19 @@ def sessions(name: str, first_utc: int, last_utc: int) -> Sessions:
     try:
         import exchange_calendars as xc
     except ImportError:
-        raise ConfigError(f"--calendar {name}: install the calendars extra "
-                          "(pip install 'tftjax[calendars]', i.e. exchange_calendars); "
-                          "--calendar 24/7 needs nothing") from None
+        raise ConfigError(
+            f"--calendar {name}: install the calendars extra "
+            "(pip install 'tftjax[calendars]', i.e. exchange_calendars); "
+            "--calendar 24/7 needs nothing"
+        ) from None
     try:
         cal = regular_calendar(type(xc.get_calendar(real)))(start=str(lo), end=str(hi))
-    except xc.errors.InvalidCalendarName:
-        raise ConfigError(f"--calendar {name!r} is not an exchange calendar (e.g. XCME, XNYS, "
-                          "XLON, 24/7; exchange_calendars.get_calendar_names())") from None
-    except (ValueError, xc.errors.DateOutOfBounds) as e:  # pragma: no cover - span limits
+    except xc.errors.InvalidCalendarName:  # pyright: ignore[reportAttributeAccessIssue]
+        raise ConfigError(
+            f"--calendar {name!r} is not an exchange calendar (e.g. XCME, XNYS, "
+            "XLON, 24/7; exchange_calendars.get_calendar_names())"
+        ) from None
+    except (ValueError, xc.errors.DateOutOfBounds) as e:  # pyright: ignore[reportAttributeAccessIssue]  # pragma: no cover - span limits
         raise ConfigError(f"--calendar {name}: cannot cover {lo} to {hi} ({e})") from None
     s = cal.schedule
 
@@ -80,8 +84,15 @@ def sessions(name: str, first_utc: int, last_utc: int) -> Sessions:
     else:
         bs = be = close
     label = s.index.to_numpy(dtype="datetime64[ns]").astype(np.int64)
-    return Sessions(real, str(cal.tz), label, ns("open"), close, np.asarray(bs, np.int64),
-                    np.asarray(be, np.int64))
+    return Sessions(
+        real,
+        str(cal.tz),
+        label,
+        ns("open"),
+        close,
+        np.asarray(bs, np.int64),
+        np.asarray(be, np.int64),
+    )
 
 
 def regular_calendar(cls: type) -> type:
@@ -92,8 +103,11 @@ def regular_calendar(cls: type) -> type:
     of them is known at any origin (the missing bars then show in the observed ``miss_L``
     features, as any missing bar does)."""
     none = property(lambda self: [])
-    return type(f"{cls.__name__}Regular", (cls,), {
-        "adhoc_holidays": none, "special_closes_adhoc": none, "special_opens_adhoc": none})
+    return type(
+        f"{cls.__name__}Regular",
+        (cls,),
+        {"adhoc_holidays": none, "special_closes_adhoc": none, "special_opens_adhoc": none},
+    )
 
 
 def slots(sess: Sessions, interval: int) -> np.ndarray:

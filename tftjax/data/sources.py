@@ -23,8 +23,9 @@ TABLE = "<table>"
 
 def is_table(source: Any) -> bool:
     """A pyarrow Table or a pandas DataFrame (not a path)."""
-    return isinstance(source, pa.Table) or (hasattr(source, "columns")
-                                            and hasattr(source, "to_numpy"))
+    return isinstance(source, pa.Table) or (
+        hasattr(source, "columns") and hasattr(source, "to_numpy")
+    )
 
 
 def as_arrow(frame: Any) -> pa.Table:
@@ -58,7 +59,9 @@ def read_table(source: Any) -> tuple[pa.Table, str | None, str]:
         raw = p.read_bytes()
         return pq.read_table(pa.BufferReader(raw)), hashlib.sha256(raw).hexdigest(), path_s
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise DataError(f"{path_s}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        raise DataError(
+            f"{path_s}: not a readable parquet file ({type(e).__name__}: {e})"
+        ) from None
 
 
 def source_name(source: Any) -> str:

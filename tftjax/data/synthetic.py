@@ -124,8 +124,15 @@ def generate(days: int, seed: int = 0, calibration: Calibration | None = None) -
     lam = cal.volume_mean * cal.volume_profile[hour] * activity
     d = cal.volume_dispersion
     volume = np.round(lam * np.exp(d * rng.standard_normal(n) - d * d / 2))
-    return Bars(path=f"synthetic_es_{days}d_seed{seed}", ts=ts, open=open_, high=high, low=low,
-                close=close, volume=volume)
+    return Bars(
+        path=f"synthetic_es_{days}d_seed{seed}",
+        ts=ts,
+        open=open_,
+        high=high,
+        low=low,
+        close=close,
+        volume=volume,
+    )
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -22,11 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tftjax.stats.baselines import ewma_scale
 from tftjax.config import WARMUP, DataConfig
-from tftjax.data.features import FeatureSet
 from tftjax.data.feature_stats import decoder_targets
+from tftjax.data.features import FeatureSet
 from tftjax.errors import DataError
+from tftjax.stats.baselines import ewma_scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +49,9 @@ def _starts(rows: tuple[int, int], window: int) -> np.ndarray:
     return np.arange(a, max(b - window + 1, a), dtype=np.int32)
 
 
-def make_splits(n_rows: int, cfg: DataConfig = DataConfig(), *, warmup: int = WARMUP,
-                source: str = "data") -> Splits:
+def make_splits(
+    n_rows: int, cfg: DataConfig = DataConfig(), *, warmup: int = WARMUP, source: str = "data"
+) -> Splits:
     """Split rows ``[warmup, n_rows)`` into train/val/test with embargoes.
 
     Raises:
@@ -67,8 +68,20 @@ def make_splits(n_rows: int, cfg: DataConfig = DataConfig(), *, warmup: int = WA
     for name in ("train", "val", "test"):
         if getattr(splits, name).size == 0 and (name != "val" or cfg.val_fraction > 0):
             a, b = splits.rows(name)
-            need = warmup + 2 * E + int(np.ceil(W / min(cfg.train_fraction, cfg.val_fraction or 1,
-                                                         1 - cfg.train_fraction - cfg.val_fraction)))
+            need = (
+                warmup
+                + 2 * E
+                + int(
+                    np.ceil(
+                        W
+                        / min(
+                            cfg.train_fraction,
+                            cfg.val_fraction or 1,
+                            1 - cfg.train_fraction - cfg.val_fraction,
+                        )
+                    )
+                )
+            )
             raise DataError(
                 f"{source}: {n_rows} rows leave the {name} split {b - a} rows, fewer than one "
                 f"{W}-row window (need about {need} rows: {warmup} warm-up, two {E}-row embargoes "
@@ -77,8 +90,9 @@ def make_splits(n_rows: int, cfg: DataConfig = DataConfig(), *, warmup: int = WA
     return splits
 
 
-def global_cuts(timestamps: list[np.ndarray], cfg: DataConfig = DataConfig(), *,
-                warmup: int = WARMUP) -> tuple[int, int]:
+def global_cuts(
+    timestamps: list[np.ndarray], cfg: DataConfig = DataConfig(), *, warmup: int = WARMUP
+) -> tuple[int, int]:
     """Global split times ``(train_end, val_end)`` (ns) of several series: the split fractions
     of the union of their timestamps after each one's warm-up, so that every series' test
     period is the same stretch of calendar time. For one series :func:`splits_at` at these
@@ -94,8 +108,14 @@ def global_cuts(timestamps: list[np.ndarray], cfg: DataConfig = DataConfig(), *,
     return int(union[a]), int(union[b])
 
 
-def splits_at(ts: np.ndarray, cuts: tuple[int, int], cfg: DataConfig = DataConfig(), *,
-              warmup: int = WARMUP, source: str = "data") -> Splits:
+def splits_at(
+    ts: np.ndarray,
+    cuts: tuple[int, int],
+    cfg: DataConfig = DataConfig(),
+    *,
+    warmup: int = WARMUP,
+    source: str = "data",
+) -> Splits:
     """A series' splits at global cut times: train rows end before ``cuts[0]``, val rows
     start one embargo (of this series' rows) later and end before ``cuts[1]``, test rows
     start one embargo after that.
@@ -112,16 +132,23 @@ def splits_at(ts: np.ndarray, cuts: tuple[int, int], cfg: DataConfig = DataConfi
     for name in ("train", "val", "test"):
         if getattr(splits, name).size == 0 and (name != "val" or cfg.val_fraction > 0):
             a, b = splits.rows(name)
-            t = lambda ns: str(np.datetime64(int(ns), "ns").astype("datetime64[s]"))  # noqa: E731
+            t = lambda ns: str(np.datetime64(int(ns), "ns").astype("datetime64[s]"))
             raise DataError(
                 f"{source}: its {name} split at the global cut times ({t(cuts[0])}, "
                 f"{t(cuts[1])}) holds {max(b - a, 0)} rows, fewer than one {W}-row window (its "
-                f"bars run {t(ts[0])} to {t(ts[-1])}): give series that cover the same period")
+                f"bars run {t(ts[0])} to {t(ts[-1])}): give series that cover the same period"
+            )
     return splits
 
 
-def walk_forward_times(timestamps: list[np.ndarray], cfg: DataConfig, folds: int,
-                       test_fraction: float, *, warmup: int = WARMUP) -> list[tuple[int, int, int]]:
+def walk_forward_times(
+    timestamps: list[np.ndarray],
+    cfg: DataConfig,
+    folds: int,
+    test_fraction: float,
+    *,
+    warmup: int = WARMUP,
+) -> list[tuple[int, int, int]]:
     """``(val_start, test_start, test_end)`` times (ns) of each walk-forward fold.
 
     On the union of the series' bar times after warm-up, the last ``test_fraction`` is cut
@@ -138,13 +165,17 @@ def walk_forward_times(timestamps: list[np.ndarray], cfg: DataConfig, folds: int
     s0 = n - int(n * test_fraction)
     L = (n - s0) // folds
     if L < W:
-        raise DataError(f"{folds} folds over the last {test_fraction:g} of {n:,} bar times "
-                        f"leave {L} bars a fold, fewer than one {W}-bar window: fewer folds, a "
-                        "larger --test-fraction or more data")
+        raise DataError(
+            f"{folds} folds over the last {test_fraction:g} of {n:,} bar times "
+            f"leave {L} bars a fold, fewer than one {W}-bar window: fewer folds, a "
+            "larger --test-fraction or more data"
+        )
     first_train_end = s0 - 2 * E - L
     if first_train_end < 2 * W:
-        raise DataError(f"the first fold would train on {max(first_train_end, 0)} bar times, "
-                        f"fewer than two {W}-bar windows: a smaller --test-fraction")
+        raise DataError(
+            f"the first fold would train on {max(first_train_end, 0)} bar times, "
+            f"fewer than two {W}-bar windows: a smaller --test-fraction"
+        )
     out = []
     for k in range(folds):
         b = s0 + k * L
@@ -153,8 +184,15 @@ def walk_forward_times(timestamps: list[np.ndarray], cfg: DataConfig, folds: int
     return out
 
 
-def fold_splits(ts: np.ndarray, times: tuple[int, int, int], cfg: DataConfig, *,
-                warmup: int = WARMUP, source: str = "data", partial: bool = False) -> Splits:
+def fold_splits(
+    ts: np.ndarray,
+    times: tuple[int, int, int],
+    cfg: DataConfig,
+    *,
+    warmup: int = WARMUP,
+    source: str = "data",
+    partial: bool = False,
+) -> Splits:
     """A series' splits in one walk-forward fold (:func:`walk_forward_times`): train windows
     end one embargo before the validation stretch, validation windows end one embargo
     before the test stretch, and the test windows are those whose forecast targets all lie in
@@ -163,20 +201,23 @@ def fold_splits(ts: np.ndarray, times: tuple[int, int, int], cfg: DataConfig, *,
     empty splits instead of refusing (a panel's series that joins the fold only in part,
     :mod:`tftjax.data.panel`)."""
     W, E, enc = cfg.window, cfg.embargo_rows, cfg.encoder_steps
-    r = lambda t: int(np.searchsorted(ts, t))  # noqa: E731
+    r = lambda t: int(np.searchsorted(ts, t))
     v0, t0, t1 = r(times[0]), r(times[1]), r(times[2])
     train, val = (warmup, max(v0 - E, warmup)), (v0, max(t0 - E, v0))
     test = np.arange(max(t0 - enc, warmup), t1 - W + 1, dtype=np.int32)  # targets in [t0, t1)
     splits = Splits(train, val, (t0, t1), _starts(train, W), _starts(val, W), test)
     for name in () if partial else ("train", "val", "test"):
         if getattr(splits, name).size == 0:
-            raise DataError(f"{source}: its {name} stretch of a walk-forward fold holds no "
-                            f"complete {W}-bar window: fewer folds or more data")
+            raise DataError(
+                f"{source}: its {name} stretch of a walk-forward fold holds no "
+                f"complete {W}-bar window: fewer folds or more data"
+            )
     return splits
 
 
-def epoch_batches(starts: np.ndarray, batch_size: int, *, seed: int, epoch: int,
-                  shuffle: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def epoch_batches(
+    starts: np.ndarray, batch_size: int, *, seed: int, epoch: int, shuffle: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """One epoch of batches covering every window exactly once.
 
     Returns:
@@ -229,16 +270,32 @@ def device_arrays(features: FeatureSet) -> list[np.ndarray]:
     """The host arrays of :class:`DeviceData`, in its field order (a series' statics on
     every row of it; the EWMA scale of each series on its own returns)."""
     n = len(features)
-    static = np.broadcast_to(np.asarray(features.static, np.float32), (n, features.static.shape[-1]))
+    static = np.broadcast_to(
+        np.asarray(features.static, np.float32), (n, features.static.shape[-1])
+    )
     scale = features.scale if features.scale is not None else ewma_scale(features.target)
     none = np.zeros((n, 0), np.float32)
     anchor = none if features.anchor is None else features.anchor
     anchor_z = none if features.anchor_z is None else features.anchor_z
-    instrument = (np.zeros(n, np.int32) if features.instrument is None
-                  else np.asarray(features.instrument, np.int32))
-    return [np.ascontiguousarray(a) for a in (
-        features.historical, features.known, window_decoder_targets(features), static,
-        features.future, scale, anchor, anchor_z, instrument)]
+    instrument = (
+        np.zeros(n, np.int32)
+        if features.instrument is None
+        else np.asarray(features.instrument, np.int32)
+    )
+    return [
+        np.ascontiguousarray(a)
+        for a in (
+            features.historical,
+            features.known,
+            window_decoder_targets(features),
+            static,
+            features.future,
+            scale,
+            anchor,
+            anchor_z,
+            instrument,
+        )
+    ]
 
 
 def window_decoder_targets(features: FeatureSet) -> np.ndarray:
@@ -268,11 +325,14 @@ def gather(data: DeviceData, starts: jax.Array, encoder_steps: int, decoder_step
     last = starts + (encoder_steps - 1)
     return Batch(
         static=jnp.take(data.static, last, axis=0, mode="clip"),
-        historical=jnp.take(data.historical, rows[:, :encoder_steps], axis=0,
-                            mode="clip"),
-        known=jnp.concatenate([
-            jnp.take(data.known, rows[:, :encoder_steps], axis=0, mode="clip"),
-            jnp.take(data.future, last, axis=0, mode="clip")[:, :decoder_steps]], axis=1),
+        historical=jnp.take(data.historical, rows[:, :encoder_steps], axis=0, mode="clip"),
+        known=jnp.concatenate(
+            [
+                jnp.take(data.known, rows[:, :encoder_steps], axis=0, mode="clip"),
+                jnp.take(data.future, last, axis=0, mode="clip")[:, :decoder_steps],
+            ],
+            axis=1,
+        ),
         target=jnp.take(data.target, last, axis=0, mode="clip")[:, :decoder_steps],
         scale=jnp.take(data.scale, last, axis=0, mode="clip"),
         anchor=jnp.take(data.anchor, last, axis=0, mode="clip")[:, :decoder_steps],

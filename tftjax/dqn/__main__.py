@@ -21,7 +21,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from tftjax.cli import CommandLine, Parsed, data_file, run_folder
+from tftjax.cli import CommandLine, Parsed, data_file, first_paragraph, run_folder
 from tftjax.cli import main as cli_main
 from tftjax.dqn.config import DQN_PRESETS, DQNConfig
 
@@ -58,9 +58,12 @@ class DQNOptions:
     tensorboard --logdir runs/ shows every run)."""
 
 
-COMMAND_LINE = CommandLine("python -m tftjax.dqn", __doc__.split("\n\n")[0],
-                           {"config": DQNConfig, "options": DQNOptions},
-                           {"config": DQN_PRESETS["trading"], "options": DQNOptions()})
+COMMAND_LINE = CommandLine(
+    "python -m tftjax.dqn",
+    first_paragraph(__doc__),
+    {"config": DQNConfig, "options": DQNOptions},
+    {"config": DQN_PRESETS["trading"], "options": DQNOptions()},
+)
 
 
 def configs(parsed: Parsed) -> tuple[DQNConfig, DQNOptions]:
@@ -77,12 +80,15 @@ def configs(parsed: Parsed) -> tuple[DQNConfig, DQNOptions]:
         was = DQNConfig.from_json(saved["identity"]["config"])
         if env in (None, was.env):
             cfg = was
-    return (dataclasses.replace(cfg, **parsed.part("config")),
-            dataclasses.replace(opts, workdir=workdir))
+    return (
+        dataclasses.replace(cfg, **parsed.part("config")),
+        dataclasses.replace(opts, workdir=workdir),
+    )
 
 
 def run(argv: list[str] | None = None) -> int:
     cfg, args = configs(COMMAND_LINE.parse(argv))
+    assert args.workdir is not None  # configs() chose the run folder
     from tftjax.config import ConfigError
     from tftjax.dqn.loop import run as train
 
@@ -93,20 +99,30 @@ def run(argv: list[str] | None = None) -> int:
             raise ConfigError("--folds trains afresh; --resume is for one run")
         from tftjax.dqn.walkforward import walk_forward
 
-        walk_forward(cfg, args.seeds, data_file(args.parquet_file, args.dataset),
-                     args.workdir, args.folds, args.test_fraction)
+        walk_forward(
+            cfg,
+            args.seeds,
+            data_file(args.parquet_file, args.dataset),
+            args.workdir,
+            args.folds,
+            args.test_fraction,
+        )
         return 0
     if args.seeds > 1:
         if args.resume:
             raise ConfigError("--seeds N trains afresh (one program); --resume is for one seed")
         from tftjax.dqn.seeds import run_seeds
 
-        run_seeds(cfg, args.seeds, args.workdir,
-                  data_file(args.parquet_file, args.dataset))
+        run_seeds(cfg, args.seeds, args.workdir, data_file(args.parquet_file, args.dataset))
         return 0
-    train(cfg, args.workdir, parquet_file=data_file(args.parquet_file, args.dataset),
-          resume=args.resume,
-          progress=args.progress, tensorboard=args.tensorboard)
+    train(
+        cfg,
+        args.workdir,
+        parquet_file=data_file(args.parquet_file, args.dataset),
+        resume=args.resume,
+        progress=args.progress,
+        tensorboard=args.tensorboard,
+    )
     return 0
 
 
@@ -114,7 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(run, argv)
 
 
-if __name__ == "__main__":
+def main_exit() -> None:
+    """The console script: :func:`main`, and the process ends with its exit code."""
     from tftjax.cli import exit as cli_exit
 
     cli_exit(main())
+
+
+if __name__ == "__main__":
+    main_exit()

@@ -6,7 +6,7 @@ composes them inside one jitted epoch.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -30,8 +30,13 @@ class QNetwork(nn.Module):
         return nn.Dense(self.num_actions, name="q")(x)
 
 
-def double_dqn_targets(q_next_online: jax.Array, q_next_target: jax.Array, reward: jax.Array,
-                       terminal: jax.Array, gamma: float) -> jax.Array:
+def double_dqn_targets(
+    q_next_online: jax.Array,
+    q_next_target: jax.Array,
+    reward: jax.Array,
+    terminal: jax.Array,
+    gamma: float,
+) -> jax.Array:
     """``r + γ (1 - terminal) Q_target(s', argmax_a Q_online(s', a))`` (van Hasselt et al. 2016).
 
     The online network picks the next action, the target network values it.
@@ -41,15 +46,17 @@ def double_dqn_targets(q_next_online: jax.Array, q_next_target: jax.Array, rewar
     return reward + gamma * (1.0 - terminal) * q_star
 
 
-def dqn_loss(params, target_params, apply_fn, batch: Transitions, gamma: float,
-             huber_delta: float = 1.0) -> tuple[jax.Array, jax.Array]:
+def dqn_loss(
+    params, target_params, apply_fn, batch: Transitions, gamma: float, huber_delta: float = 1.0
+) -> tuple[jax.Array, jax.Array]:
     """Mean Huber loss of ``Q(s, a)`` against double-DQN targets; returns ``(loss, mean Q)``."""
     q = apply_fn(params, batch.obs)
     q_sa = jnp.take_along_axis(q, batch.action[:, None], axis=-1)[:, 0]
     q_next_online = apply_fn(params, batch.next_obs)
     q_next_target = apply_fn(target_params, batch.next_obs)
-    y = jax.lax.stop_gradient(double_dqn_targets(q_next_online, q_next_target, batch.reward,
-                                                 batch.terminal, gamma))
+    y = jax.lax.stop_gradient(
+        double_dqn_targets(q_next_online, q_next_target, batch.reward, batch.terminal, gamma)
+    )
     loss = optax.huber_loss(q_sa, y, delta=huber_delta).mean()
     return loss, q_sa.mean()
 
@@ -62,11 +69,13 @@ def augmented(env, keys: jax.Array) -> Transitions:
     raw, nxt = jax.vmap(env.outcomes)(keys)  # [B, A], [B, A, K]
     b, a = raw.shape
     obs = jax.vmap(env.decode)(keys).astype(jnp.float32)
-    return Transitions(obs=jnp.repeat(obs, a, axis=0),
-                       action=jnp.tile(jnp.arange(a, dtype=jnp.int32), b),
-                       reward=(raw * env.reward_scale).reshape(-1),
-                       next_obs=jax.vmap(env.decode)(nxt.reshape(b * a, -1)).astype(jnp.float32),
-                       terminal=jnp.zeros((b * a,), jnp.float32))
+    return Transitions(
+        obs=jnp.repeat(obs, a, axis=0),
+        action=jnp.tile(jnp.arange(a, dtype=jnp.int32), b),
+        reward=(raw * env.reward_scale).reshape(-1),
+        next_obs=jax.vmap(env.decode)(nxt.reshape(b * a, -1)).astype(jnp.float32),
+        terminal=jnp.zeros((b * a,), jnp.float32),
+    )
 
 
 def polyak(target_params, params, tau: float):
@@ -89,10 +98,14 @@ def epsilon_greedy(key: jax.Array, q: jax.Array, epsilon: jax.Array) -> jax.Arra
     return jnp.where(explore, random, greedy).astype(jnp.int32)
 
 
-def make_optimizer(learning_rate: float, max_grad_norm: float, *, end_fraction: float = 1.0,
-                   decay_steps: int = 1) -> optax.GradientTransformation:
+def make_optimizer(
+    learning_rate: float, max_grad_norm: float, *, end_fraction: float = 1.0, decay_steps: int = 1
+) -> optax.GradientTransformation:
     """Global-norm clipping and Adam; the rate falls linearly to ``end_fraction`` of itself
     over ``decay_steps`` gradient steps (constant for ``end_fraction = 1``)."""
-    lr = learning_rate if end_fraction == 1.0 else optax.linear_schedule(
-        learning_rate, learning_rate * end_fraction, max(decay_steps, 1))
+    lr = (
+        learning_rate
+        if end_fraction == 1.0
+        else optax.linear_schedule(learning_rate, learning_rate * end_fraction, max(decay_steps, 1))
+    )
     return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(lr))

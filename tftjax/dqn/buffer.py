@@ -12,8 +12,7 @@ import jax.numpy as jnp
 from flax import struct
 
 
-@struct.dataclass
-class Transitions:
+class Transitions(struct.PyTreeNode):
     """A batch of transitions ``(s, a, r, s', terminal)``; ``s'`` is the true next
     observation (before any auto-reset), ``terminal`` only for real terminal states
     (a time limit is not terminal: the target bootstraps through it)."""
@@ -25,8 +24,7 @@ class Transitions:
     terminal: jax.Array  # [N] float32 (1.0 = terminal)
 
 
-@struct.dataclass
-class ReplayBuffer:
+class ReplayBuffer(struct.PyTreeNode):
     data: Transitions  # leading axis = capacity
     ptr: jax.Array  # int32: next slot to write
     size: jax.Array  # int32: filled slots (<= capacity)
@@ -43,9 +41,13 @@ def init(capacity: int, obs_dim: int, dtype=jnp.float32) -> ReplayBuffer:
     if capacity < 1:
         raise ValueError("buffer capacity must be >= 1")
     z = jnp.zeros
-    data = Transitions(z((capacity, obs_dim), dtype), z((capacity,), jnp.int32),
-                       z((capacity,), jnp.float32), z((capacity, obs_dim), dtype),
-                       z((capacity,), jnp.float32))
+    data = Transitions(
+        z((capacity, obs_dim), dtype),
+        z((capacity,), jnp.int32),
+        z((capacity,), jnp.float32),
+        z((capacity, obs_dim), dtype),
+        z((capacity,), jnp.float32),
+    )
     return ReplayBuffer(data, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
 
 

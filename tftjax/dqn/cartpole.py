@@ -16,8 +16,7 @@ from tftjax.dqn.env import Step
 EVAL_EPISODES = 10
 
 
-@struct.dataclass
-class GymnaxEnv:
+class GymnaxEnv(struct.PyTreeNode):
     """A gymnax environment (CartPole-v1) behind the same interface. A time limit
     is a truncation, not a terminal state: the target bootstraps through it."""
 
@@ -53,8 +52,9 @@ class GymnaxEnv:
 
     def step(self, key: jax.Array, state, action: jax.Array) -> Step:
         k_step, k_reset = jax.random.split(key)
-        obs_st, state_st, reward, terminated, _ = self.env.step_env(k_step, state, action,
-                                                                   self.params)
+        obs_st, state_st, reward, terminated, _ = self.env.step_env(
+            k_step, state, action, self.params
+        )
         truncated = state_st.time >= self.params.max_steps_in_episode
         terminated = jnp.logical_and(terminated, jnp.logical_not(truncated))
         done = jnp.logical_or(terminated, truncated)
@@ -62,8 +62,16 @@ class GymnaxEnv:
         state_out = jax.tree.map(lambda a, b: jnp.where(done, a, b), state_re, state_st)
         obs = jnp.where(done, obs_re, obs_st)
         reward = jnp.asarray(reward, jnp.float32)
-        return Step(obs, obs_st, state_out, reward * self.reward_scale, reward,
-                    terminated.astype(jnp.float32), done, obs_st)
+        return Step(
+            obs,
+            obs_st,
+            state_out,
+            reward * self.reward_scale,
+            reward,
+            terminated.astype(jnp.float32),
+            done,
+            obs_st,
+        )
 
     def key_of(self, obs: jax.Array, state) -> jax.Array:
         """The replay buffer keeps CartPole's 4 floats as they are."""

@@ -18,8 +18,20 @@ class DQNConfig:
     # trading environment
     window: int = 16
     """Bars of features in one observation."""
-    features: tuple[str, ...] = ("r1", "ret_5", "ret_20", "ret_60", "rvol_10", "rvol_60", "clv_20",
-                                 "vz_20", "rsi_13", "sma_30", "tod_sin", "tod_cos")
+    features: tuple[str, ...] = (
+        "r1",
+        "ret_5",
+        "ret_20",
+        "ret_60",
+        "rvol_10",
+        "rvol_60",
+        "clv_20",
+        "vz_20",
+        "rsi_13",
+        "sma_30",
+        "tod_sin",
+        "tod_cos",
+    )
     episode_len: int = 256
     """Decisions per training episode (a random contiguous segment of the training rows)."""
     fill: str = "next-open"
@@ -179,7 +191,7 @@ class DQNConfig:
         return ((self.spread_bps or 0) / 2 + (self.fee_bps or 0) + (self.slippage_bps or 0)) * 1e-4
 
     @classmethod
-    def from_json(cls, d: dict) -> "DQNConfig":
+    def from_json(cls, d: dict) -> DQNConfig:
         d = dict(d)
         d["features"], d["hidden"] = tuple(d["features"]), tuple(d["hidden"])
         if "cost_bps" in d:  # a run from before fills and cost components: its own terms
@@ -208,9 +220,11 @@ def with_costs(cfg: DQNConfig, dataset: str | None) -> DQNConfig:
     """``cfg`` with the cost components it leaves None filled from ``dataset``'s defaults."""
     spread, fee, slip = COSTS.get(dataset or "", DEFAULT_COSTS)
     return dataclasses.replace(
-        cfg, spread_bps=spread if cfg.spread_bps is None else cfg.spread_bps,
+        cfg,
+        spread_bps=spread if cfg.spread_bps is None else cfg.spread_bps,
         fee_bps=fee if cfg.fee_bps is None else cfg.fee_bps,
-        slippage_bps=slip if cfg.slippage_bps is None else cfg.slippage_bps)
+        slippage_bps=slip if cfg.slippage_bps is None else cfg.slippage_bps,
+    )
 
 
 DQN_PRESETS = {
@@ -218,9 +232,23 @@ DQN_PRESETS = {
     # Verification on gymnax CartPole-v1. Rewards are scaled by 0.1 so that Q (<= 10) stays
     # mostly inside the Huber loss's quadratic zone; a 50k-transition buffer and a target copy
     # every 100 updates kept all seeds stable (10k and every-50 diverged: see the README).
-    "cartpole": DQNConfig(env="cartpole", epochs=20, steps_per_epoch=10_000, num_envs=8,
-                          hidden=(64, 64), learning_rate=1e-3, gamma=0.99, batch_size=64,
-                          buffer_size=50_000, learning_starts=1_000, train_every=1,
-                          target_update_every=100, eps_decay_steps=20_000, eps_end=0.02,
-                          reward_scale=0.1, max_grad_norm=10.0, min_epochs=0),
+    "cartpole": DQNConfig(
+        env="cartpole",
+        epochs=20,
+        steps_per_epoch=10_000,
+        num_envs=8,
+        hidden=(64, 64),
+        learning_rate=1e-3,
+        gamma=0.99,
+        batch_size=64,
+        buffer_size=50_000,
+        learning_starts=1_000,
+        train_every=1,
+        target_update_every=100,
+        eps_decay_steps=20_000,
+        eps_end=0.02,
+        reward_scale=0.1,
+        max_grad_norm=10.0,
+        min_epochs=0,
+    ),
 }

@@ -39,14 +39,34 @@ from flax import struct
 
 from tftjax.config import ConfigError
 from tftjax.data.features import CLIP, HISTORICAL_NAMES, KNOWN_NAMES
-from tftjax.dqn.execution import (TO_CLOSE_CAP, _constant_rollout, _greedy_rollout,
-                                  bars_to_close, execute, greedy_rollout, policy_rollout,
-                                  session_ends)
-from tftjax.dqn.metrics import baseline_metrics, bars_per_year, trading_metrics
+from tftjax.dqn.execution import (
+    TO_CLOSE_CAP,
+    _constant_rollout,
+    _greedy_rollout,
+    bars_to_close,
+    execute,
+    greedy_rollout,
+    policy_rollout,
+    session_ends,
+)
+from tftjax.dqn.metrics import bars_per_year, baseline_metrics, trading_metrics
 
-__all__ = ["Step", "TO_CLOSE_CAP", "TradingEnv", "TradingState", "bars_to_close",
-           "baseline_metrics", "bars_per_year", "execute", "greedy_rollout", "make_trading_env",
-           "policy_rollout", "select_features", "session_ends", "trading_metrics"]
+__all__ = [
+    "Step",
+    "TO_CLOSE_CAP",
+    "TradingEnv",
+    "TradingState",
+    "bars_to_close",
+    "baseline_metrics",
+    "bars_per_year",
+    "execute",
+    "greedy_rollout",
+    "make_trading_env",
+    "policy_rollout",
+    "select_features",
+    "session_ends",
+    "trading_metrics",
+]
 
 NUM_POSITIONS = 3  # short, flat, long
 R1 = "r1"
@@ -82,13 +102,14 @@ def select_features(features, names: tuple[str, ...], source: str = "features") 
         elif name in KNOWN_NAMES:
             cols.append(features.known[:, KNOWN_NAMES.index(name)])
         else:
-            raise ConfigError(f"{source}: unknown feature {name!r} (known: {R1}, the 210 historical "
-                             f"names such as ret_5 or rvol_60, and {', '.join(KNOWN_NAMES)})")
+            raise ConfigError(
+                f"{source}: unknown feature {name!r} (known: {R1}, the 210 historical "
+                f"names such as ret_5 or rvol_60, and {', '.join(KNOWN_NAMES)})"
+            )
     return np.stack(cols, axis=1).astype(np.float32)
 
 
-@struct.dataclass
-class TradingState:
+class TradingState(struct.PyTreeNode):
     t: jax.Array  # int32: the bar the agent is at
     hist: jax.Array  # [latency + 1] int32 in {-1, 0, 1}: decisions at t-1, t-2, … (pending or held)
     steps: jax.Array  # int32: decisions made in this episode
@@ -99,8 +120,7 @@ class TradingState:
         return self.hist[..., 0]
 
 
-@struct.dataclass
-class TradingEnv:
+class TradingEnv(struct.PyTreeNode):
     """Bars, their returns split at the open (``gap``: close to open, ``intra``: open to
     close), the session ends, and the execution terms (static)."""
 
@@ -154,14 +174,16 @@ class TradingEnv:
         """Decisions per training episode (each spans ``every`` bars)."""
         return max(1, min(self.episode_len, self.decisions // self.every))
 
-    def on(self, rows: tuple[int, int]) -> "TradingEnv":
+    def on(self, rows: tuple[int, int]) -> TradingEnv:
         """The same market on other rows (e.g. the validation split)."""
         env = self.replace(lo=int(rows[0]), hi=int(rows[1]))
         if env.decisions < max(1, self.every):
-            raise ConfigError(f"rows {rows} hold {max(env.decisions, 0)} bars to trade with a "
-                              f"{self.window}-bar window and a decision every {self.every} "
-                              "bar(s): too few bars for this split (lower --window or "
-                              "--decision-every, or add data)")
+            raise ConfigError(
+                f"rows {rows} hold {max(env.decisions, 0)} bars to trade with a "
+                f"{self.window}-bar window and a decision every {self.every} "
+                "bar(s): too few bars for this split (lower --window or "
+                "--decision-every, or add data)"
+            )
         return env
 
     def flat(self) -> jax.Array:
@@ -171,18 +193,31 @@ class TradingEnv:
         """Rows ``t-W+1 .. t`` of the features, flattened, and the decisions not yet
         superseded by a fill (the latest first), one-hot."""
         rows = jax.lax.dynamic_slice_in_dim(self.feats, t - self.window + 1, self.window, axis=0)
-        return jnp.concatenate([rows.reshape(-1),
-                                jax.nn.one_hot(hist + 1, NUM_POSITIONS).reshape(-1)])
+        return jnp.concatenate(
+            [rows.reshape(-1), jax.nn.one_hot(hist + 1, NUM_POSITIONS).reshape(-1)]
+        )
 
     def execute(self, t: jax.Array, hist: jax.Array, new_pos: jax.Array):
         """``(net log return of bar t+1, held position, decisions after)`` for the decision
         ``new_pos`` on bar ``t``'s close (:func:`execute`)."""
-        return execute(hist, new_pos, self.gap[t + 1], self.intra[t + 1], self.session_end[t],
-                       self.cost, self.next_open, self.latency)
+        return execute(
+            hist,
+            new_pos,
+            self.gap[t + 1],
+            self.intra[t + 1],
+            self.session_end[t],
+            self.cost,
+            self.next_open,
+            self.latency,
+        )
 
     def reset(self, key: jax.Array) -> tuple[jax.Array, TradingState]:
-        t0 = jax.random.randint(key, (), self.first_decision, self.first_decision
-                                + self.decisions - self.horizon * self.every + 1)
+        t0 = jax.random.randint(
+            key,
+            (),
+            self.first_decision,
+            self.first_decision + self.decisions - self.horizon * self.every + 1,
+        )
         state = TradingState(t0.astype(jnp.int32), self.flat(), jnp.zeros((), jnp.int32))
         return self.observe(state.t, state.hist), state
 
@@ -194,8 +229,16 @@ class TradingEnv:
         obs_re, state_re = self.reset(key)
         state_out = jax.tree.map(lambda a, b: jnp.where(done, a, b), state_re, nxt)
         obs = jnp.where(done, obs_re, next_obs)
-        return Step(obs, next_obs, state_out, raw * self.reward_scale, raw,
-                    jnp.zeros((), jnp.float32), done, self.key_of(next_obs, nxt))
+        return Step(
+            obs,
+            next_obs,
+            state_out,
+            raw * self.reward_scale,
+            raw,
+            jnp.zeros((), jnp.float32),
+            done,
+            self.key_of(next_obs, nxt),
+        )
 
     def advance(self, t: jax.Array, hist: jax.Array, new_pos: jax.Array):
         """``(net log return, decisions after)`` of deciding ``new_pos`` on bar ``t``'s close
@@ -217,6 +260,7 @@ class TradingEnv:
         """``([3] raw rewards, [3, K] next keys)``: what each action would have earned from
         the state of buffer key ``key``, and where it leads. The agent does not move the
         market, so all three are known (``--action-augment``)."""
+
         def one(a):
             raw, hist = self.advance(key[0], key[1:], a - 1)
             return raw, jnp.concatenate([(key[0] + self.every)[None], hist]).astype(jnp.int32)
@@ -252,8 +296,13 @@ class TradingEnv:
         return out
 
 
-def make_trading_env(ds, cfg, split: str = "train", reward_scale: float | None = None,
-                     extra: np.ndarray | None = None) -> TradingEnv:
+def make_trading_env(
+    ds,
+    cfg,
+    split: str = "train",
+    reward_scale: float | None = None,
+    extra: np.ndarray | None = None,
+) -> TradingEnv:
     """A :class:`TradingEnv` over a :class:`~tftjax.data.Dataset`'s ``split`` rows with the
     execution terms of a :class:`~tftjax.dqn.config.DQNConfig` (costs filled in); ``extra``
     ``[n, k]``: more causal feature columns (e.g. a TFT's forecasts)."""
@@ -267,14 +316,27 @@ def make_trading_env(ds, cfg, split: str = "train", reward_scale: float | None =
     gap[1:] = np.log(opn[1:] / close[:-1])
     intra = np.log(close / opn).astype(np.float32)
     intra[0] = 0.0
-    ends = session_ends(ds.features.timeline) if cfg.flatten_at_session_end else \
-        np.zeros(len(b), bool)
+    ends = (
+        session_ends(ds.features.timeline) if cfg.flatten_at_session_end else np.zeros(len(b), bool)
+    )
     if cfg.flatten_at_session_end:  # when the position will be closed: known from the calendar
         feats = np.concatenate([feats, bars_to_close(ends)[:, None]], axis=1)
     scale = reward_scale if reward_scale is not None else cfg.reward_scale
     annual, _ = bars_per_year(b.ts, ds.features.timeline)
-    env = TradingEnv(jnp.asarray(feats), jnp.asarray(gap), jnp.asarray(intra), jnp.asarray(ends),
-                     jnp.float32(cfg.cost), jnp.float32(scale), 0, len(b), cfg.window,
-                     cfg.episode_len, annual, cfg.fill == "next-open", cfg.latency,
-                     cfg.decision_every)
+    env = TradingEnv(
+        jnp.asarray(feats),
+        jnp.asarray(gap),
+        jnp.asarray(intra),
+        jnp.asarray(ends),
+        jnp.float32(cfg.cost),
+        jnp.float32(scale),
+        0,
+        len(b),
+        cfg.window,
+        cfg.episode_len,
+        annual,
+        cfg.fill == "next-open",
+        cfg.latency,
+        cfg.decision_every,
+    )
     return env.on(ds.splits.rows(split))

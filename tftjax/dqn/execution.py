@@ -51,8 +51,11 @@ def bars_to_close(ends: np.ndarray) -> np.ndarray:
     idx = np.flatnonzero(ends)
     t = np.arange(ends.size)
     k = np.searchsorted(idx, t)
-    left = np.where(k < idx.size, idx[np.minimum(k, max(idx.size - 1, 0))] - t, TO_CLOSE_CAP) \
-        if idx.size else np.full(ends.size, TO_CLOSE_CAP)
+    left = (
+        np.where(k < idx.size, idx[np.minimum(k, max(idx.size - 1, 0))] - t, TO_CLOSE_CAP)
+        if idx.size
+        else np.full(ends.size, TO_CLOSE_CAP)
+    )
     return (np.minimum(left, TO_CLOSE_CAP) / TO_CLOSE_CAP).astype(np.float32)
 
 
@@ -63,8 +66,10 @@ def session_ends(timeline) -> np.ndarray:
     if timeline is None or timeline.sess is None:
         raise ConfigError("--flatten-at-session-end needs --calendar (the sessions to flatten at)")
     if timeline.clock.daily:
-        raise ConfigError("--flatten-at-session-end: daily bars end a session every bar (the "
-                          "agent could never hold); it is for intraday bars")
+        raise ConfigError(
+            "--flatten-at-session-end: daily bars end a session every bar (the "
+            "agent could never hold); it is for intraday bars"
+        )
     here = np.searchsorted(timeline.sess.open, timeline.utc, side="right") - 1
     return here != np.r_[here[1:], -1]
 
@@ -72,8 +77,10 @@ def session_ends(timeline) -> np.ndarray:
 def greedy_rollout(apply_fn, params, env) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One greedy pass over ``env``'s rows from flat: ``(held positions, net log returns, next
     returns)``, each ``[env.decisions]`` (jittable; ``env``'s row bounds are static)."""
-    return _rollout(env, lambda t, hist: jnp.argmax(apply_fn(params, env.observe(t, hist)))
-                    .astype(jnp.int32) - 1)
+    return _rollout(
+        env,
+        lambda t, hist: jnp.argmax(apply_fn(params, env.observe(t, hist))).astype(jnp.int32) - 1,
+    )
 
 
 def _rollout(env, decide):
@@ -95,8 +102,9 @@ def _rollout(env, decide):
     return held, net, nxt
 
 
-_greedy_rollout = jax.jit(lambda apply_fn, params, env: greedy_rollout(apply_fn, params, env),
-                          static_argnums=0)
+_greedy_rollout = jax.jit(
+    lambda apply_fn, params, env: greedy_rollout(apply_fn, params, env), static_argnums=0
+)
 
 
 def policy_rollout(env, positions: jax.Array):
@@ -105,7 +113,9 @@ def policy_rollout(env, positions: jax.Array):
     return _policy_rollout(env, positions)
 
 
-_policy_rollout = jax.jit(lambda env, path: _rollout(
-    env, lambda t, hist: path[t - env.first_decision].astype(jnp.int32)))
-_constant_rollout = jax.jit(lambda env, p: _rollout(env, lambda t, hist: jnp.int32(p)),
-                            static_argnums=1)
+_policy_rollout = jax.jit(
+    lambda env, path: _rollout(env, lambda t, hist: path[t - env.first_decision].astype(jnp.int32))
+)
+_constant_rollout = jax.jit(
+    lambda env, p: _rollout(env, lambda t, hist: jnp.int32(p)), static_argnums=1
+)

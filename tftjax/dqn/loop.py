@@ -15,32 +15,45 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
-from tftjax.runner import loop as runloop
 from tftjax.config import ConfigError, DataConfig
-from tftjax.dqn.config import DQNConfig, with_costs
 from tftjax.dqn.cartpole import make_cartpole
+from tftjax.dqn.config import DQNConfig, with_costs
 from tftjax.dqn.env import make_trading_env
 from tftjax.dqn.metrics import bars_per_year
 from tftjax.dqn.train import iterations_per_epoch, make_train
 from tftjax.errors import TrainingDiverged
+from tftjax.runner import loop as runloop
 
 # Filled from the data when left None; on resume they follow the checkpoint (ε's decay
 # depends on the run's length, which a resume may extend).
-DERIVED = ("steps_per_epoch", "eps_decay_steps", "reward_scale", "spread_bps", "fee_bps",
-           "slippage_bps")
+DERIVED = (
+    "steps_per_epoch",
+    "eps_decay_steps",
+    "reward_scale",
+    "spread_bps",
+    "fee_bps",
+    "slippage_bps",
+)
 
 
 def data_config(cfg: DQNConfig) -> DataConfig:
     """The data options of the DQN's bars (windows of ``cfg.window`` bars, one step ahead)."""
-    return DataConfig(encoder_steps=cfg.window, decoder_steps=1, calendar=cfg.calendar,
-                      timezone=cfg.timezone, bar_interval=cfg.bar_interval,
-                      train_fraction=cfg.train_fraction, val_fraction=cfg.val_fraction)
+    return DataConfig(
+        encoder_steps=cfg.window,
+        decoder_steps=1,
+        calendar=cfg.calendar,
+        timezone=cfg.timezone,
+        bar_interval=cfg.bar_interval,
+        train_fraction=cfg.train_fraction,
+        val_fraction=cfg.val_fraction,
+    )
 
 
 def build_envs(cfg: DQNConfig, parquet_file=None, stats=None, fold=None, extra=None):
@@ -52,8 +65,9 @@ def build_envs(cfg: DQNConfig, parquet_file=None, stats=None, fold=None, extra=N
     if cfg.env == "cartpole":
         if parquet_file is not None:
             raise ConfigError("--parquet-file is for --env trading; CartPole has no bars")
-        cfg = dataclasses.replace(cfg, reward_scale=cfg.reward_scale or 1.0)
-        env = make_cartpole(cfg.reward_scale)
+        scale = cfg.reward_scale or 1.0
+        cfg = dataclasses.replace(cfg, reward_scale=scale)
+        env = make_cartpole(scale)
         return {"train": env, "val": env}, None, cfg
     from tftjax.data import load_dataset
     from tftjax.data.bundled import DATASETS, bundled_path
@@ -66,16 +80,22 @@ def build_envs(cfg: DQNConfig, parquet_file=None, stats=None, fold=None, extra=N
         cfg = dataclasses.replace(cfg, reward_scale=1.0 / float(ds.features.stats.target_scale))
     if extra is not None:
         if cfg.tft_checkpoint is not None:
-            raise ConfigError("--tft-checkpoint and out-of-fold forecasts are two sources of "
-                              "the same columns: choose one")
+            raise ConfigError(
+                "--tft-checkpoint and out-of-fold forecasts are two sources of "
+                "the same columns: choose one"
+            )
         extra = extra(ds)
     elif cfg.tft_checkpoint is not None:  # the TFT's forecasts as more observation columns
         from tftjax.dqn.tft_inputs import load_tft, tft_columns
 
-        extra = tft_columns(load_tft(cfg.tft_checkpoint), ds.bars.path,
-                            int(ds.bars.ts[ds.splits.val_rows[0]]))
-    return ({s: make_trading_env(ds, cfg, split=s, extra=extra) for s in ("train", "val", "test")},
-            ds, cfg)
+        extra = tft_columns(
+            load_tft(cfg.tft_checkpoint), ds.bars.path, int(ds.bars.ts[ds.splits.val_rows[0]])
+        )
+    return (
+        {s: make_trading_env(ds, cfg, split=s, extra=extra) for s in ("train", "val", "test")},
+        ds,
+        cfg,
+    )
 
 
 class DQNTask:
@@ -117,21 +137,23 @@ class DQNTask:
 
     def describe(self, state) -> str:
         c, n = self.cfg, sum(x.size for x in jax.tree.leaves(state.params))
-        per_epoch = (f"{c.steps_per_epoch:,} env steps per epoch ({c.num_envs} parallel "
-                     "episodes)")
+        per_epoch = f"{c.steps_per_epoch:,} env steps per epoch ({c.num_envs} parallel episodes)"
         if self.ds is None:
             return f"DQN {n:,} parameters on gymnax CartPole-v1; {per_epoch}"
         rows = " / ".join(f"{s} {e.hi - e.lo:,}" for s, e in self.envs.items())
-        return (f"DQN {n:,} parameters; {len(self.ds.bars):,} bars from {self.ds.bars.path}; "
-                f"rows {rows}; {per_epoch}; fills at the "
-                + ("next open" if c.fill == "next-open" else "close")
-                + (f" after {c.latency} bar(s)" if c.latency else "")
-                + f"; cost {c.cost * 1e4:g} bp a unit traded (spread {c.spread_bps:g}/2 + fee "
-                f"{c.fee_bps:g} + slippage {c.slippage_bps:g})"
-                + ("; flat at every session end" if c.flatten_at_session_end else "")
-                + f"; rewards × {c.reward_scale:.4g}; Sharpe annualised at "
-                + "{:,.0f} bars a year ({})".format(*bars_per_year(self.ds.bars.ts,
-                                                                   self.ds.features.timeline)))
+        return (
+            f"DQN {n:,} parameters; {len(self.ds.bars):,} bars from {self.ds.bars.path}; "
+            f"rows {rows}; {per_epoch}; fills at the "
+            + ("next open" if c.fill == "next-open" else "close")
+            + (f" after {c.latency} bar(s)" if c.latency else "")
+            + f"; cost {c.cost * 1e4:g} bp a unit traded (spread {c.spread_bps:g}/2 + fee "
+            f"{c.fee_bps:g} + slippage {c.slippage_bps:g})"
+            + ("; flat at every session end" if c.flatten_at_session_end else "")
+            + f"; rewards × {c.reward_scale:.4g}; Sharpe annualised at "
+            + "{:,.0f} bars a year ({})".format(
+                *bars_per_year(self.ds.bars.ts, self.ds.features.timeline)
+            )
+        )
 
     def train_epoch(self, state, epoch: int):
         first = self._epoch is None
@@ -139,9 +161,10 @@ class DQNTask:
             t = time.perf_counter()
             self._epoch = self.dqn.epoch.lower(state, self.env).compile()
             self.compile_s = time.perf_counter() - t
+        assert self._epoch is not None
         t = time.perf_counter()
         state, m = self._epoch(state, self.env)
-        m = {k: float(v) for k, v in jax.device_get(m).items()}  # waits for the epoch
+        m: dict[str, Any] = {k: float(v) for k, v in jax.device_get(m).items()}  # waits
         seconds = time.perf_counter() - t
         if m["updates"] > 0 and not math.isfinite(m["loss"]):
             raise TrainingDiverged(f"DQN loss became {m['loss']} in epoch {epoch}")
@@ -156,8 +179,9 @@ class DQNTask:
         return state, m
 
     def _greedy(self, params, split: str, key=None) -> dict:
-        return self.envs[split].evaluate(self.dqn.apply, params,
-                                         self.eval_key if key is None else key)
+        return self.envs[split].evaluate(
+            self.dqn.apply, params, self.eval_key if key is None else key
+        )
 
     def validate(self, state) -> dict:
         # fresh episodes every epoch (CartPole): no epoch is chosen on the episodes it was
@@ -177,7 +201,7 @@ class DQNTask:
         if len(history) < self.window:
             history[-1][self.score + "_smoothed"] = None
             return -math.inf
-        recent = [h[self.score] for h in history[-self.window:]]
+        recent = [h[self.score] for h in history[-self.window :]]
         history[-1][self.score + "_smoothed"] = float(np.mean(recent))
         return float(np.mean(recent))
 
@@ -187,33 +211,46 @@ class DQNTask:
 
     def epoch_line(self, m: dict) -> str:
         loss = "–" if m["loss"] is None else f"{m['loss']:.4g}"
-        return (f"{self.score} {m[self.score]:.4g}  loss {loss}  ε {m['epsilon']:.2f}  "
-                f"{m['steps_per_s']:,.0f} env steps/s"
-                + (f" (compiled in {m['compile_s']:.1f} s)" if "compile_s" in m else ""))
+        return (
+            f"{self.score} {m[self.score]:.4g}  loss {loss}  ε {m['epsilon']:.2f}  "
+            f"{m['steps_per_s']:,.0f} env steps/s"
+            + (f" (compiled in {m['compile_s']:.1f} s)" if "compile_s" in m else "")
+        )
 
     def summarize(self, state, workdir: Path, history: list[dict]):
         params = state.params
-        splits = {s: {"dqn": self._greedy(params, s), **self.envs[s].baselines()}
-                  for s in self.eval_splits}
+        splits = {
+            s: {"dqn": self._greedy(params, s), **self.envs[s].baselines()}
+            for s in self.eval_splits
+        }
         timing = [h["epoch_s"] for h in history if "epoch_s" in h]
-        summary = {"splits": splits, "parameters": sum(x.size for x in jax.tree.leaves(params)),
-                   "compile_s": self.compile_s, "config": self.cfg.to_json(),
-                   "median_epoch_s": float(np.median(timing)) if timing else None}
+        summary = {
+            "splits": splits,
+            "parameters": sum(x.size for x in jax.tree.leaves(params)),
+            "compile_s": self.compile_s,
+            "config": self.cfg.to_json(),
+            "median_epoch_s": float(np.median(timing)) if timing else None,
+        }
         rollouts = {s: self.envs[s].rollout(self.dqn.apply, params) for s in self.eval_splits}
         val = rollouts.get("val")  # CartPole has no rollout (no equity)
-        summary.update(self.selection(None if val is None else val["net"], history, splits,
-                                      params))
+        summary.update(self.selection(None if val is None else val["net"], history, splits, params))
         if self.ds is not None:  # every trade of the greedy passes, hit rate and exposure
             from tftjax.dqn.report import format_trades, trade_stats, trades
 
-            done = {s: trades(self.envs[s], r["positions"], self.ds.bars.ts)
-                    for s, r in rollouts.items()}
-            summary["trades"] = {s: {**trade_stats(t), "exposure": float(np.mean(
-                rollouts[s]["positions"] != 0))} for s, t in done.items()}
+            done = {
+                s: trades(self.envs[s], r["positions"], self.ds.bars.ts)
+                for s, r in rollouts.items()
+            }
+            summary["trades"] = {
+                s: {**trade_stats(t), "exposure": float(np.mean(rollouts[s]["positions"] != 0))}
+                for s, t in done.items()
+            }
             (workdir / "trades.json").write_text(json.dumps(done))
             (workdir / "trades.md").write_text(
                 "test split, the agent's trades (log returns; net of costs)\n\n"
-                + format_trades(done["test"]) + "\n")
+                + format_trades(done["test"])
+                + "\n"
+            )
         try:
             from tftjax import plots
 
@@ -222,8 +259,13 @@ class DQNTask:
                 from tftjax.dqn.report import report_png
 
                 r = rollouts["test"]
-                report_png(workdir / "report.png", self.envs["test"], r["positions"], r["net"],
-                           "DQN agent, test split")
+                report_png(
+                    workdir / "report.png",
+                    self.envs["test"],
+                    r["positions"],
+                    r["net"],
+                    "DQN agent, test split",
+                )
         except Exception as e:  # plots must never lose a finished run
             self.log(f"warning: plots not written ({type(e).__name__}: {e})")
         from tftjax.dqn.report import format_summary
@@ -239,43 +281,71 @@ class DQNTask:
         key = self.score + "_smoothed"
         best = max((h[key] for h in history if h.get(key) is not None), default=None)
         if self.ds is None:  # CartPole
-            fresh = self.envs["val"].evaluate(self.dqn.apply, params,
-                                              jax.random.PRNGKey(self.cfg.seed + 77_777), 100)
+            fresh = self.envs["val"].evaluate(
+                self.dqn.apply, params, jax.random.PRNGKey(self.cfg.seed + 77_777), 100
+            )
             last = [h[self.score] for h in history[-10:] if h.get(self.score) is not None]
             share = float(np.mean([r >= 475 for r in last])) if last else None
-            return {"shipped_policy": "dqn", "final_return_fresh": fresh["return"],
-                    "final_return_fresh_min": fresh["return_min"], "last10_at_475": share,
-                    "verdict": f"final greedy return over 100 fresh episodes "
-                               f"{fresh['return']:.1f} (worst {fresh['return_min']:.0f}); "
-                               f"{share if share is not None else float('nan'):.0%} of the last "
-                               f"{len(last)} evaluations at 475 or more"}
+            return {
+                "shipped_policy": "dqn",
+                "final_return_fresh": fresh["return"],
+                "final_return_fresh_min": fresh["return_min"],
+                "last10_at_475": share,
+                "verdict": f"final greedy return over 100 fresh episodes "
+                f"{fresh['return']:.1f} (worst {fresh['return_min']:.0f}); "
+                f"{share if share is not None else float('nan'):.0%} of the last "
+                f"{len(last)} evaluations at 475 or more",
+            }
         from tftjax.dqn.significance import gate
 
         ranked = [h[self.score] for h in history if h.get(key) is not None]
         per_bar = np.asarray(ranked) / math.sqrt(self.envs["val"].annualisation)
-        g = gate(np.zeros(3) if val_net is None else val_net, max(len(ranked), 1), per_bar,
-                 self.cfg.psr_gate)
+        g = gate(
+            np.zeros(3) if val_net is None else val_net,
+            max(len(ranked), 1),
+            per_bar,
+            self.cfg.psr_gate,
+        )
         beats = g["passes"]
         ship = "dqn" if beats or not self.cfg.flat_fallback else "flat"
         told = "–" if best is None else f"{best:+.2f}"
-        verdict = (f"the shipped epoch's validation record (smoothed Sharpe {told}, mean of "
-                   f"{self.window} epochs; {g['trials']} epochs compared) has a deflated "
-                   f"Sharpe of {g['dsr']:.3f} (PSR against 0: {g['psr']:.3f}): it "
-                   + ("clears" if beats else "does not clear") + f" the --psr-gate of "
-                   f"{self.cfg.psr_gate:g}: "
-                   + ("shipping the agent" if ship == "dqn" else "shipping FLAT (no position; "
-                      "--no-flat-fallback ships the agent)")
-                   + ("" if beats or ship == "flat" else " anyway (--no-flat-fallback)"))
+        verdict = (
+            f"the shipped epoch's validation record (smoothed Sharpe {told}, mean of "
+            f"{self.window} epochs; {g['trials']} epochs compared) has a deflated "
+            f"Sharpe of {g['dsr']:.3f} (PSR against 0: {g['psr']:.3f}): it "
+            + ("clears" if beats else "does not clear")
+            + f" the --psr-gate of "
+            f"{self.cfg.psr_gate:g}: "
+            + (
+                "shipping the agent"
+                if ship == "dqn"
+                else "shipping FLAT (no position; --no-flat-fallback ships the agent)"
+            )
+            + ("" if beats or ship == "flat" else " anyway (--no-flat-fallback)")
+        )
         if ship == "flat":
             for split in splits.values():
                 split["shipped (flat)"] = dict(split["flat"])
-        return {"shipped_policy": ship, "best_val_smoothed": best, "gate": g,
-                "candidates": g["trials"], "verdict": verdict}
+        return {
+            "shipped_policy": ship,
+            "best_val_smoothed": best,
+            "gate": g,
+            "candidates": g["trials"],
+            "verdict": verdict,
+        }
 
 
-def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool = False,
-        progress: bool = True, callback: Callable | None = None, log: Callable = print,
-        tensorboard: bool = True) -> dict:
+def run(
+    cfg: DQNConfig,
+    workdir: str | Path,
+    *,
+    parquet_file=None,
+    resume: bool = False,
+    progress: bool = True,
+    callback: Callable | None = None,
+    log: Callable = print,
+    tensorboard: bool = True,
+) -> dict:
     """Train, validate greedily every epoch, checkpoint, and summarise the best epoch.
 
     Args:
@@ -299,12 +369,15 @@ def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool 
             from tftjax.data import FeatureStats, find_data_file
 
             was = DQNConfig.from_json(saved["identity"]["config"])
-            c = dataclasses.replace(cfg, **{f: getattr(was, f) for f in DERIVED
-                                            if getattr(cfg, f) is None})
+            c = dataclasses.replace(
+                cfg, **{f: getattr(was, f) for f in DERIVED if getattr(cfg, f) is None}
+            )
             if c.lr_end_fraction < 1 and c.epochs != was.epochs:
-                raise ConfigError(f"--resume: --epochs cannot change ({was.epochs} → {c.epochs}) "
-                                  f"with lr_end_fraction {c.lr_end_fraction}: the learning-rate "
-                                  "decay spans the run's epochs")
+                raise ConfigError(
+                    f"--resume: --epochs cannot change ({was.epochs} → {c.epochs}) "
+                    f"with lr_end_fraction {c.lr_end_fraction}: the learning-rate "
+                    "decay spans the run's epochs"
+                )
             if saved.get("feature_stats"):
                 stats = FeatureStats.from_json(saved["feature_stats"])
             if path is None and c.env == "trading" and "sha256" in saved["identity"]["data"]:
@@ -312,6 +385,14 @@ def run(cfg: DQNConfig, workdir: str | Path, *, parquet_file=None, resume: bool 
         envs, ds, c = build_envs(c, path, stats)
         return DQNTask(c, envs, ds, workdir, log)
 
-    _, summary = runloop.run(make_task, workdir, kind="dqn", resume=resume, progress=progress,
-                       callback=callback, log=log, tensorboard=tensorboard)
+    _, summary = runloop.run(
+        make_task,
+        workdir,
+        kind="dqn",
+        resume=resume,
+        progress=progress,
+        callback=callback,
+        log=log,
+        tensorboard=tensorboard,
+    )
     return summary

@@ -16,10 +16,15 @@ def bars_per_year(ts: np.ndarray, timeline=None) -> tuple[float, str]:
     what the file happens to hold); without one, the file's own bar density."""
     span = float(ts[-1] - ts[0])
     sess = getattr(timeline, "sess", None)
-    if sess is not None and span > 0:
+    if timeline is not None and sess is not None and span > 0:
         key = timeline.slot_key
-        lo, hi = np.searchsorted(key, [timeline._key(timeline.utc[:1], timeline.wall[:1])[0],
-                                       timeline._key(timeline.utc[-1:], timeline.wall[-1:])[0]])
+        lo, hi = np.searchsorted(
+            key,
+            [
+                timeline._key(timeline.utc[:1], timeline.wall[:1])[0],
+                timeline._key(timeline.utc[-1:], timeline.wall[-1:])[0],
+            ],
+        )
         return float(hi - lo) / (span / _YEAR_NS), f"{timeline.clock.calendar} slots per year"
     return ((len(ts) - 1) / (span / _YEAR_NS) if span > 0 else 252.0), "the file's bars per year"
 
@@ -35,8 +40,12 @@ def trading_metrics(net: np.ndarray, positions: np.ndarray, annualisation: float
     std = float(net.std())
     sharpe = float(net.mean() / std * math.sqrt(annualisation)) if std > 1e-15 else 0.0
     turnover = float(units_traded(positions) / max(positions.size, 1))
-    return {"total_log_return": float(equity[-1]), "sharpe": sharpe,
-            "max_drawdown": 1.0 - math.exp(-drawdown), "turnover": turnover}
+    return {
+        "total_log_return": float(equity[-1]),
+        "sharpe": sharpe,
+        "max_drawdown": 1.0 - math.exp(-drawdown),
+        "turnover": turnover,
+    }
 
 
 def units_traded(positions) -> float:
@@ -55,8 +64,10 @@ def baseline_metrics(next_ret: np.ndarray, cost: float, annualisation: float) ->
     hold = next_ret.copy()
     hold[0] -= cost
     hold[-1] -= cost
-    return {"buy_and_hold": trading_metrics(hold, long, annualisation),
-            "flat": trading_metrics(np.zeros_like(next_ret), np.zeros_like(next_ret), annualisation)}
+    return {
+        "buy_and_hold": trading_metrics(hold, long, annualisation),
+        "flat": trading_metrics(np.zeros_like(next_ret), np.zeros_like(next_ret), annualisation),
+    }
 
 
 def sharpe_inference(net: np.ndarray, annualisation: float) -> dict:
@@ -74,15 +85,18 @@ def sharpe_inference(net: np.ndarray, annualisation: float) -> dict:
         return {"sharpe_se": 0.0, "psr": 0.5}
     sr = float(x.mean() / sd)
     z = (x - x.mean()) / sd
-    g3, g4 = float(np.mean(z ** 3)), float(np.mean(z ** 4))
+    g3, g4 = float(np.mean(z**3)), float(np.mean(z**4))
     se = math.sqrt((1 + sr * sr / 2) / t)
     denom = math.sqrt(max(1 - g3 * sr + (g4 - 1) / 4 * sr * sr, 1e-12))
-    return {"sharpe_se": se * math.sqrt(annualisation),
-            "psr": float(norm.cdf(sr * math.sqrt(t - 1) / denom))}
+    return {
+        "sharpe_se": se * math.sqrt(annualisation),
+        "psr": float(norm.cdf(sr * math.sqrt(t - 1) / denom)),
+    }
 
 
-def report_metrics(net: np.ndarray, positions: np.ndarray, annualisation: float,
-                   cost: float) -> dict:
+def report_metrics(
+    net: np.ndarray, positions: np.ndarray, annualisation: float, cost: float
+) -> dict:
     """:func:`trading_metrics` plus the Sharpe's SE and PSR, the costs paid (cost × units
     traded), the hit rate (share of bars held that made money) and the exposure (share of
     bars with a position)."""

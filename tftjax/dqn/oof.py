@@ -19,8 +19,8 @@ check this bookkeeping with a model that is not a TFT; :func:`tft_model` is the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -35,8 +35,7 @@ class Block:
     valid: np.ndarray  # [n] bool: a complete window ends at this bar
 
 
-def model_starts(ts: np.ndarray, folds: list[tuple[int, int, int]], before: int = 2
-                 ) -> list[int]:
+def model_starts(ts: np.ndarray, folds: list[tuple[int, int, int]], before: int = 2) -> list[int]:
     """The models' start times: ``before`` evenly spaced bars ahead of the first fold's
     validation start, then every fold's validation start."""
     first = int(np.searchsorted(ts, folds[0][0]))
@@ -44,8 +43,14 @@ def model_starts(ts: np.ndarray, folds: list[tuple[int, int, int]], before: int 
     return pre + [int(f[0]) for f in folds]
 
 
-def build(bars, folds: list[tuple[int, int, int]], fit: Callable, predict: Callable,
-          before: int = 2, log=print) -> list[Block]:
+def build(
+    bars,
+    folds: list[tuple[int, int, int]],
+    fit: Callable,
+    predict: Callable,
+    before: int = 2,
+    log=print,
+) -> list[Block]:
     """Fit one model per :func:`model_starts` time and forecast every bar with it.
 
     ``fit(head_bars, m) -> model`` sees only the bars before model ``m``'s start;
@@ -54,11 +59,19 @@ def build(bars, folds: list[tuple[int, int, int]], fit: Callable, predict: Calla
     out = []
     for m, start in enumerate(model_starts(bars.ts, folds, before)):
         stop = int(np.searchsorted(bars.ts, start))
-        log(f"out-of-fold model {m + 1}: fitted on the {stop:,} bars before "
-            f"{np.datetime64(start, 'ns')} UTC")
+        log(
+            f"out-of-fold model {m + 1}: fitted on the {stop:,} bars before "
+            f"{np.datetime64(start, 'ns')} UTC"
+        )
         f = predict(fit(bars.slice(0, stop), m))
-        out.append(Block(start, np.asarray(f["first"], np.float32), np.asarray(f["cum"]),
-                         np.asarray(f["valid"], bool)))
+        out.append(
+            Block(
+                start,
+                np.asarray(f["first"], np.float32),
+                np.asarray(f["cum"]),
+                np.asarray(f["valid"], bool),
+            )
+        )
     return out
 
 
@@ -76,12 +89,22 @@ def for_fold(blocks: list[Block], ts: np.ndarray, val_start: int) -> dict:
         rows = model == i
         first[rows], cum[rows], valid[rows] = b.first[rows], b.cum[rows], b.valid[rows]
     first[~valid], cum[~valid] = 0.0, 0.0
-    return {"columns": np.concatenate([first, valid[:, None].astype(np.float32)], axis=1),
-            "cum": cum, "valid": valid, "model": np.where(valid, model, -1)}
+    return {
+        "columns": np.concatenate([first, valid[:, None].astype(np.float32)], axis=1),
+        "cum": cum,
+        "valid": valid,
+        "model": np.where(valid, model, -1),
+    }
 
 
-def tft_model(workdir: Path, path, calendar: str | None, preset_name: str = "small",
-              epochs: int = 20, patience: int = 3):
+def tft_model(
+    workdir: Path,
+    path,
+    calendar: str | None,
+    preset_name: str = "small",
+    epochs: int = 20,
+    patience: int = 3,
+):
     """``(fit, predict)`` of a TFT for :func:`build`: ``fit`` trains the ``preset_name``
     preset on the head bars (written to ``workdir/model_M/head.parquet``; its own
     train/validation split inside them) and ``predict`` forecasts the whole series at
@@ -96,9 +119,16 @@ def tft_model(workdir: Path, path, calendar: str | None, preset_name: str = "sma
         run_dir.mkdir(parents=True, exist_ok=True)
         write_bars(head, run_dir / "head.parquet")
         cfg = preset(preset_name, calendar=calendar)
-        train_and_evaluate(cfg, TrainConfig(epochs=epochs, patience=patience), run_dir / "tft",
-                           dataset=load_dataset(run_dir / "head.parquet", cfg.data),
-                           progress=False, log=lambda *a: None, plots=False, tensorboard=False)
+        train_and_evaluate(
+            cfg,
+            TrainConfig(epochs=epochs, patience=patience),
+            run_dir / "tft",
+            data=load_dataset(run_dir / "head.parquet", cfg.data),
+            progress=False,
+            log=lambda *a: None,
+            plots=False,
+            tensorboard=False,
+        )
         return run_dir / "tft"
 
     def predict(run_dir):

@@ -28,8 +28,7 @@ EXIT = (0.0, 0.5, 1.0)
 """Exit thresholds tried, as a fraction of the entry threshold (1: no hysteresis)."""
 
 
-def rule_path(forecast: np.ndarray, valid: np.ndarray, entry: float, exit_: float
-              ) -> np.ndarray:
+def rule_path(forecast: np.ndarray, valid: np.ndarray, entry: float, exit_: float) -> np.ndarray:
     """``[n]`` int32 positions in {-1, 0, 1} decided on each bar's close from flat: long above
     ``entry``, short below ``-entry``; a long is held while the forecast stays above
     ``exit_``, a short while below ``-exit_`` (``exit_ <= entry``); flat without a forecast."""
@@ -49,8 +48,9 @@ def rule_path(forecast: np.ndarray, valid: np.ndarray, entry: float, exit_: floa
     return out
 
 
-def split_path(env, forecast: np.ndarray, valid: np.ndarray, entry: float, exit_: float
-               ) -> np.ndarray:
+def split_path(
+    env, forecast: np.ndarray, valid: np.ndarray, entry: float, exit_: float
+) -> np.ndarray:
     """The rule's decisions over ``env``'s pass (``[env.decisions]``, from flat at its first
     bar), from the forecasts at the file's rows."""
     rows = slice(env.first_decision, env.first_decision + env.decisions)
@@ -75,20 +75,24 @@ def choose(val_env, forecast: np.ndarray, valid: np.ndarray) -> dict:
     for c, h in itertools.product(ENTRY, EXIT):
         entry = c * round_trip
         m = run_path(val_env, split_path(val_env, forecast, valid, entry, h * entry))
-        scores.append({"entry_costs": c, "exit_fraction": h, "val_sharpe": m["sharpe"],
-                       "val_net": m["net"]})
+        scores.append(
+            {"entry_costs": c, "exit_fraction": h, "val_sharpe": m["sharpe"], "val_net": m["net"]}
+        )
     best = max(scores, key=lambda s: (s["val_sharpe"], s["entry_costs"], s["exit_fraction"]))
-    return {"entry_costs": best["entry_costs"], "exit_fraction": best["exit_fraction"],
-            "val_sharpe": best["val_sharpe"], "val_net": best["val_net"],
-            "candidates": len(scores),
-            "val_sharpes": [s["val_sharpe"] for s in scores]}
+    return {
+        "entry_costs": best["entry_costs"],
+        "exit_fraction": best["exit_fraction"],
+        "val_sharpe": best["val_sharpe"],
+        "val_net": best["val_net"],
+        "candidates": len(scores),
+        "val_sharpes": [s["val_sharpe"] for s in scores],
+    }
 
 
 def trade(env, forecast: np.ndarray, valid: np.ndarray, chosen: dict) -> dict:
     """The rule with ``chosen`` thresholds over ``env``'s pass (e.g. a fold's test)."""
     entry = chosen["entry_costs"] * 2.0 * float(env.cost)
-    return run_path(env, split_path(env, forecast, valid, entry,
-                                    chosen["exit_fraction"] * entry))
+    return run_path(env, split_path(env, forecast, valid, entry, chosen["exit_fraction"] * entry))
 
 
 def walk_forward_rule(cfg, path, times: list, blocks: list) -> dict:
@@ -96,19 +100,28 @@ def walk_forward_rule(cfg, path, times: list, blocks: list) -> dict:
     on out-of-fold forecasts (:func:`tftjax.dqn.oof.build` ``blocks``): each fold's thresholds
     chosen on its validation stretch, its test stretch traded once, the test records
     stitched. Returns ``{"net", "held", "folds", "annualisation", "cost"}``."""
+    from tftjax.dqn.env import TradingEnv
     from tftjax.dqn.loop import build_envs
     from tftjax.dqn.oof import for_fold
 
     nets, helds, folds = [], [], []
     for fold in times:
         envs, ds, _ = build_envs(cfg, path, fold=fold)
+        assert ds is not None  # trading: bars
         f = for_fold(blocks, ds.bars.ts, fold[0])
         chosen = choose(envs["val"], f["cum"], f["valid"])
         res = trade(envs["test"], f["cum"], f["valid"], chosen)
         nets.append(res["net"])
         helds.append(res["held"])
-        folds.append({k: v for k, v in chosen.items() if k != "val_net"}
-                     | {"test_sharpe": res["sharpe"]})
+        folds.append(
+            {k: v for k, v in chosen.items() if k != "val_net"} | {"test_sharpe": res["sharpe"]}
+        )
     test = envs["test"]
-    return {"net": np.concatenate(nets), "held": np.concatenate(helds), "folds": folds,
-            "annualisation": test.annualisation, "cost": float(test.cost)}
+    assert isinstance(test, TradingEnv)
+    return {
+        "net": np.concatenate(nets),
+        "held": np.concatenate(helds),
+        "folds": folds,
+        "annualisation": test.annualisation,
+        "cost": float(test.cost),
+    }

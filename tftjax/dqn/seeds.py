@@ -26,37 +26,50 @@ from tftjax.dqn.config import DQNConfig
 from tftjax.dqn.env import greedy_rollout, policy_rollout
 from tftjax.dqn.metrics import report_metrics, trading_metrics
 
-SHOWN = ("sharpe", "sharpe_se", "psr", "total_log_return", "max_drawdown", "turnover",
-         "costs_paid")
+SHOWN = ("sharpe", "sharpe_se", "psr", "total_log_return", "max_drawdown", "turnover", "costs_paid")
 
 
-def run_seeds(cfg: DQNConfig, seeds: int, workdir: Path, parquet_file=None,
-              log=print) -> dict:
+def run_seeds(cfg: DQNConfig, seeds: int, workdir: Path, parquet_file=None, log=print) -> dict:
     """Train ``seeds`` agents in one vmapped program; the report (``seeds.json``,
     ``seeds.md``) and the agents (``checkpoints/dqn_seeds_final_epoch{N}``, stacked)."""
-    from tftjax.runner.checkpoints import EpochCheckpointer
     from tftjax.dqn.loop import build_envs
+    from tftjax.runner.checkpoints import EpochCheckpointer
     from tftjax.runner.provenance import provenance
 
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
     if cfg.env != "trading":
-        raise ConfigError("--seeds is for --env trading (CartPole's seeds: "
-                          "experiments/dqn_cartpole.py)")
+        raise ConfigError(
+            "--seeds is for --env trading (CartPole's seeds: experiments/dqn_cartpole.py)"
+        )
     workdir = Path(workdir)
     if workdir.exists() and any(workdir.iterdir()):
         raise ConfigError(f"--workdir {workdir} is not empty; choose a new folder")
     envs, ds, cfg = build_envs(cfg, parquet_file)
+    assert ds is not None  # trading: bars
     workdir.mkdir(parents=True, exist_ok=True)
     dqn, stacked, best, best_epoch, history = train_seeds(cfg, seeds, envs, log)
     cfg = dqn.cfg
     report = evaluate_seeds(dqn, envs, stacked, best, best_epoch, cfg, history)
-    report.update(config=cfg.to_json(), seeds=seeds, history=history,
-                  data=ds.identity(workdir), provenance=provenance())
+    report.update(
+        config=cfg.to_json(),
+        seeds=seeds,
+        history=history,
+        data=ds.identity(workdir),
+        provenance=provenance(),
+    )
     ck = EpochCheckpointer(workdir / "checkpoints", "dqn_seeds")
     try:
-        ck.save_final(cfg.epochs, stacked, {"kind": "dqn_seeds", "config": cfg.to_json(),
-                                            "best_epoch": best_epoch, "shipped": report["shipped"]})
+        ck.save_final(
+            cfg.epochs,
+            stacked,
+            {
+                "kind": "dqn_seeds",
+                "config": cfg.to_json(),
+                "best_epoch": best_epoch,
+                "shipped": report["shipped"],
+            },
+        )
     finally:
         ck.close()
     (workdir / "seeds.json").write_text(json.dumps(report, indent=1))
@@ -81,12 +94,14 @@ def train_seeds(cfg: DQNConfig, seeds: int, envs: dict, log=print):
     val = envs["val"]
     rollout = jax.jit(jax.vmap(lambda p, e: greedy_rollout(dqn.apply, p, e), in_axes=(0, None)))
     history = [[] for _ in range(seeds)]
-    best = [None] * seeds
+    best: list[float | None] = [None] * seeds
     best_epoch = [0] * seeds
     best_params = [None] * seeds
     w = min(cfg.smooth_epochs, cfg.epochs)  # only full windows compete
-    log(f"{seeds} seeds ({cfg.seed} … {cfg.seed + seeds - 1}) in one program, {cfg.epochs} "
-        f"epochs each, selected on the {w}-epoch mean validation Sharpe")
+    log(
+        f"{seeds} seeds ({cfg.seed} … {cfg.seed + seeds - 1}) in one program, {cfg.epochs} "
+        f"epochs each, selected on the {w}-epoch mean validation Sharpe"
+    )
     for e in range(1, cfg.epochs + 1):
         state, m = epoch(state, env)
         held, net, _ = jax.device_get(rollout(state.params, val))
@@ -95,28 +110,36 @@ def train_seeds(cfg: DQNConfig, seeds: int, envs: dict, log=print):
             if e < w:
                 continue
             score = float(np.mean(history[i][-w:]))
-            if best[i] is None or score > best[i]:
+            if (b := best[i]) is None or score > b:
                 best[i], best_epoch[i] = score, e
                 best_params[i] = jax.device_get(jax.tree.map(lambda x, i=i: x[i], state.params))
         log(f"epoch {e}/{cfg.epochs}: val Sharpe " + " ".join(f"{h[-1]:+.2f}" for h in history))
     return dqn, jax.tree.map(lambda *x: np.stack(x), *best_params), best, best_epoch, history
 
 
-def gates(val_nets, history: list[list[float]], cfg: DQNConfig, annualisation: float
-          ) -> list[dict]:
+def gates(val_nets, history: list[list[float]], cfg: DQNConfig, annualisation: float) -> list[dict]:
     """Each seed's :func:`~tftjax.dqn.significance.gate` on its validation record
     ``val_nets[i]``, deflated by every candidate compared: the ranked epochs of every seed
     (their per-epoch validation Sharpes give the candidates' spread)."""
     from tftjax.dqn.significance import gate
 
     w = min(cfg.smooth_epochs, cfg.epochs)
-    ranked = np.asarray([h[w - 1:] for h in history], np.float64) / np.sqrt(annualisation)
-    return [gate(val_nets[i], ranked.size, ranked.reshape(-1), cfg.psr_gate)
-            for i in range(len(val_nets))]
+    ranked = np.asarray([h[w - 1 :] for h in history], np.float64) / np.sqrt(annualisation)
+    return [
+        gate(val_nets[i], ranked.size, ranked.reshape(-1), cfg.psr_gate)
+        for i in range(len(val_nets))
+    ]
 
 
-def evaluate_seeds(dqn, envs: dict, params, best: list, best_epoch: list,
-                   cfg: DQNConfig, history: list[list[float]]) -> dict:
+def evaluate_seeds(
+    dqn,
+    envs: dict,
+    params,
+    best: list,
+    best_epoch: list,
+    cfg: DQNConfig,
+    history: list[list[float]],
+) -> dict:
     """Per seed (agent and shipped policy) and baseline metrics on validation and test; an
     agent is shipped where its validation record clears the gate (:func:`gates`)."""
     seeds = len(best)
@@ -124,7 +147,7 @@ def evaluate_seeds(dqn, envs: dict, params, best: list, best_epoch: list,
     ship = None
     for split in ("val", "test"):
         env = envs[split]
-        roll = jax.jit(jax.vmap(lambda p: greedy_rollout(dqn.apply, p, env)))
+        roll = jax.jit(jax.vmap(lambda p, env=env: greedy_rollout(dqn.apply, p, env)))
         held, net, nxt = jax.device_get(roll(params))
         if ship is None:
             out["gates"] = gates(net, history, cfg, env.annualisation)
@@ -132,10 +155,16 @@ def evaluate_seeds(dqn, envs: dict, params, best: list, best_epoch: list,
             ship = [g["passes"] or not cfg.flat_fallback for g in out["gates"]]
             out["shipped"] = ["dqn" if s else "flat" for s in ship]
         cost = float(env.cost)
-        flat = report_metrics(np.zeros(net.shape[1]), np.zeros(net.shape[1]),
-                              env.annualisation, cost)
-        base = baselines(env, cost, turnover=float(np.mean(
-            [trading_metrics(net[i], held[i], 1.0)["turnover"] for i in range(seeds)])))
+        flat = report_metrics(
+            np.zeros(net.shape[1]), np.zeros(net.shape[1]), env.annualisation, cost
+        )
+        base = baselines(
+            env,
+            cost,
+            turnover=float(
+                np.mean([trading_metrics(net[i], held[i], 1.0)["turnover"] for i in range(seeds)])
+            ),
+        )
         out["baselines"][split] = base
         for i in range(seeds):
             agent = report_metrics(net[i], held[i], env.annualisation, cost)
@@ -146,11 +175,14 @@ def evaluate_seeds(dqn, envs: dict, params, best: list, best_epoch: list,
         if split == "test":
             from tftjax.dqn.significance import min_detectable_sharpe, pooled
 
-            out["pooled"] = {"agent": pooled(list(net), env.annualisation),
-                             "shipped": pooled([net[i] if ship[i] else np.zeros_like(net[i])
-                                                for i in range(seeds)], env.annualisation)}
-            out["min_detectable_sharpe"] = min_detectable_sharpe(net.shape[1],
-                                                                 env.annualisation)
+            out["pooled"] = {
+                "agent": pooled(list(net), env.annualisation),
+                "shipped": pooled(
+                    [net[i] if ship[i] else np.zeros_like(net[i]) for i in range(seeds)],
+                    env.annualisation,
+                ),
+            }
+            out["min_detectable_sharpe"] = min_detectable_sharpe(net.shape[1], env.annualisation)
     hold = out["baselines"]["test"]["buy_and_hold"]["total_log_return"]
     out["counts"] = {"seeds": seeds, "shipped_agent": int(sum(ship))}
     for kind in ("agent", "shipped"):
@@ -175,8 +207,13 @@ def baseline_paths(env, turnover: float, seed: int = 0) -> dict:
         if rng.random() < q:
             p = rng.choice([x for x in (-1, 0, 1) if x != p])
         rand[k] = p
-    return {"buy_and_hold": np.ones(t.size, np.int32), "flat": np.zeros(t.size, np.int32),
-            "momentum": last, "reversal": -last, "random (matched turnover)": rand}
+    return {
+        "buy_and_hold": np.ones(t.size, np.int32),
+        "flat": np.zeros(t.size, np.int32),
+        "momentum": last,
+        "reversal": -last,
+        "random (matched turnover)": rand,
+    }
 
 
 def baselines(env, cost: float, turnover: float, seed: int = 0) -> dict:
@@ -201,41 +238,58 @@ def _fmt(k: str, v: float, sd: bool = False) -> str:
 def pooled_lines(pooled: dict) -> list[str]:
     """The agents' and the shipped policies' pooled figures (the seeds that traded), a line
     each."""
-    return [f"{kind}, the {p['seeds_trading']} seeds that traded pooled (equal-weight mix): "
-            f"Sharpe {p['pooled_sharpe']:+.2f}, SE {p['pooled_se']:.2f}, PSR "
-            f"{p['pooled_psr']:.3f}; {p['seeds_flat']} seed(s) never held a position"
-            for kind, p in ((k, pooled[k]) for k in ("agent", "shipped"))]
+    return [
+        f"{kind}, the {p['seeds_trading']} seeds that traded pooled (equal-weight mix): "
+        f"Sharpe {p['pooled_sharpe']:+.2f}, SE {p['pooled_se']:.2f}, PSR "
+        f"{p['pooled_psr']:.3f}; {p['seeds_flat']} seed(s) never held a position"
+        for kind, p in ((k, pooled[k]) for k in ("agent", "shipped"))
+    ]
 
 
 def format_seeds(report: dict) -> str:
     """Markdown: per seed, mean ± sd over seeds, the baselines, and the counts (test)."""
     head = "| policy | " + " | ".join(SHOWN) + " |"
-    lines = ["test split, net of costs; Sharpe annualised, SE by Lo (2002), PSR against 0",
-             head, "|---|" + "---|" * len(SHOWN)]
+    lines = [
+        "test split, net of costs; Sharpe annualised, SE by Lo (2002), PSR against 0",
+        head,
+        "|---|" + "---|" * len(SHOWN),
+    ]
     for r in report["per_seed"]:
         for kind in ("agent", "shipped"):
             m = r["test"][kind]
-            name = (f"seed {r['seed']} agent (epoch {r['best_epoch']})" if kind == "agent"
-                    else f"seed {r['seed']} shipped ({'agent' if m is r['test']['agent'] else 'flat'})")
+            name = (
+                f"seed {r['seed']} agent (epoch {r['best_epoch']})"
+                if kind == "agent"
+                else f"seed {r['seed']} shipped ({'agent' if m is r['test']['agent'] else 'flat'})"
+            )
             lines.append(f"| {name} | " + " | ".join(_fmt(k, m[k]) for k in SHOWN) + " |")
     for kind in ("agent", "shipped"):
         vals = {k: np.array([r["test"][kind][k] for r in report["per_seed"]]) for k in SHOWN}
-        lines.append(f"| **mean ± sd, {kind}** | " + " | ".join(
-            f"{_fmt(k, vals[k].mean())} ± "
-            f"{_fmt(k, vals[k].std(ddof=1) if vals[k].size > 1 else 0.0, sd=True)}"
-            for k in SHOWN) + " |")
+        lines.append(
+            f"| **mean ± sd, {kind}** | "
+            + " | ".join(
+                f"{_fmt(k, vals[k].mean())} ± "
+                f"{_fmt(k, vals[k].std(ddof=1) if vals[k].size > 1 else 0.0, sd=True)}"
+                for k in SHOWN
+            )
+            + " |"
+        )
     for name, m in report["baselines"]["test"].items():
         lines.append(f"| {name} | " + " | ".join(_fmt(k, m[k]) for k in SHOWN) + " |")
     lines += pooled_lines(report["pooled"])
-    lines.append(f"this test stretch detects an annualised Sharpe of "
-                 f"{report['min_detectable_sharpe']:.2f} or more (5% one-sided, 80% power)")
+    lines.append(
+        f"this test stretch detects an annualised Sharpe of "
+        f"{report['min_detectable_sharpe']:.2f} or more (5% one-sided, 80% power)"
+    )
     c = report["counts"]
     n = c["seeds"]
-    lines.append(f"{c['shipped_agent']}/{n} seeds clear the validation gate (deflated Sharpe "
-                 f">= {report['config']['psr_gate']:g} over {report['candidates']} candidates: "
-                 f"epochs ranked x seeds; their agent is shipped). On test (total net log return): agents beat flat "
-                 f"{c['agent_beats_flat_on_test']}/{n}, buy-and-hold "
-                 f"{c['agent_beats_buy_and_hold_on_test']}/{n}; shipped policies beat flat "
-                 f"{c['shipped_beats_flat_on_test']}/{n}, buy-and-hold "
-                 f"{c['shipped_beats_buy_and_hold_on_test']}/{n}")
+    lines.append(
+        f"{c['shipped_agent']}/{n} seeds clear the validation gate (deflated Sharpe "
+        f">= {report['config']['psr_gate']:g} over {report['candidates']} candidates: "
+        f"epochs ranked x seeds; their agent is shipped). On test (total net log return): agents beat flat "
+        f"{c['agent_beats_flat_on_test']}/{n}, buy-and-hold "
+        f"{c['agent_beats_buy_and_hold_on_test']}/{n}; shipped policies beat flat "
+        f"{c['shipped_beats_flat_on_test']}/{n}, buy-and-hold "
+        f"{c['shipped_beats_buy_and_hold_on_test']}/{n}"
+    )
     return "\n".join(lines)

@@ -28,7 +28,7 @@ def _moments(x: np.ndarray) -> tuple[float, float, float]:
     sd = float(x.std())
     sr = float(x.mean() / sd)
     z = (x - x.mean()) / sd
-    return sr, float(np.mean(z ** 3)), float(np.mean(z ** 4))
+    return sr, float(np.mean(z**3)), float(np.mean(z**4))
 
 
 def psr(net, benchmark: float = 0.0) -> float:
@@ -52,8 +52,10 @@ def expected_max_sharpe(trials: int, variance: float) -> float:
 
     if trials <= 1:
         return 0.0
-    return math.sqrt(variance) * ((1 - EULER_GAMMA) * norm.ppf(1 - 1 / trials)
-                                  + EULER_GAMMA * norm.ppf(1 - 1 / (trials * math.e)))
+    return math.sqrt(variance) * float(
+        (1 - EULER_GAMMA) * norm.ppf(1 - 1 / trials)
+        + EULER_GAMMA * norm.ppf(1 - 1 / (trials * math.e))
+    )
 
 
 def deflated_sharpe(net, trials: int, trial_sharpes=None) -> dict:
@@ -84,8 +86,9 @@ def gate(val_net, trials: int, trial_sharpes=None, level: float = 0.95) -> dict:
     return {"passes": bool(d["dsr"] >= level), "psr": psr(val_net), **d}
 
 
-def min_detectable_sharpe(bars: int, annualisation: float, alpha: float = 0.05,
-                          power: float = 0.8) -> float:
+def min_detectable_sharpe(
+    bars: int, annualisation: float, alpha: float = 0.05, power: float = 0.8
+) -> float:
     """The smallest annualised Sharpe a one-sided test at ``alpha`` detects with ``power`` from
     ``bars`` i.i.d. returns: ``(z_{1-α} + z_power) · sqrt(annualisation / bars)`` (the SE of a
     small Sharpe is ``1/sqrt(T)`` per bar)."""
@@ -106,13 +109,23 @@ def pooled(records: list[np.ndarray], annualisation: float) -> dict:
     trading = [np.asarray(r, np.float64) for r in records if float(np.std(r)) > 1e-15]
     out = {"seeds_flat": len(records) - len(trading), "seeds_trading": len(trading)}
     if not trading:
-        return {**out, "pooled_sharpe": 0.0, "pooled_se": 0.0, "pooled_psr": 0.5,
-                "mean_se_trading": 0.0, "mean_psr_trading": 0.5}
+        return {
+            **out,
+            "pooled_sharpe": 0.0,
+            "pooled_se": 0.0,
+            "pooled_psr": 0.5,
+            "mean_se_trading": 0.0,
+            "mean_psr_trading": 0.5,
+        }
     mix = np.mean(trading, axis=0)
     inf = sharpe_inference(mix, annualisation)
     sd = float(mix.std())
     each = [sharpe_inference(r, annualisation) for r in trading]
-    return {**out, "pooled_sharpe": float(mix.mean() / sd * math.sqrt(annualisation))
-            if sd > 1e-15 else 0.0, "pooled_se": inf["sharpe_se"], "pooled_psr": inf["psr"],
-            "mean_se_trading": float(np.mean([e["sharpe_se"] for e in each])),
-            "mean_psr_trading": float(np.mean([e["psr"] for e in each]))}
+    return {
+        **out,
+        "pooled_sharpe": float(mix.mean() / sd * math.sqrt(annualisation)) if sd > 1e-15 else 0.0,
+        "pooled_se": inf["sharpe_se"],
+        "pooled_psr": inf["psr"],
+        "mean_se_trading": float(np.mean([e["sharpe_se"] for e in each])),
+        "mean_psr_trading": float(np.mean([e["psr"] for e in each])),
+    }

@@ -28,8 +28,9 @@ def load_tft(path: str | Path):
     return Model(open_model(path, flag="--tft-checkpoint"))
 
 
-def tft_columns(model, parquet_file, val_start: int, source: str = "--tft-checkpoint"
-                ) -> np.ndarray:
+def tft_columns(
+    model, parquet_file, val_start: int, source: str = "--tft-checkpoint"
+) -> np.ndarray:
     """``[n, Q]`` float32: the TFT's first-step quantile forecast at every bar of
     ``parquet_file`` (the DQN's bars), 0 where no complete window ends yet.
 
@@ -42,7 +43,8 @@ def tft_columns(model, parquet_file, val_start: int, source: str = "--tft-checkp
             f"{source} {model.saved.given}: the TFT was trained and validated on bars up to "
             f"{np.datetime64(end, 'ns')} UTC, not before the DQN's validation split starts "
             f"({np.datetime64(val_start, 'ns')} UTC): its forecasts would leak; train it on data "
-            "that ends earlier")
+            "that ends earlier"
+        )
     return tft_forecasts(model, parquet_file)["first"]
 
 
@@ -60,8 +62,11 @@ def tft_forecasts(model, parquet_file) -> dict:
     m = cfg.head.median_index
     median = pred[:, -1, m] if cfg.data.target == "cumulative" else pred[:, :, m].sum(axis=1)
     n = len(f.dataset.ts)
-    out = {"first": np.zeros((n, pred.shape[-1]), np.float32), "cum": np.zeros(n),
-           "valid": np.zeros(n, bool)}
+    out = {
+        "first": np.zeros((n, pred.shape[-1]), np.float32),
+        "cum": np.zeros(n),
+        "valid": np.zeros(n, bool),
+    }
     out["first"][f.rows] = pred[:, 0, :].astype(np.float32)
     out["cum"][f.rows] = median * float(f.dataset.features.stats.target_scale)
     out["valid"][f.rows] = True

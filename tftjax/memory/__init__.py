@@ -20,15 +20,48 @@ can be analysed (and planned for) without allocating them.
 
 from __future__ import annotations
 
-from tftjax.runner.devices import device_limit
-from tftjax.memory.analysis import (GB, Compiled, abstract_inputs, analyse, analyse_eval,
-                                    compile_eval_step, compile_step, for_target, min_bytes,
-                                    release_executables)
-from tftjax.memory.planning import (HEADROOM, fit_linear, largest_batch, parse_bytes,
-                                    plan_auto, resolve_auto)
+from tftjax.memory.analysis import (
+    GB,
+    Compiled,
+    abstract_inputs,
+    analyse,
+    analyse_eval,
+    compile_eval_step,
+    compile_step,
+    for_target,
+    min_bytes,
+    release_executables,
+)
+from tftjax.memory.planning import (
+    HEADROOM,
+    fit_linear,
+    largest_batch,
+    parse_bytes,
+    plan_auto,
+    resolve_auto,
+)
 from tftjax.memory.report import BUDGETS_GB, report, time_step
+from tftjax.runner.devices import device_limit
 
-__all__ = ["BUDGETS_GB", "GB", "HEADROOM", "Compiled", "abstract_inputs", "analyse",
-           "analyse_eval", "compile_eval_step", "compile_step", "device_limit", "fit_linear", "for_target",
-           "largest_batch", "min_bytes", "parse_bytes", "plan_auto", "release_executables", "resolve_auto",
-           "report", "time_step"]
+__all__ = [
+    "BUDGETS_GB",
+    "GB",
+    "HEADROOM",
+    "Compiled",
+    "abstract_inputs",
+    "analyse",
+    "analyse_eval",
+    "compile_eval_step",
+    "compile_step",
+    "device_limit",
+    "fit_linear",
+    "for_target",
+    "largest_batch",
+    "min_bytes",
+    "parse_bytes",
+    "plan_auto",
+    "release_executables",
+    "resolve_auto",
+    "report",
+    "time_step",
+]

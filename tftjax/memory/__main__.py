@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tftjax.cli import CommandLine, Parsed, data_file
+from tftjax.cli import CommandLine, Parsed, data_file, first_paragraph
 from tftjax.cli import main as cli_main
 from tftjax.config import SECTIONS, ConfigError, TFTConfig, get_preset
 from tftjax.config.execution import RematTier
@@ -66,11 +66,16 @@ class MemoryOptions:
 
 
 COMMAND_LINE = CommandLine(
-    "python -m tftjax.memory", __doc__.split("\n\n")[0],
+    "python -m tftjax.memory",
+    first_paragraph(__doc__),
     {**{name: SECTIONS[name] for name in MODEL_PARTS}, "options": MemoryOptions},
-    {**{name: getattr(get_preset("tft225").model, name) for name in MODEL_PARTS},
-     "options": MemoryOptions()},
-    legacy_kernel_flags=True, exclude=("execution.remat", "execution.memory_budget"))
+    {
+        **{name: getattr(get_preset("tft225").model, name) for name in MODEL_PARTS},
+        "options": MemoryOptions(),
+    },
+    legacy_kernel_flags=True,
+    exclude=("execution.remat", "execution.memory_budget"),
+)
 
 
 def model_config(parsed: Parsed, opts: MemoryOptions) -> TFTConfig:
@@ -83,8 +88,11 @@ def model_config(parsed: Parsed, opts: MemoryOptions) -> TFTConfig:
 
     cfg = get_preset(opts.preset).model.override(**parsed.model_settings(MODEL_PARTS))
     if parsed.legacy_kernels:
-        cfg = cfg.override(execution=legacy_kernels(
-            cfg.execution, parsed.legacy_kernels, parsed.given_flag("execution", "kernels")))
+        cfg = cfg.override(
+            execution=legacy_kernels(
+                cfg.execution, parsed.legacy_kernels, parsed.given_flag("execution", "kernels")
+            )
+        )
     return cfg
 
 
@@ -101,11 +109,11 @@ def check_options(opts: MemoryOptions) -> None:
     if not opts.accumulate or min(opts.accumulate) < 1:
         raise ConfigError(f"--accumulate {opts.accumulate}: give integers >= 1, e.g. 1,4")
     if not any(b % k == 0 for b in opts.batch_sizes for k in opts.accumulate):
-        raise ConfigError(f"--accumulate {opts.accumulate} divides none of --batch-sizes "
-                          f"{opts.batch_sizes}")
+        raise ConfigError(
+            f"--accumulate {opts.accumulate} divides none of --batch-sizes {opts.batch_sizes}"
+        )
     if opts.cost and opts.target is None:
-        raise ConfigError("--cost needs --target NAME (the GPU to compile for, e.g. "
-                          "--target h100)")
+        raise ConfigError("--cost needs --target NAME (the GPU to compile for, e.g. --target h100)")
     if opts.target is not None:
         from tftjax.memory.targets import compile_only_device, spec
 
@@ -131,10 +139,19 @@ def run(argv: list[str] | None = None) -> int:
         cost.report(cfg, list(opts.tiers), batch_sizes, rows, opts.target, opts.out)
         print(f"wrote {opts.out}/cost.json")
         return 0
-    report(cfg, list(opts.tiers), batch_sizes, opts.out,
-           budgets_gb=[g if not float(g).is_integer() else int(g) for g in opts.budgets],
-           steps=opts.steps, verify=opts.verify, parquet_file=bars, isolate=opts.isolate,
-           accumulate=list(opts.accumulate), target=opts.target)
+    report(
+        cfg,
+        list(opts.tiers),
+        batch_sizes,
+        opts.out,
+        budgets_gb=[g if not float(g).is_integer() else int(g) for g in opts.budgets],
+        steps=opts.steps,
+        verify=opts.verify,
+        parquet_file=bars,
+        isolate=opts.isolate,
+        accumulate=list(opts.accumulate),
+        target=opts.target,
+    )
     print(f"wrote {opts.out}/memory.json, batch_plan.json, memory.png and memory_*.prof")
     if opts.target is not None:
         target_plan(cfg, batch_sizes[-1], opts)
@@ -146,9 +163,7 @@ def target_plan(cfg, batch_size: int, args) -> None:
     (the fastest tier that fits, by the GPU's step-time model)."""
     from tftjax.data import load_dataset
     from tftjax.memory import HEADROOM, for_target, plan_auto
-    from tftjax.memory.targets import spec
-
-    from tftjax.memory.targets import jax_pool_fraction
+    from tftjax.memory.targets import jax_pool_fraction, spec
 
     s = spec(args.target)
     rows = len(load_dataset(data_file(args.parquet_file, args.dataset), cfg.data).features)
@@ -157,15 +172,24 @@ def target_plan(cfg, batch_size: int, args) -> None:
         # at the batch asked for (growing it would be a bisection of GPU compiles: the
         # plan table above has each tier's largest batch from the fit); against the pool a
         # run on that GPU will have, never this machine's own card
-        tier, batch, k = plan_auto(cfg.override(remat="off"),
-                                   HEADROOM * pool * s.memory_bytes, batch_size, rows,
-                                   backend="gpu", log=lambda *a: None, grow_batch=False)
-    print(f"--remat auto on {s.description} ({s.memory_bytes / 1e9:.1f} GB; JAX's pool "
-          f"{pool:.0%} of it, XLA_PYTHON_CLIENT_MEM_FRACTION; planned for {HEADROOM:.0%} of "
-          f"the pool): --remat {tier} --batch-size {batch}"
-          + (f" --accumulate {k}" if k > 1 else ""))
-    print("not modelled: the CUDA context and NCCL buffers (outside JAX's pool) and pinned "
-          "host memory")
+        tier, batch, k = plan_auto(
+            cfg.override(remat="off"),
+            HEADROOM * pool * s.memory_bytes,
+            batch_size,
+            rows,
+            backend="gpu",
+            log=lambda *a: None,
+            grow_batch=False,
+        )
+    print(
+        f"--remat auto on {s.description} ({s.memory_bytes / 1e9:.1f} GB; JAX's pool "
+        f"{pool:.0%} of it, XLA_PYTHON_CLIENT_MEM_FRACTION; planned for {HEADROOM:.0%} of "
+        f"the pool): --remat {tier} --batch-size {batch}" + (f" --accumulate {k}" if k > 1 else "")
+    )
+    print(
+        "not modelled: the CUDA context and NCCL buffers (outside JAX's pool) and pinned "
+        "host memory"
+    )
 
 
 def soak_cli(cfg, tier: str, batch_size: int, args) -> int:
@@ -175,21 +199,30 @@ def soak_cli(cfg, tier: str, batch_size: int, args) -> int:
     from tftjax.memory.soak import format_soak, soak
 
     if args.soak < 2:
-        raise ConfigError(f"--soak {args.soak}: a soak needs 2 or more epochs (growth is "
-                          "measured after the first)")
+        raise ConfigError(
+            f"--soak {args.soak}: a soak needs 2 or more epochs (growth is "
+            "measured after the first)"
+        )
     if args.soak_steps < 1:
         raise ConfigError(f"--soak-steps must be >= 1, got {args.soak_steps}")
     tc = TrainConfig(batch_size=batch_size, max_steps_per_epoch=args.soak_steps)
     args.out.mkdir(parents=True, exist_ok=True)
-    records, grew = soak(cfg.override(remat=tier), tc, args.soak,
-                         args.out / "soak_run", parquet_file=data_file(args.parquet_file,
-                                                                       args.dataset))
+    records, grew = soak(
+        cfg.override(remat=tier),
+        tc,
+        args.soak,
+        args.out / "soak_run",
+        parquet_file=data_file(args.parquet_file, args.dataset),
+    )
     (args.out / "soak.json").write_text(json.dumps({"records": records, "grew": grew}, indent=2))
     print(format_soak(records))
     for line in grew:
         print(f"LEAK? {line}")
-    print("no growth (tftjax.memory.soak.growth)" if not grew else
-          f"memory grew: {len(grew)} measure(s), see above")
+    print(
+        "no growth (tftjax.memory.soak.growth)"
+        if not grew
+        else f"memory grew: {len(grew)} measure(s), see above"
+    )
     return 1 if grew else 0
 
 
@@ -197,7 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(run, argv)
 
 
-if __name__ == "__main__":
+def main_exit() -> None:
+    """The console script: :func:`main`, and the process ends with its exit code."""
     from tftjax.cli import exit as cli_exit
 
     cli_exit(main())
+
+
+if __name__ == "__main__":
+    main_exit()

@@ -103,17 +103,25 @@ def abstract_inputs(cfg: TFTConfig, batch_size: int, rows: int, tc: TrainConfig 
     :func:`for_target`)."""
     state = abstract_train_state(cfg, tc)
     f32 = jnp.float32
-    data = DeviceData(jax.ShapeDtypeStruct((rows, cfg.model.num_historical), f32),
-                      jax.ShapeDtypeStruct((rows, cfg.model.num_known), f32),
-                      jax.ShapeDtypeStruct((rows, cfg.data.decoder_steps), f32),
-                      jax.ShapeDtypeStruct((rows, cfg.model.num_static), f32),
-                      jax.ShapeDtypeStruct((rows, cfg.data.decoder_steps, cfg.model.num_known), f32),
-                      jax.ShapeDtypeStruct((rows,), f32),
-                      *((jax.ShapeDtypeStruct((rows, cfg.data.decoder_steps), f32),
-                         jax.ShapeDtypeStruct((rows, len(cfg.head.quantiles)), f32))
-                        if cfg.head.anchor != "none" else
-                        (jax.ShapeDtypeStruct((rows, 0), f32),) * 2),
-                      jax.ShapeDtypeStruct((rows,), jnp.int32))
+    data = DeviceData._make(
+        (  # a pytree of shapes
+            jax.ShapeDtypeStruct((rows, cfg.model.num_historical), f32),
+            jax.ShapeDtypeStruct((rows, cfg.model.num_known), f32),
+            jax.ShapeDtypeStruct((rows, cfg.data.decoder_steps), f32),
+            jax.ShapeDtypeStruct((rows, cfg.model.num_static), f32),
+            jax.ShapeDtypeStruct((rows, cfg.data.decoder_steps, cfg.model.num_known), f32),
+            jax.ShapeDtypeStruct((rows,), f32),
+            *(
+                (
+                    jax.ShapeDtypeStruct((rows, cfg.data.decoder_steps), f32),
+                    jax.ShapeDtypeStruct((rows, len(cfg.head.quantiles)), f32),
+                )
+                if cfg.head.anchor != "none"
+                else (jax.ShapeDtypeStruct((rows, 0), f32),) * 2
+            ),
+            jax.ShapeDtypeStruct((rows,), jnp.int32),
+        )
+    )
     idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0, impl="rbg"))
     return _placed((state, data, idx, key))
@@ -138,14 +146,16 @@ def analysis_only():
         jax.config.update("jax_disable_most_optimizations", was)
 
 
-def compile_step(cfg: TFTConfig, batch_size: int, rows: int, accumulate: int = 1, *,
-                 to_run: bool = True):
+def compile_step(
+    cfg: TFTConfig, batch_size: int, rows: int, accumulate: int = 1, *, to_run: bool = True
+):
     """The compiled train step of ``cfg`` at ``batch_size`` (no arrays allocated), as
     ``accumulate`` micro-batches of ``batch_size / accumulate``; ``to_run=False``: compiled
     for its memory analysis only (:func:`analysis_only`)."""
     cfg = _targeted(cfg)
     lowered = make_train_step(cfg, accumulate=accumulate).lower(
-        *abstract_inputs(cfg, batch_size, rows))
+        *abstract_inputs(cfg, batch_size, rows)
+    )
     with contextlib.nullcontext() if to_run else analysis_only():
         return lowered.compile()
 
@@ -164,21 +174,32 @@ def release_executables() -> None:
 _ANALYSED: dict[tuple, Compiled] = {}
 
 
-def analyse(cfg: TFTConfig, batch_size: int, rows: int, compiled=None,
-            accumulate: int = 1) -> Compiled:
+def analyse(
+    cfg: TFTConfig, batch_size: int, rows: int, compiled=None, accumulate: int = 1
+) -> Compiled:
     """XLA's memory analysis of the train step of ``cfg`` at ``batch_size`` (of ``compiled``
     when given). Compiled plans are deterministic: each point is compiled once per process
     (the planner and the report ask again for points they have seen)."""
     key = (cfg, batch_size, rows, accumulate, target_name())
     if compiled is None and key in _ANALYSED:
         return _ANALYSED[key]
-    c = compiled if compiled is not None else compile_step(cfg, batch_size, rows, accumulate,
-                                                           to_run=False)
+    c = (
+        compiled
+        if compiled is not None
+        else compile_step(cfg, batch_size, rows, accumulate, to_run=False)
+    )
     m = c.memory_analysis()
-    out = Compiled(cfg.execution.remat, batch_size, int(m.argument_size_in_bytes),
-                   int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
-                   int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes),
-                   int(getattr(m, "host_temp_size_in_bytes", 0) or 0), accumulate)
+    out = Compiled(
+        cfg.execution.remat,
+        batch_size,
+        int(m.argument_size_in_bytes),
+        int(m.output_size_in_bytes),
+        int(m.alias_size_in_bytes),
+        int(m.temp_size_in_bytes),
+        int(m.generated_code_size_in_bytes),
+        int(getattr(m, "host_temp_size_in_bytes", 0) or 0),
+        accumulate,
+    )
     if compiled is None:
         del c
         release_executables()
@@ -191,16 +212,19 @@ def compile_eval_step(cfg: TFTConfig, batch_size: int, rows: int, *, to_run: boo
     state, data, _, _ = abstract_inputs(cfg, batch_size, rows)
     idx = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
     # the variables the trainer evaluates with (observers too for a QAT model)
-    variables = {"params": state.params, **({"quant_stats": state.quant_stats}
-                                            if state.quant_stats else {})}
+    variables = {
+        "params": state.params,
+        **({"quant_stats": state.quant_stats} if state.quant_stats else {}),
+    }
     lowered = make_eval_step(cfg).lower(variables, data, _placed(idx))
     with contextlib.nullcontext() if to_run else analysis_only():
         return lowered.compile()
 
 
 def analyse_eval(cfg: TFTConfig, batch_size: int, rows: int) -> Compiled:
-    return analyse(cfg, batch_size, rows,
-                   compiled=compile_eval_step(cfg, batch_size, rows, to_run=False))
+    return analyse(
+        cfg, batch_size, rows, compiled=compile_eval_step(cfg, batch_size, rows, to_run=False)
+    )
 
 
 def min_bytes(cfg: TFTConfig, batch_size: int, rows: int) -> int:

@@ -63,9 +63,17 @@ def step_cost(cfg: TFTConfig, batch_size: int, rows: int, target: str) -> StepCo
     del compiled
     release_executables()
     c = Program(text).census()
-    return StepCost(cfg.execution.remat, cfg.execution.precision, batch_size, target, int(c.kernels),
-                    int(c.hbm_bytes), int(c.flops), temp,
-                    tuple((n, t, round(k, 2)) for n, t, k in c.loops))
+    return StepCost(
+        cfg.execution.remat,
+        cfg.execution.precision,
+        batch_size,
+        target,
+        int(c.kernels),
+        int(c.hbm_bytes),
+        int(c.flops),
+        temp,
+        tuple((n, t, round(k, 2)) for n, t, k in c.loops),
+    )
 
 
 CALIBRATION = (
@@ -93,17 +101,22 @@ class Roofline:
     source: str
 
     def seconds(self, c: StepCost, bandwidth: float, flops_s: float) -> float:
-        return (c.kernels * self.launch_s + c.hbm_bytes / (self.bandwidth_share * bandwidth)
-                + c.flops / flops_s)
+        return (
+            c.kernels * self.launch_s
+            + c.hbm_bytes / (self.bandwidth_share * bandwidth)
+            + c.flops / flops_s
+        )
 
     def samples_per_s(self, c: StepCost, bandwidth: float, flops_s: float) -> float:
         return c.batch_size / self.seconds(c, bandwidth, flops_s)
 
     def split(self, c: StepCost, bandwidth: float, flops_s: float) -> dict:
         """The step's predicted seconds by term."""
-        return {"launches_s": c.kernels * self.launch_s,
-                "bytes_s": c.hbm_bytes / (self.bandwidth_share * bandwidth),
-                "flops_s": c.flops / flops_s}
+        return {
+            "launches_s": c.kernels * self.launch_s,
+            "bytes_s": c.hbm_bytes / (self.bandwidth_share * bandwidth),
+            "flops_s": c.flops / flops_s,
+        }
 
 
 def peak_flops(spec, precision: str) -> float:
@@ -126,25 +139,33 @@ def fit(points: list[tuple[StepCost, float]], spec) -> Roofline:
     y = np.array([s - c.flops / peak_flops(spec, c.precision) for c, s in points])
     (tau, inv_bw), *_ = np.linalg.lstsq(a, y, rcond=None)
     if tau <= 0 or inv_bw <= 0:
-        raise ValueError(f"the roofline fit is unphysical (τ={tau:.3g} s, 1/bandwidth="
-                         f"{inv_bw:.3g} s/B): the census does not explain the measured times")
+        raise ValueError(
+            f"the roofline fit is unphysical (τ={tau:.3g} s, 1/bandwidth="
+            f"{inv_bw:.3g} s/B): the census does not explain the measured times"
+        )
     share = 1.0 / (inv_bw * spec.bandwidth_bytes_s)
-    return Roofline(float(tau), float(share),
-                    f"fitted to {MEASURED['what']} at batch "
-                    + ", ".join(str(b) for b in MEASURED["samples_per_s"]))
+    return Roofline(
+        float(tau),
+        float(share),
+        f"fitted to {MEASURED['what']} at batch "
+        + ", ".join(str(b) for b in MEASURED["samples_per_s"]),
+    )
 
 
 def calibrated() -> Roofline:
     """The roofline through the H200's measured f32 points (:data:`CALIBRATION`)."""
     from tftjax.memory.targets import spec
 
-    points = [(StepCost("off", "f32", b, "h100", k, nbytes, flops, 0),
-               b / MEASURED["samples_per_s"][b]) for b, k, nbytes, flops in CALIBRATION]
+    points = [
+        (StepCost("off", "f32", b, "h100", k, nbytes, flops, 0), b / MEASURED["samples_per_s"][b])
+        for b, k, nbytes, flops in CALIBRATION
+    ]
     return fit(points, spec(MEASURED["device"]))
 
 
-def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], rows: int, target: str,
-           out) -> list[dict]:
+def report(
+    cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], rows: int, target: str, out
+) -> list[dict]:
     """``--cost``: each tier's and batch size's census on ``target`` and the roofline's
     estimate of its samples/s there, printed and written to ``out/cost.json``."""
     import json
@@ -154,27 +175,46 @@ def report(cfg: TFTConfig, tiers: list[str], batch_sizes: list[int], rows: int, 
 
     s, roof = spec(target), calibrated()
     rows_out = []
-    print(f"compiled for {s.description} (compile-only, no GPU ran); roofline: "
-          f"{roof.launch_s * 1e6:.2f} us per launch, {roof.bandwidth_share:.2f} of "
-          f"{s.bandwidth_bytes_s / 1e12:.2f} TB/s, {peak_flops(s, cfg.execution.precision) / 1e12:.0f} "
-          f"TFLOP/s ({roof.source})")
-    print(f"{'tier':<11}{'batch':>6}{'kernels':>9}{'HBM MB/sample':>15}{'GFLOP':>9}"
-          f"{'temp MiB':>10}{'est. samples/s':>16}")
+    print(
+        f"compiled for {s.description} (compile-only, no GPU ran); roofline: "
+        f"{roof.launch_s * 1e6:.2f} us per launch, {roof.bandwidth_share:.2f} of "
+        f"{s.bandwidth_bytes_s / 1e12:.2f} TB/s, {peak_flops(s, cfg.execution.precision) / 1e12:.0f} "
+        f"TFLOP/s ({roof.source})"
+    )
+    print(
+        f"{'tier':<11}{'batch':>6}{'kernels':>9}{'HBM MB/sample':>15}{'GFLOP':>9}"
+        f"{'temp MiB':>10}{'est. samples/s':>16}"
+    )
     for tier in tiers:
         for b in batch_sizes:
             c = step_cost(cfg.override(remat=tier), b, rows, target)
             bw, pk = s.bandwidth_bytes_s, peak_flops(s, cfg.execution.precision)
             est = roof.samples_per_s(c, bw, pk)
-            row = {**c.as_dict(), "estimated_samples_per_s": est,
-                   "estimate_split_s": roof.split(c, bw, pk)}
+            row = {
+                **c.as_dict(),
+                "estimated_samples_per_s": est,
+                "estimate_split_s": roof.split(c, bw, pk),
+            }
             rows_out.append(row)
-            print(f"{tier:<11}{b:>6}{c.kernels:>9,}{c.bytes_per_sample / 1e6:>15.1f}"
-                  f"{c.flops / 1e9:>9.1f}{c.temp_bytes / 2**20:>10,.0f}{est:>16,.0f}",
-                  flush=True)
+            print(
+                f"{tier:<11}{b:>6}{c.kernels:>9,}{c.bytes_per_sample / 1e6:>15.1f}"
+                f"{c.flops / 1e9:>9.1f}{c.temp_bytes / 2**20:>10,.0f}{est:>16,.0f}",
+                flush=True,
+            )
     Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "cost.json").write_text(json.dumps(
-        {"target": target, "precision": cfg.execution.precision, "roofline": dataclasses.asdict(roof),
-         "measured": {**MEASURED, "samples_per_s": {str(k): v for k, v in
-                                                    MEASURED["samples_per_s"].items()}},
-         "points": rows_out}, indent=2))
+    (Path(out) / "cost.json").write_text(
+        json.dumps(
+            {
+                "target": target,
+                "precision": cfg.execution.precision,
+                "roofline": dataclasses.asdict(roof),
+                "measured": {
+                    **MEASURED,
+                    "samples_per_s": {str(k): v for k, v in MEASURED["samples_per_s"].items()},
+                },
+                "points": rows_out,
+            },
+            indent=2,
+        )
+    )
     return rows_out

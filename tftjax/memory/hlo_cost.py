@@ -28,19 +28,55 @@ import json
 import math
 import re
 
-SIZES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-         "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+SIZES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
 _ARRAY = re.compile(r"\b(pred|bf16|c64|c128|[suf]\d+|f8e\w+)\[([\d,]*)\]")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][a-z0-9\-]*)\((.*)$")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
-NO_LAUNCH = frozenset({
-    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional",
-    "call", "after-all", "add-dependency", "opt-barrier", "partition-id", "replica-id",
-    "domain", "copy-done", "send-done", "recv-done", "all-reduce-done", "all-gather-done",
-    "collective-permute-done", "async-done", "async-update", "get-dimension-size",
-})
+NO_LAUNCH = frozenset(
+    {
+        "parameter",
+        "constant",
+        "get-tuple-element",
+        "tuple",
+        "bitcast",
+        "while",
+        "conditional",
+        "call",
+        "after-all",
+        "add-dependency",
+        "opt-barrier",
+        "partition-id",
+        "replica-id",
+        "domain",
+        "copy-done",
+        "send-done",
+        "recv-done",
+        "all-reduce-done",
+        "all-gather-done",
+        "collective-permute-done",
+        "async-done",
+        "async-update",
+        "get-dimension-size",
+    }
+)
 SLICES = frozenset({"dynamic-slice", "slice"})
 _KERNEL_FLOPS = re.compile(r'matmul_flops(?:\\22|\\*")\s*:\s*(?:\\22|\\*")(\d+)')
 """A Pallas kernel's own FLOPs in its serialised metadata (quotes escaped as ``\\22``)."""
@@ -79,7 +115,7 @@ def _split_call(rest: str) -> tuple[str, str]:
         elif ch in ")}]":
             depth -= 1
             if depth == 0:
-                return rest[:i], rest[i + 1:]
+                return rest[:i], rest[i + 1 :]
     return rest, ""
 
 
@@ -130,8 +166,12 @@ class Census:
     """(op_name of the loop, trip count, kernels of one trip) per while loop."""
 
     def as_dict(self) -> dict:
-        return {"kernels": int(self.kernels), "hbm_bytes": int(self.hbm_bytes),
-                "flops": int(self.flops), "loops": self.loops}
+        return {
+            "kernels": int(self.kernels),
+            "hbm_bytes": int(self.hbm_bytes),
+            "flops": int(self.flops),
+            "loops": self.loops,
+        }
 
 
 class Program:
@@ -161,15 +201,20 @@ class Program:
                 for c in cond:
                     self._walk(c, mult * (trips + 1), out)
                 name = re.search(r'op_name="([^"]*)"', ins.attrs)
-                out.loops.append((name.group(1) if name else ins.name, trips,
-                                  (out.kernels - before) / max(mult * trips, 1)))
+                out.loops.append(
+                    (
+                        name.group(1) if name else ins.name,
+                        trips,
+                        (out.kernels - before) / max(mult * trips, 1),
+                    )
+                )
             elif op == "call":
                 for c in _called(ins.attrs, "to_apply"):
                     self._walk(c, mult, out)
             elif op == "conditional":
                 branches = _called(ins.attrs, "branch_computations") or (
-                    _called(ins.attrs, "true_computation")
-                    + _called(ins.attrs, "false_computation"))
+                    _called(ins.attrs, "true_computation") + _called(ins.attrs, "false_computation")
+                )
                 subs = []
                 for c in branches:
                     sub = Census()
@@ -210,8 +255,9 @@ class Program:
         for i in body:
             for o in i.operands:
                 users.setdefault(o, []).append(i)
-        read = sum(self._param_read(users, i.name, i.shape) for i in body
-                   if i.opcode == "parameter")
+        read = sum(
+            self._param_read(users, i.name, i.shape) for i in body if i.opcode == "parameter"
+        )
         return read + self._written(fused, self.roots.get(fused))
 
     @staticmethod
@@ -273,8 +319,9 @@ class Program:
             if i.opcode == "dot":
                 total += self._dot_flops(comp, i)
             elif i.opcode == "fusion":
-                total += sum(self._comp_flops(c) for c in _called(i.attrs, "calls")
-                             if c in self.comps)
+                total += sum(
+                    self._comp_flops(c) for c in _called(i.attrs, "calls") if c in self.comps
+                )
         return total
 
     def _dot_flops(self, comp: str, ins: Instr) -> float:

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tftjax.models import remat
 from tftjax.config import ConfigError, TFTConfig, parse_bytes
+from tftjax.memory.analysis import GB, Compiled, analyse, analyse_eval, min_bytes, targeting
+from tftjax.models import remat
 from tftjax.runner.devices import device_limit
-from tftjax.memory.analysis import (GB, Compiled, analyse, analyse_eval, min_bytes,
-                                    targeting)
 
 
 def fit_linear(points: list[Compiled]) -> tuple[float, float]:
@@ -25,9 +24,15 @@ def fit_linear(points: list[Compiled]) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def largest_batch(cfg: TFTConfig, budget_bytes: float, fit: tuple[float, float], rows: int,
-                  verify: bool = True, max_batch: int = 1 << 16, log=None
-                  ) -> tuple[int, Compiled | None]:
+def largest_batch(
+    cfg: TFTConfig,
+    budget_bytes: float,
+    fit: tuple[float, float],
+    rows: int,
+    verify: bool = True,
+    max_batch: int = 1 << 16,
+    log=None,
+) -> tuple[int, Compiled | None]:
     """Largest batch whose compiled step fits ``budget_bytes``.
 
     From the linear fit alone (``verify=False``: no compile), or exactly, by compiling: from
@@ -75,7 +80,8 @@ def largest_batch(cfg: TFTConfig, budget_bytes: float, fit: tuple[float, float],
         y0 = tried[lo].total_bytes if lo in tried else None
         y1 = tried[hi].total_bytes if hi in tried else None
         interpolate = not bisect and y0 is not None and y1 is not None and y1 > y0
-        if interpolate:  # where the line through the two measured ends meets the budget
+        if interpolate and y0 is not None and y1 is not None:  # where the line through the
+            # two measured ends meets the budget
             n = min(max(lo + int((budget_bytes - y0) * (hi - lo) // (y1 - y0)), lo + 1), hi - 1)
         ok = fits(n)
         lo, hi = (n, hi) if ok else (lo, n)
@@ -88,10 +94,18 @@ HEADROOM = 0.9
 """Share of the device's ``bytes_limit`` that ``--remat auto`` plans for."""
 
 
-def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows: int,
-              log=print, grow_batch: bool = True, eval_batch_size: int | None = None,
-              backend: str | None = None, accumulate: int = 1,
-              max_accumulate: int = 64) -> tuple[str, int, int]:
+def plan_auto(
+    cfg: TFTConfig,
+    budget_bytes: float | None,
+    batch_size: int,
+    rows: int,
+    log=print,
+    grow_batch: bool = True,
+    eval_batch_size: int | None = None,
+    backend: str | None = None,
+    accumulate: int = 1,
+    max_accumulate: int = 64,
+) -> tuple[str, int, int]:
     """``--remat auto``: three knobs, the remat tier, gradient accumulation and the batch.
 
     The batch first runs whole (``accumulate`` micro-batches), the tiers tried fastest first
@@ -114,63 +128,84 @@ def plan_auto(cfg: TFTConfig, budget_bytes: float | None, batch_size: int, rows:
     # own device's limit
     limit = None if targeting() else device_limit()
     if limit is not None and (budget_bytes is None or HEADROOM * limit < budget_bytes):
-        log(f"auto: planning for {HEADROOM:.0%} of the device's limit of {limit / GB:.2f} GB"
+        log(
+            f"auto: planning for {HEADROOM:.0%} of the device's limit of {limit / GB:.2f} GB"
             + (f" (below --memory-budget {budget_bytes / GB:.2f} GB)" if budget_bytes else "")
-            + ("; on a GPU that limit is JAX's pool, XLA_PYTHON_CLIENT_MEM_FRACTION of "
-               "the card (default 0.75)" if remat.is_gpu(backend) else ""))
+            + (
+                "; on a GPU that limit is JAX's pool, XLA_PYTHON_CLIENT_MEM_FRACTION of "
+                "the card (default 0.75)"
+                if remat.is_gpu(backend)
+                else ""
+            )
+        )
         budget_bytes = HEADROOM * limit
     if budget_bytes is None:
-        raise ConfigError("--remat auto needs --memory-budget on a device that does not report "
-                          "its memory limit (e.g. --memory-budget 24GB)")
+        raise ConfigError(
+            "--remat auto needs --memory-budget on a device that does not report "
+            "its memory limit (e.g. --memory-budget 24GB)"
+        )
     floor = min_bytes(cfg, batch_size, rows)
     if budget_bytes < floor:
-        raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB: parameters, optimizer "
-                         f"state and data alone take {floor / GB:.2f} GB")
+        raise ConfigError(
+            f"no remat tier fits {budget_bytes / GB:.2f} GB: parameters, optimizer "
+            f"state and data alone take {floor / GB:.2f} GB"
+        )
     choice, k = None, accumulate
-    tiers = sorted(remat.ORDER, key=lambda t: (remat.step_time(t, backend),
-                                               -remat.ORDER.index(t)))
+    tiers = sorted(remat.ORDER, key=lambda t: (remat.step_time(t, backend), -remat.ORDER.index(t)))
     while choice is None and k <= max_accumulate and batch_size % k == 0:
         for t in tiers:
             at = analyse(cfg.override(remat=t), batch_size, rows, accumulate=k)
             fits = at.total_bytes <= budget_bytes
-            log(f"auto: {t:10s} batch {batch_size}"
+            log(
+                f"auto: {t:10s} batch {batch_size}"
                 + (f" as {k} micro-batches of {batch_size // k}" if k > 1 else "")
                 + f": {at.total_bytes / GB:7.2f} GB, modelled time "
                 f"{remat.step_time(t, backend):.2f}× off: {'fits' if fits else 'does not fit'} "
-                f"{budget_bytes / GB:.2f} GB")
+                f"{budget_bytes / GB:.2f} GB"
+            )
             if fits:
                 choice = (t, k, at)
                 break
         k *= 2
     if choice is None:
-        raise ConfigError(f"no remat tier fits {budget_bytes / GB:.2f} GB at batch {batch_size}, "
-                          f"even as {max(k // 2, accumulate)} accumulated micro-batches; lower "
-                          "--batch-size or raise --memory-budget")
+        raise ConfigError(
+            f"no remat tier fits {budget_bytes / GB:.2f} GB at batch {batch_size}, "
+            f"even as {max(k // 2, accumulate)} accumulated micro-batches; lower "
+            "--batch-size or raise --memory-budget"
+        )
     tier, k, at = choice
     c = cfg.override(remat=tier)
     if eval_batch_size:
         ev = analyse_eval(c, eval_batch_size, rows)
         if ev.total_bytes > budget_bytes:
-            raise ConfigError(f"the eval step at --eval-batch-size {eval_batch_size} needs "
-                              f"{ev.total_bytes / GB:.2f} GB, over {budget_bytes / GB:.2f} GB; "
-                              "lower --eval-batch-size")
-        log(f"auto: the eval step at batch {eval_batch_size} needs {ev.total_bytes / GB:.2f} GB: fits")
+            raise ConfigError(
+                f"the eval step at --eval-batch-size {eval_batch_size} needs "
+                f"{ev.total_bytes / GB:.2f} GB, over {budget_bytes / GB:.2f} GB; "
+                "lower --eval-batch-size"
+            )
+        log(
+            f"auto: the eval step at batch {eval_batch_size} needs {ev.total_bytes / GB:.2f} GB: fits"
+        )
     acc = f" as {k} accumulated micro-batches of {batch_size // k}" if k > 1 else ""
     if not grow_batch or k > 1:
-        log(f"auto: chose remat={tier} (least modelled step time among the tiers that fit) "
-            f"at batch {batch_size}{acc}")
+        log(
+            f"auto: chose remat={tier} (least modelled step time among the tiers that fit) "
+            f"at batch {batch_size}{acc}"
+        )
         return tier, batch_size, k
     small = analyse(c, max(1, batch_size // 2), rows)
-    best, _ = largest_batch(c, budget_bytes, fit_linear([small, at]), rows,
-                            max_batch=max(batch_size, rows))
+    best, _ = largest_batch(
+        c, budget_bytes, fit_linear([small, at]), rows, max_batch=max(batch_size, rows)
+    )
     best = max(best, batch_size)
-    log(f"auto: chose remat={tier} (least modelled step time among the tiers that fit) and "
-        f"batch {best} (the largest that fits, checked by compiling it)")
+    log(
+        f"auto: chose remat={tier} (least modelled step time among the tiers that fit) and "
+        f"batch {best} (the largest that fits, checked by compiling it)"
+    )
     return tier, best, 1
 
 
-def resolve_auto(cfg: TFTConfig, tc, paths, devices: int = 1, resume: bool = False,
-                 workdir=None):
+def resolve_auto(cfg: TFTConfig, tc, paths, devices: int = 1, resume: bool = False, workdir=None):
     """``--remat auto``: ``(cfg, tc)`` with the fastest tier that fits
     ``cfg.execution.memory_budget`` (a device's: each of ``devices`` runs ``1/devices`` of the
     batch), as accumulated micro-batches where the whole batch fits no tier, and (on a new
@@ -188,14 +223,22 @@ def resolve_auto(cfg: TFTConfig, tc, paths, devices: int = 1, resume: bool = Fal
     if paths is None and resume:
         from tftjax.runner.resume import latest_meta
 
+        if workdir is None:
+            raise ValueError("a resumed run's bars are found in its workdir: give it")
         saved = latest_meta(Path(workdir) / "checkpoints", "tft")
         paths = find_data_files(saved["identity"]["data"], workdir)
     files = paths if isinstance(paths, list) else [paths or default_parquet()]
     rows = sum(len(b) for p in files for b in read_series(p))
-    tier, batch, k = plan_auto(cfg.override(remat="off"),
-                               None if budget is None else parse_bytes(budget),
-                               tc.batch_size // devices, rows, grow_batch=not resume,
-                               eval_batch_size=-(-tc.eval_batch_size // devices),
-                               accumulate=tc.accumulate)
-    return (cfg.override(remat=tier),
-            dataclasses.replace(tc, batch_size=batch * devices, accumulate=k))
+    tier, batch, k = plan_auto(
+        cfg.override(remat="off"),
+        None if budget is None else parse_bytes(budget),
+        tc.batch_size // devices,
+        rows,
+        grow_batch=not resume,
+        eval_batch_size=-(-tc.eval_batch_size // devices),
+        accumulate=tc.accumulate,
+    )
+    return (
+        cfg.override(remat=tier),
+        dataclasses.replace(tc, batch_size=batch * devices, accumulate=k),
+    )

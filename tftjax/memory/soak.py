@@ -19,14 +19,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import jax
 
 from tftjax.config import TFTConfig, TrainConfig
-from tftjax.runner.devices import memory_stats
 from tftjax.errors import ConfigError
+from tftjax.runner.devices import memory_stats
 
 MiB = 1 << 20
 THRESHOLDS = {"device_bytes": 1 * MiB, "live_arrays": 0, "host_rss": 64 * MiB}
@@ -53,11 +53,19 @@ def reading() -> dict:
     gc.collect()
     arrays = [a for a in jax.live_arrays() if not a.is_deleted()]
     stats = memory_stats()
-    device = (int(stats["bytes_in_use"]) if stats and "bytes_in_use" in stats
-              else sum(a.nbytes for a in arrays))
-    return {"device_bytes": device, "device_bytes_source":
-            "bytes_in_use" if stats and "bytes_in_use" in stats else "live arrays",
-            "live_arrays": len(arrays), "host_rss": host_rss()}
+    device = (
+        int(stats["bytes_in_use"])
+        if stats and "bytes_in_use" in stats
+        else sum(a.nbytes for a in arrays)
+    )
+    return {
+        "device_bytes": device,
+        "device_bytes_source": "bytes_in_use"
+        if stats and "bytes_in_use" in stats
+        else "live arrays",
+        "live_arrays": len(arrays),
+        "host_rss": host_rss(),
+    }
 
 
 def growth(records: list[dict]) -> list[str]:
@@ -72,20 +80,29 @@ def growth(records: list[dict]) -> list[str]:
     for key, limit in THRESHOLDS.items():
         start = 0 if key != "host_rss" else (len(records) - 1) // 2
         base = records[start]
-        later = records[start + 1:]
+        later = records[start + 1 :]
         if not later:
             continue
         worst = max(later, key=lambda r: r[key])
         if worst[key] - base[key] > limit:
-            out.append(f"{key} grew by {worst[key] - base[key]:,} (epoch {base['epoch']}: "
-                       f"{base[key]:,}, epoch {worst['epoch']}: {worst[key]:,}; allowed "
-                       f"{limit:,})")
+            out.append(
+                f"{key} grew by {worst[key] - base[key]:,} (epoch {base['epoch']}: "
+                f"{base[key]:,}, epoch {worst['epoch']}: {worst[key]:,}; allowed "
+                f"{limit:,})"
+            )
     return out
 
 
-def soak(cfg: TFTConfig, tc: TrainConfig, epochs: int, workdir: str | Path, *,
-         parquet_file=None, log: Callable = print,
-         callback: Callable | None = None) -> tuple[list[dict], list[str]]:
+def soak(
+    cfg: TFTConfig,
+    tc: TrainConfig,
+    epochs: int,
+    workdir: str | Path,
+    *,
+    parquet_file=None,
+    log: Callable = print,
+    callback: Callable | None = None,
+) -> tuple[list[dict], list[str]]:
     """Train ``epochs`` epochs of ``cfg`` in ``workdir`` (checkpoints each epoch, validation,
     no early stop) and read the memory after each. Returns the per-epoch readings and what
     grew (empty: no leak). ``callback(epoch, state, metrics, is_final)`` runs after each
@@ -93,8 +110,9 @@ def soak(cfg: TFTConfig, tc: TrainConfig, epochs: int, workdir: str | Path, *,
     from tftjax.training import train_and_evaluate
 
     if epochs < 2:
-        raise ConfigError(f"--soak {epochs}: a soak needs 2 or more epochs (growth is measured "
-                          "after the first)")
+        raise ConfigError(
+            f"--soak {epochs}: a soak needs 2 or more epochs (growth is measured after the first)"
+        )
     records: list[dict] = []
 
     def after_epoch(epoch, state, metrics, is_final):
@@ -103,19 +121,30 @@ def soak(cfg: TFTConfig, tc: TrainConfig, epochs: int, workdir: str | Path, *,
         del state, metrics
         records.append({"epoch": epoch, **reading()})
         r = records[-1]
-        log(f"soak epoch {epoch}: device {r['device_bytes'] / MiB:,.1f} MiB "
+        log(
+            f"soak epoch {epoch}: device {r['device_bytes'] / MiB:,.1f} MiB "
             f"({r['device_bytes_source']}), {r['live_arrays']} live arrays, host RSS "
-            f"{r['host_rss'] / MiB:,.0f} MiB")
+            f"{r['host_rss'] / MiB:,.0f} MiB"
+        )
 
     tc = dataclasses.replace(tc, epochs=epochs, patience=0)
-    train_and_evaluate(cfg, tc, workdir, parquet_file=parquet_file, progress=False,
-                       callback=after_epoch, log=lambda *a, **k: None)
+    train_and_evaluate(
+        cfg,
+        tc,
+        workdir,
+        data=parquet_file,
+        progress=False,
+        callback=after_epoch,
+        log=lambda *a, **k: None,
+    )
     return records, growth(records)
 
 
 def format_soak(records: list[dict]) -> str:
     lines = ["| epoch | device bytes | live arrays | host RSS |", "|---|---|---|---|"]
     for r in records:
-        lines.append(f"| {r['epoch']} | {r['device_bytes'] / MiB:,.2f} MiB | {r['live_arrays']} "
-                     f"| {r['host_rss'] / MiB:,.0f} MiB |")
+        lines.append(
+            f"| {r['epoch']} | {r['device_bytes'] / MiB:,.2f} MiB | {r['live_arrays']} "
+            f"| {r['host_rss'] / MiB:,.0f} MiB |"
+        )
     return "\n".join(lines)

@@ -85,22 +85,81 @@ device_description_str: "{self.description}"
 
 GiB = 1 << 30
 TARGETS: dict[str, GPUSpec] = {
-    "h100": GPUSpec("h100", "NVIDIA H100 80GB HBM3", (9, 0), 132, 84_929_347_584, 3.35232e12,
-                    50 * 2**20, 233_472, 232_448, 1.98, 128,
-                    "CUDA runtime of an H100 80GB HBM3 (SXM)", 989.4e12),
-    "h200": GPUSpec("h200", "NVIDIA H200", (9, 0), 132, 141 * 10**9, 4.8e12, 50 * 2**20,
-                    233_472, 232_448, 1.98, 128,
-                    "NVIDIA H200 SXM datasheet (141 GB HBM3e, 4.8 TB/s); Hopper SM as H100", 989.4e12),
-    "a100": GPUSpec("a100", "NVIDIA A100-SXM4-80GB", (8, 0), 108, 80 * GiB, 2.039e12,
-                    40 * 2**20, 167_936, 166_912, 1.41, 64,
-                    "NVIDIA A100 datasheet (80 GB HBM2e SXM, 2,039 GB/s, 108 SMs, 40 MB L2)", 312e12),
-    "rtx4090": GPUSpec("rtx4090", "NVIDIA GeForce RTX 4090", (8, 9), 128, 24 * GiB, 1.008e12,
-                       72 * 2**20, 102_400, 101_376, 2.52, 128,
-                       "NVIDIA Ada Lovelace whitepaper (24 GB GDDR6X, 1,008 GB/s, 128 SMs, "
-                       "72 MB L2)", 165.2e12),
-    "a4000": GPUSpec("a4000", "NVIDIA RTX A4000", (8, 6), 48, 16 * GiB, 448e9, 4 * 2**20,
-                     102_400, 101_376, 1.56, 128,
-                     "NVIDIA RTX A4000 datasheet (16 GB GDDR6, 448 GB/s, 48 SMs)", 76.7e12),
+    "h100": GPUSpec(
+        "h100",
+        "NVIDIA H100 80GB HBM3",
+        (9, 0),
+        132,
+        84_929_347_584,
+        3.35232e12,
+        50 * 2**20,
+        233_472,
+        232_448,
+        1.98,
+        128,
+        "CUDA runtime of an H100 80GB HBM3 (SXM)",
+        989.4e12,
+    ),
+    "h200": GPUSpec(
+        "h200",
+        "NVIDIA H200",
+        (9, 0),
+        132,
+        141 * 10**9,
+        4.8e12,
+        50 * 2**20,
+        233_472,
+        232_448,
+        1.98,
+        128,
+        "NVIDIA H200 SXM datasheet (141 GB HBM3e, 4.8 TB/s); Hopper SM as H100",
+        989.4e12,
+    ),
+    "a100": GPUSpec(
+        "a100",
+        "NVIDIA A100-SXM4-80GB",
+        (8, 0),
+        108,
+        80 * GiB,
+        2.039e12,
+        40 * 2**20,
+        167_936,
+        166_912,
+        1.41,
+        64,
+        "NVIDIA A100 datasheet (80 GB HBM2e SXM, 2,039 GB/s, 108 SMs, 40 MB L2)",
+        312e12,
+    ),
+    "rtx4090": GPUSpec(
+        "rtx4090",
+        "NVIDIA GeForce RTX 4090",
+        (8, 9),
+        128,
+        24 * GiB,
+        1.008e12,
+        72 * 2**20,
+        102_400,
+        101_376,
+        2.52,
+        128,
+        "NVIDIA Ada Lovelace whitepaper (24 GB GDDR6X, 1,008 GB/s, 128 SMs, 72 MB L2)",
+        165.2e12,
+    ),
+    "a4000": GPUSpec(
+        "a4000",
+        "NVIDIA RTX A4000",
+        (8, 6),
+        48,
+        16 * GiB,
+        448e9,
+        4 * 2**20,
+        102_400,
+        101_376,
+        1.56,
+        128,
+        "NVIDIA RTX A4000 datasheet (16 GB GDDR6, 448 GB/s, 48 SMs)",
+        76.7e12,
+    ),
 }
 
 
@@ -113,8 +172,9 @@ def spec(name: str) -> GPUSpec:
     try:
         return TARGETS[name.lower()]
     except KeyError:
-        raise ConfigError(f"--target {name!r} is not a known GPU; choose one of: "
-                          f"{', '.join(TARGETS)}") from None
+        raise ConfigError(
+            f"--target {name!r} is not a known GPU; choose one of: {', '.join(TARGETS)}"
+        ) from None
 
 
 def compile_only_device(name: str) -> Any:
@@ -128,12 +188,14 @@ def compile_only_device(name: str) -> Any:
     from jax.experimental import topologies
 
     try:
-        topo = topologies.get_topology_desc(platform="cuda", topology="1x1x1",
-                                            target_config=s.target_config())
-    except Exception as e:  # noqa: BLE001 - no plugin, or an incompatible one
-        raise ConfigError(f"--target {name}: compiling for a GPU needs the CUDA plugin of this "
-                          f"jax (pip install 'tftjax[cuda12]'): {str(e).splitlines()[0][:160]}"
-                          ) from None
+        topo = topologies.get_topology_desc(
+            platform="cuda", topology="1x1x1", target_config=s.target_config()
+        )
+    except Exception as e:  # no plugin, or an incompatible one
+        raise ConfigError(
+            f"--target {name}: compiling for a GPU needs the CUDA plugin of this "
+            f"jax (pip install 'tftjax[cuda12]'): {str(e).splitlines()[0][:160]}"
+        ) from None
     return topo.devices[0]
 
 

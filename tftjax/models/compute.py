@@ -4,6 +4,8 @@ and the parameters a step computes with (cast once, outside the model, by the tr
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -13,8 +15,9 @@ from tftjax.models.kernels.mode import KernelMode
 from tftjax.quant.core import MODES, QuantSpec
 
 
-def quant_spec(cfg: TFTConfig, mode: str | None = None,
-               calibration: str | None = None) -> QuantSpec | None:
+def quant_spec(
+    cfg: TFTConfig, mode: str | None = None, calibration: str | None = None
+) -> QuantSpec | None:
     """How a TFT of ``cfg`` quantizes in ``mode`` (``None``: fake-quant for a QAT config,
     float otherwise); ``None`` means float. ``calibration``: a PTQ calibration pass
     (:attr:`tftjax.quant.core.QuantSpec.calibrate`)."""
@@ -23,9 +26,15 @@ def quant_spec(cfg: TFTConfig, mode: str | None = None,
         raise ValueError(f"unknown quantization mode {mode!r}; choose one of {MODES}")
     if mode == "float":
         return None
-    return QuantSpec(mode, tuple(cfg.quant.qat_layers), cfg.quant.qat_freeze_after, calibrate=calibration,
-                     act_symmetric=cfg.quant.act_symmetric, weight_granularity=cfg.quant.weight_granularity,
-                     stacked_scales=cfg.quant.stacked_scales)
+    return QuantSpec(
+        mode,
+        tuple(cfg.quant.qat_layers),
+        cfg.quant.qat_freeze_after,
+        calibrate=calibration,
+        act_symmetric=cfg.quant.act_symmetric,
+        weight_granularity=cfg.quant.weight_granularity,
+        stacked_scales=cfg.quant.stacked_scales,
+    )
 
 
 def kernel_mode(cfg: TFTConfig, family: str) -> KernelMode:
@@ -55,15 +64,20 @@ def grn_kernel(cfg: TFTConfig) -> bool:
     GRNs, tftjax.models.kernels.pallas_grn; the row-wise blocks, tftjax.models.kernels.pallas_gated):
     ``--grn-kernel pallas`` where the kernels take the width in the compute dtype
     (tftjax.models.kernels.pallas_gated.supported; the quantized layers always run in XLA)."""
-    return (cfg.execution.pallas("grn") and not cfg.quant.qat
-            and pallas_gated.supported(cfg.model.hidden, COMPUTE_DTYPES[cfg.execution.precision]))
+    return (
+        cfg.execution.pallas("grn")
+        and not cfg.quant.qat
+        and pallas_gated.supported(cfg.model.hidden, COMPUTE_DTYPES[cfg.execution.precision])
+    )
 
 
 def static_stack(cfg: TFTConfig) -> bool:
     """Under :func:`grn_kernel`: whether the four static context GRNs run as one stacked
     kernel each way (tftjax.models.kernels.pallas_grn, where the width fits it), else each through
     the row kernels (tftjax.models.kernels.pallas_gated)."""
-    return grn_kernel(cfg) and pallas_grn.supported(cfg.model.hidden, COMPUTE_DTYPES[cfg.execution.precision])
+    return grn_kernel(cfg) and pallas_grn.supported(
+        cfg.model.hidden, COMPUTE_DTYPES[cfg.execution.precision]
+    )
 
 
 def kernel_cast(cfg: TFTConfig) -> tuple[str, ...]:
@@ -76,8 +90,7 @@ def kernel_cast(cfg: TFTConfig) -> tuple[str, ...]:
     return ()
 
 
-def compute_params(cfg: TFTConfig, params: dict, cast_leaves=None, mode: str | None = None
-                   ) -> dict:
+def compute_params(cfg: TFTConfig, params: Any, cast_leaves=None, mode: str | None = None) -> Any:
     """The parameters as a step at ``cfg.execution.precision`` computes with them: under bf16 a
     bfloat16 copy of every float leaf except the float32 ones (the quantile head, the LSTMs'
     recurrent kernels, the modules a Pallas kernel casts itself: :func:`kernel_cast`);
@@ -91,9 +104,12 @@ def compute_params(cfg: TFTConfig, params: dict, cast_leaves=None, mode: str | N
     keep_f32 = FLOAT32_MODULES + kernel_cast(cfg)
 
     def cast(path, a):  # the LSTMs' recurrent kernels are cast inside each step
-        return (jnp.issubdtype(a.dtype, jnp.floating) and a.dtype != dt
-                and path[0].key not in keep_f32 and getattr(path[-1], "key", None)
-                not in FLOAT32_PARAMS)
+        return (
+            jnp.issubdtype(a.dtype, jnp.floating)
+            and a.dtype != dt
+            and path[0].key not in keep_f32
+            and getattr(path[-1], "key", None) not in FLOAT32_PARAMS
+        )
 
     paths, tree = jax.tree_util.tree_flatten_with_path(params)
     which = [i for i, (path, a) in enumerate(paths) if cast(path, a)]

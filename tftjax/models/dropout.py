@@ -20,6 +20,8 @@ keys.
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -77,7 +79,7 @@ class Dropout(nn.Module):
     rate: float
 
     @nn.compact
-    def __call__(self, x: Array, deterministic: bool, mask_only: bool = False):
+    def __call__(self, x: Any, deterministic: bool, mask_only: bool = False) -> Any:
         if deterministic or self.rate == 0.0:
             return None if mask_only else x
         keep = keep_mask(self.make_rng("dropout"), self.rate, x.shape)

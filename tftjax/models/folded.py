@@ -18,10 +18,10 @@ import flax.linen as nn
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
-from tftjax.quant import core as qt
 from tftjax.models.layers import GLU, Dense, LayerNorm
-from tftjax.quant.core import QuantSpec
+from tftjax.quant import core as qt
 from tftjax.quant.calib import calibration_record
+from tftjax.quant.core import QuantSpec
 from tftjax.quant.tree import fold_kernel
 
 Array = jax.Array
@@ -41,14 +41,15 @@ class FoldedDense(nn.Module):
         m, dv = emb_k.shape
         q = self.quant if qt.covered(self.quant, self.path, "kernel") else None
         if q is not None and q.mode == "int8":  # the int8 tree holds A and b @ K already
-            qa, sa = self.get_variable("params", "kernel"), self.get_variable("weight_scale",
-                                                                                "kernel")
+            qa, sa = (
+                self.get_variable("params", "kernel"),
+                self.get_variable("weight_scale", "kernel"),
+            )
             s, zp = qt.activation_qparams(qt.observer(self, "kernel", x, q), q.symmetric)
             y = qt.int8_dense(qt.quantize_activation(x, s, zp), s, zp, qa, sa)
             y = y + self.get_variable("params", "fold_bias")
         else:
-            kernel = self.param("kernel", nn.initializers.lecun_normal(),
-                                (m * dv, self.features))
+            kernel = self.param("kernel", nn.initializers.lecun_normal(), (m * dv, self.features))
             a, const = fold_kernel(emb_k, kernel), emb_b.reshape(-1) @ kernel
             if q is None:
                 y = x @ a + const
@@ -75,8 +76,14 @@ class EmbeddedGRN(nn.Module):
     quant: QuantSpec | None = None
 
     @nn.compact
-    def __call__(self, x: Array, emb_k: Array, emb_b: Array, context: Array | None = None,
-                 deterministic: bool = True) -> Array:
+    def __call__(
+        self,
+        x: Array,
+        emb_k: Array,
+        emb_b: Array,
+        context: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
         q = self.quant
         skip = FoldedDense(self.output, quant=q, name="skip")(x, emb_k, emb_b)
         h = FoldedDense(self.hidden, quant=q, name="fc2")(x, emb_k, emb_b)

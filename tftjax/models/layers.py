@@ -18,7 +18,8 @@ Choices where the reference implementations differ (tft_spec.md):
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -26,21 +27,19 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from tftjax.models.kernels.mode import KernelMode
-from tftjax.quant import core as qt
-from tftjax.models.kernels import pallas_attention
 from tftjax.models.dropout import Dropout
+from tftjax.models.kernels import pallas_attention
+from tftjax.models.kernels.mode import KernelMode
 from tftjax.models.recurrence import lstm_recurrence
-from tftjax.quant.core import QuantSpec
+from tftjax.quant import core as qt
 from tftjax.quant.calib import calibration_record, calibration_stats
+from tftjax.quant.core import QuantSpec
 
 Array = jax.Array
 Policy = Callable[..., Any] | None
 
 
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def einsum_f32(spec: str, a: Array, b: Array) -> Array:
+def _einsum_f32(spec: str, a: Array, b: Array) -> Array:
     """``jnp.einsum(spec, a, b)`` with float32 products and accumulation whatever the
     operands' dtype (bf16 compute: bfloat16 operands, a float32 result), and a backward pass
     in the operands' dtype: the float32 cotangent is cast to it first, so the transposed
@@ -59,6 +58,7 @@ def _einsum_f32_bwd(spec, res, g):
     return vjp(g.astype(jnp.result_type(a, b)))
 
 
+einsum_f32 = jax.custom_vjp(_einsum_f32, nondiff_argnums=(0,))
 einsum_f32.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
 
 
@@ -79,6 +79,7 @@ def dense(mod: Any, param: str, x: jax.Array, w: jax.Array, quant: QuantSpec | N
     s, zp = qt.activation_qparams(stats, quant.symmetric)
     qw, sw = qt.weight(mod, param, w, quant)
     return qt.int8_dense(qt.quantize_activation(x, s, zp), s, zp, qw, sw)
+
 
 class Dense(nn.Module):
     """``nn.Dense`` (same parameters, initialisers and names) that quantizes when ``quant``
@@ -144,8 +145,9 @@ class GLU(nn.Module):
     @nn.compact
     def __call__(self, x: Array, deterministic: bool = True) -> Array:
         x = Dropout(self.dropout)(x, deterministic)
-        value, gate = jnp.split(Dense(2 * self.features, quant=self.quant, name="proj")(x), 2,
-                                axis=-1)
+        value, gate = jnp.split(
+            Dense(2 * self.features, quant=self.quant, name="proj")(x), 2, axis=-1
+        )
         return nn.sigmoid(gate) * value
 
 
@@ -220,13 +222,22 @@ class LSTM(nn.Module):
             return jnp.zeros(shape, dtype).at[d : 2 * d].set(self.forget_bias)
 
         b = self.param("b", bias_init, (4 * d,))
-        if not (qt.covered(self.quant, self.path, "w_h")
-                or qt.covered(self.quant, self.path, "w_i")):
+        if not (
+            qt.covered(self.quant, self.path, "w_h") or qt.covered(self.quant, self.path, "w_i")
+        ):
             # float: the recurrence with its hand-written backward pass (a few kernels per
             # step on a GPU); with remat it keeps only the cell states and outputs
             c0, h0 = carry[0].astype(jnp.float32), carry[1].astype(xs.dtype)
-            carry, hs = lstm_recurrence(jnp.swapaxes(xs, 0, 1), w_i, b.astype(xs.dtype), w_h,
-                                        c0, h0, self.remat, self.kernel)
+            carry, hs = lstm_recurrence(
+                jnp.swapaxes(xs, 0, 1),
+                w_i,
+                b.astype(xs.dtype),
+                w_h,
+                c0,
+                h0,
+                self.remat,
+                self.kernel,
+            )
             return carry, jnp.swapaxes(hs, 0, 1)  # [B, T, d]
         xp = jnp.swapaxes(dense(self, "w_i", xs, w_i, self.quant), 0, 1) + b  # [T, B, 4d]
 
@@ -244,16 +255,24 @@ class LSTM(nn.Module):
             step = jax.checkpoint(step, policy=self.policy, prevent_cse=False)
         c0, h0 = carry[0].astype(jnp.float32), carry[1].astype(xp.dtype)
         carry, hs = lax.scan(step, (c0, h0), xp)
-        seen_h = lambda: jnp.concatenate([h0[None], hs[:-1]], axis=0)  # noqa: E731
+        seen_h = lambda: jnp.concatenate([h0[None], hs[:-1]], axis=0)
         if stats is not None:  # every h the recurrent matmul saw: h_0 … h_{T-1}
             rec = qt.batch_range(seen_h())
             self.variable("quant_batch", "w_h_in", lambda: rec).value = rec
-        elif (qt.covered(self.quant, self.path, "w_h") and self.quant.calibrate is not None
-              and self.is_mutable_collection("quant_calib") and not self.is_initializing()):
-            ref = (self.get_variable("quant_stats", "w_h_in")
-                   if self.quant.calibrate == "mse" else None)
-            rec = calibration_stats(seen_h(), self.quant.calibrate, ref,
-                                    symmetric=self.quant.symmetric)
+        elif (
+            qt.covered(self.quant, self.path, "w_h")
+            and self.quant.calibrate is not None
+            and self.is_mutable_collection("quant_calib")
+            and not self.is_initializing()
+        ):
+            ref = (
+                self.get_variable("quant_stats", "w_h_in")
+                if self.quant.calibrate == "mse"
+                else None
+            )
+            rec = calibration_stats(
+                seen_h(), self.quant.calibrate, ref, symmetric=self.quant.symmetric
+            )
             self.variable("quant_calib", "w_h_in", lambda: rec).value = rec
         return carry, jnp.swapaxes(hs, 0, 1)  # [B, T, d]
 
@@ -268,13 +287,14 @@ class LSTM(nn.Module):
         s, zp = qt.activation_qparams(stats, self.quant.symmetric)
         if self.quant.mode == "int8":
             qw, sw = qt.weight(self, "w_h", w_h, self.quant)
-            return (lambda h: qt.int8_dense(qt.quantize_activation(h, s, zp), s, zp, qw, sw),
-                    var if update else None)
+            return (
+                lambda h: qt.int8_dense(qt.quantize_activation(h, s, zp), s, zp, qw, sw),
+                var if update else None,
+            )
         wq, seen = qt.weight(self, "w_h", w_h, self.quant), stats.count > 0
         if self.quant.calibrate is not None:  # a calibration pass: float h, recorded after
             return (lambda h: h @ wq), None
-        return (lambda h: jnp.where(seen, qt.fake_quant(h, s, zp), h) @ wq,
-                var if update else None)
+        return (lambda h: jnp.where(seen, qt.fake_quant(h, s, zp), h) @ wq, var if update else None)
 
 
 class InterpretableAttention(nn.Module):
@@ -293,8 +313,9 @@ class InterpretableAttention(nn.Module):
     or interpreted (CPU tests)."""
 
     @nn.compact
-    def __call__(self, q_in: Array, kv: Array, mask: Array,
-                 deterministic: bool = True) -> tuple[Array, Array]:
+    def __call__(
+        self, q_in: Array, kv: Array, mask: Array, deterministic: bool = True
+    ) -> tuple[Array, Array]:
         H = self.heads
         dh = self.features // H
         dense = functools.partial(Dense, quant=self.quant)
@@ -314,6 +335,7 @@ class InterpretableAttention(nn.Module):
             mixed = jnp.einsum("bhqk,bkd->bqd", attn_d, v) / H  # mean over heads [B, Tq, dh]
         else:  # the weights above only for the interpretation (unused in training: removed)
             keep = Dropout(self.dropout)(attn, deterministic, mask_only=True)  # the same units
-            mixed = pallas_attention.attend(qf, kf, v, mask, keep, self.dropout, heads=H,
-                                            interpret=self.kernel.interpret)
+            mixed = pallas_attention.attend(
+                qf, kf, v, mask, keep, self.dropout, heads=H, interpret=self.kernel.interpret
+            )
         return dense(self.features, name="out")(mixed), attn.mean(axis=1)

@@ -16,15 +16,13 @@ are the compute dtype (that of ``xp``).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from tftjax.models.kernels.mode import KernelMode
 from tftjax.models.kernels import pallas_lstm
+from tftjax.models.kernels.mode import KernelMode
 
 Array = jax.Array
 F32 = jnp.float32
@@ -50,15 +48,22 @@ def _recur(xp: Array, w_h: Array, c0: Array, h0: Array, kernel: KernelMode):
     (``tftjax.models.kernels.pallas_lstm``, compiled for a GPU or interpreted)."""
     if not kernel.pallas:
         return _scan(xp, w_h, c0, h0)
-    gates, cs, hs = pallas_lstm.forward(xp, w_h.astype(xp.dtype), c0, h0,
-                                        interpret=kernel.interpret)
+    gates, cs, hs = pallas_lstm.forward(
+        xp, w_h.astype(xp.dtype), c0, h0, interpret=kernel.interpret
+    )
     return (cs[-1], hs[-1]), hs, gates, cs
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def lstm_recurrence(xs: Array, w_i: Array, b: Array, w_h: Array, c0: Array, h0: Array,
-                    recompute: bool = False, kernel: KernelMode = KernelMode.XLA
-                    ) -> tuple[tuple[Array, Array], Array]:
+def _lstm_recurrence(
+    xs: Array,
+    w_i: Array,
+    b: Array,
+    w_h: Array,
+    c0: Array,
+    h0: Array,
+    recompute: bool = False,
+    kernel: KernelMode = KernelMode.XLA,
+) -> tuple[tuple[Array, Array], Array]:
     """``((c_T, h_T), h_{1..T})`` of the LSTM over ``xs`` ``[T, B, F]`` (time-major, the
     compute dtype), with input kernel ``w_i`` ``[F, 4d]`` and bias ``b`` ``[4d]``, recurrent
     kernel ``w_h`` ``[d, 4d]`` (any float dtype: cast to the compute dtype inside the step),
@@ -101,25 +106,39 @@ def _bwd(recompute, kernel, res, ct):
         si, sf, tg, so = jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o)
         tc = jnp.tanh(c_t)
         dc = dc + dh * so * (1.0 - tc * tc)
-        dgates = jnp.concatenate([dc * tg * si * (1.0 - si), dc * cp_t * sf * (1.0 - sf),
-                                  dc * si * (1.0 - tg * tg), dh * tc * so * (1.0 - so)],
-                                 axis=-1).astype(dt)
-        dh_prev = lax.dot_general(dgates, wd, (((1,), (1,)), ((), ())),
-                                  preferred_element_type=F32)
+        dgates = jnp.concatenate(
+            [
+                dc * tg * si * (1.0 - si),
+                dc * cp_t * sf * (1.0 - sf),
+                dc * si * (1.0 - tg * tg),
+                dh * tc * so * (1.0 - so),
+            ],
+            axis=-1,
+        ).astype(dt)
+        dh_prev = lax.dot_general(dgates, wd, (((1,), (1,)), ((), ())), preferred_element_type=F32)
         return (dc * sf, dh_prev), dgates
 
     if not kernel.pallas:
-        (dc0, dh0), dgates = lax.scan(step, (dc_t.astype(F32), dh_t.astype(F32)),
-                                      (gates, cs, c_prev, dhs), reverse=True)
+        (dc0, dh0), dgates = lax.scan(
+            step, (dc_t.astype(F32), dh_t.astype(F32)), (gates, cs, c_prev, dhs), reverse=True
+        )
     else:
-        dgates, dc0, dh0 = pallas_lstm.backward(gates.astype(dt), cs, c0, dhs, dc_t, dh_t, wd,
-                                                interpret=kernel.interpret)
+        dgates, dc0, dh0 = pallas_lstm.backward(
+            gates.astype(dt), cs, c0, dhs, dc_t, dh_t, wd, interpret=kernel.interpret
+        )
     dw_h = jnp.einsum("tbd,tbg->dg", h_prev, dgates, preferred_element_type=F32)
     dw_i = jnp.einsum("tbf,tbg->fg", xs, dgates, preferred_element_type=F32)
     dxs = jnp.einsum("tbg,fg->tbf", dgates, w_i)
     db = dgates.astype(F32).sum((0, 1))
-    return (dxs.astype(xs.dtype), dw_i.astype(w_i.dtype), db.astype(b.dtype),
-            dw_h.astype(w_h.dtype), dc0.astype(c0.dtype), dh0.astype(h0.dtype))
+    return (
+        dxs.astype(xs.dtype),
+        dw_i.astype(w_i.dtype),
+        db.astype(b.dtype),
+        dw_h.astype(w_h.dtype),
+        dc0.astype(c0.dtype),
+        dh0.astype(h0.dtype),
+    )
 
 
+lstm_recurrence = jax.custom_vjp(_lstm_recurrence, nondiff_argnums=(6, 7))
 lstm_recurrence.defvjp(_fwd, _bwd)

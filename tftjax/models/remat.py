@@ -51,6 +51,7 @@ GLU outputs, ``aggressive`` the same VSNs and the seed's plan for the other bloc
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 from jax import checkpoint_policies as cp
@@ -77,27 +78,45 @@ class RematPlan:
     vsn_scan: bool = False  # per-variable GRNs as a scan over chunks, residuals all kept
     fused: bool = True  # recomputed VSNs through the fused kernel (CPU), else checkpointed chunks
     vsn_chunk: int = 20  # variables per VSN chunk unless TFTConfig.vsn_chunk says otherwise
-    policy: object = None
+    policy: Any = None  # a jax.checkpoint policy
     note: str = ""
 
 
-_AGGRESSIVE = dict(lstm=True, encoders=True, attention=True, vsn_scan=True,
-                   policy=cp.nothing_saveable)
+_AGGRESSIVE: dict[str, Any] = dict(
+    lstm=True, encoders=True, attention=True, vsn_scan=True, policy=cp.nothing_saveable
+)
 
 TIERS: dict[str, RematPlan] = {
     "off": RematPlan("off", "nothing rematerialised (most memory)"),
-    "minimal": RematPlan("minimal", "LSTM encoder/decoder, per step inside the scan",
-                         lstm=True, policy=cp.nothing_saveable),
-    "aggressive": RematPlan("aggressive", "encoder GRNs, LSTMs, attention; VSNs and head kept",
-                            **_AGGRESSIVE),
-    "full": RematPlan("full", "everything but the quantile head, VSNs in checkpointed chunks",
-                      vsn=True, **_AGGRESSIVE),
+    "minimal": RematPlan(
+        "minimal",
+        "LSTM encoder/decoder, per step inside the scan",
+        lstm=True,
+        policy=cp.nothing_saveable,
+    ),
+    "aggressive": RematPlan(
+        "aggressive", "encoder GRNs, LSTMs, attention; VSNs and head kept", **_AGGRESSIVE
+    ),
+    "full": RematPlan(
+        "full",
+        "everything but the quantile head, VSNs in checkpointed chunks",
+        vsn=True,
+        **_AGGRESSIVE,
+    ),
     "offload": RematPlan(
-        "offload", "aggressive, with tagged intermediates offloaded to pinned host memory",
-        lstm=True, encoders=True, attention=True, vsn_scan=True,
+        "offload",
+        "aggressive, with tagged intermediates offloaded to pinned host memory",
+        lstm=True,
+        encoders=True,
+        attention=True,
+        vsn_scan=True,
         policy=cp.save_and_offload_only_these_names(
-            names_which_can_be_saved=[], names_which_can_be_offloaded=list(OFFLOAD_NAMES),
-            offload_src="device", offload_dst="pinned_host")),
+            names_which_can_be_saved=[],
+            names_which_can_be_offloaded=list(OFFLOAD_NAMES),
+            offload_src="device",
+            offload_dst="pinned_host",
+        ),
+    ),
 }
 ORDER = ("off", "minimal", "aggressive", "full")
 """Tiers from most to least memory (``offload`` aside)."""
@@ -131,6 +150,8 @@ def default_tier(backend: str | None = None) -> str:
     """The tier ``--remat`` defaults to: the fastest on ``backend`` (:data:`STEP_TIME`);
     on CPU ``full``, which is also the smallest."""
     return min(ORDER, key=lambda t: (step_time(t, backend), ORDER.index(t)))
+
+
 CHOICES = tuple(TIERS) + (FASTEST, AUTO)
 assert tuple(TIERS) == TIER_NAMES
 
@@ -149,21 +170,34 @@ GPU_PLANS = {
     # `minimal` keeps the GLU outputs only: keeping the pre-norm sums too held more than
     # `off` in bf16 (TFT-225 b256 on the H100 spec: 3,090 against 2,990 MiB; tiny b1024:
     # 827 against 799), and without them 587 (f32: 1,143 against off's 1,865).
-    "minimal": dict(lstm=False, vsn=True, fused=False, vsn_chunk=10,
-                    policy=cp.save_only_these_names("vsn_glu"),
-                    description="VSNs in checkpointed chunks that keep their GLU outputs "
-                                "(GPU)"),
-    "aggressive": dict(vsn_scan=False, vsn=True, fused=False, vsn_chunk=10,
-                       policy=cp.save_only_these_names("vsn_glu"),
-                       description="encoder GRNs, LSTMs, attention; VSNs in checkpointed "
-                                   "chunks that keep their GLU outputs (GPU)"),
+    "minimal": dict(
+        lstm=False,
+        vsn=True,
+        fused=False,
+        vsn_chunk=10,
+        policy=cp.save_only_these_names("vsn_glu"),
+        description="VSNs in checkpointed chunks that keep their GLU outputs (GPU)",
+    ),
+    "aggressive": dict(
+        vsn_scan=False,
+        vsn=True,
+        fused=False,
+        vsn_chunk=10,
+        policy=cp.save_only_these_names("vsn_glu"),
+        description="encoder GRNs, LSTMs, attention; VSNs in checkpointed "
+        "chunks that keep their GLU outputs (GPU)",
+    ),
     # The fused kernel scans the variables one at a time: hundreds of tiny sequential
     # kernels on a GPU (6.4x `off`'s step on an H200). There the VSNs run as checkpointed
     # chunks of `vsn_chunk` variables, each a few batched matmuls, recomputed per chunk.
     # Chunks of 10: compiled for the H100 spec, TFT-225 b256 `full` holds 836 MiB of temp
     # bytes with chunks of 20 (0.12x `off`'s), 541 MiB with 10 (0.076x), 385 with 5.
-    "full": dict(fused=False, vsn_chunk=10, description="everything but the quantile head, VSNs in "
-                                          "checkpointed chunks of batched matmuls (GPU)"),
+    "full": dict(
+        fused=False,
+        vsn_chunk=10,
+        description="everything but the quantile head, VSNs in "
+        "checkpointed chunks of batched matmuls (GPU)",
+    ),
 }
 """What a tier means on a GPU where it differs from the CPU's plan."""
 
@@ -179,19 +213,24 @@ def plan(tier: str, backend: str | None = None) -> RematPlan:
     ``aggressive`` plan under the name ``offload`` with a note saying so.
     """
     if tier == AUTO:
-        raise ValueError("'auto' is resolved to a tier before the model is built "
-                         "(tftjax.memory.resolve_auto)")
+        raise ValueError(
+            "'auto' is resolved to a tier before the model is built (tftjax.memory.resolve_auto)"
+        )
     if tier == FASTEST:
         tier = default_tier(backend)
     try:
         p = TIERS[tier]
     except KeyError:
-        raise ValueError(f"unknown remat tier {tier!r}; choose one of: {', '.join(CHOICES)}") from None
+        raise ValueError(
+            f"unknown remat tier {tier!r}; choose one of: {', '.join(CHOICES)}"
+        ) from None
     if is_gpu(backend) and tier in GPU_PLANS:
         return dataclasses.replace(p, **GPU_PLANS[tier])
     if tier == "offload" and not offload_supported(backend):
         return dataclasses.replace(
-            TIERS["aggressive"], name="offload",
+            TIERS["aggressive"],
+            name="offload",
             note=f"offload: the {backend or jax.default_backend()} backend has no separate host "
-                 "memory space, so this tier behaves exactly like 'aggressive'")
+            "memory space, so this tier behaves exactly like 'aggressive'",
+        )
     return p

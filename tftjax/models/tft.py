@@ -4,7 +4,7 @@ Shape glossary: B batch, T_e encoder steps, T_d decoder steps, T = T_e + T_d,
 d hidden, Q quantiles; static ``[B, S]``, historical ``[B, T_e, F_h]``,
 known ``[B, T, F_k]`` (known inputs at past and future steps).
 
-Data flow (tft_spec.md):
+Data flow (docs/tft-spec.md; which implementation runs each block: tftjax.models.blocks):
   static VSN → ζ → four static encoders → c_s, c_e, c_h, c_c
   encoder VSN over historical+known past (context c_s) → ξ_enc [B, T_e, d]
   decoder VSN over known future (context c_s)          → ξ_dec [B, T_d, d]
@@ -16,7 +16,6 @@ Data flow (tft_spec.md):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -25,17 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
+from jax.core import Tracer
 
 from tftjax.config import TFTConfig
-from tftjax.models.kernels import pallas_gated, pallas_grn
-from tftjax.models.compute import (COMPUTE_DTYPES, FLOAT32_MODULES, FLOAT32_PARAMS,  # noqa: F401
-                                   ROW_BLOCKS, STATIC_CONTEXTS, KernelMode, compute_params, grn_kernel, kernel_mode,
-                                   kernel_cast, quant_spec, static_stack)
-from tftjax.models.kernels.params import GateParams, GRNParams
-from tftjax.models.layers import GRN, LSTM, Dense, GateAddNorm, InterpretableAttention
-from tftjax.models.vsn import VariableSelection
-from tftjax.models.remat import is_gpu
-from tftjax.models.remat import plan as remat_plan
+from tftjax.models.blocks import Blocks
+from tftjax.models.compute import COMPUTE_DTYPES, compute_params, quant_spec
+from tftjax.models.layers import Dense
 
 Array = jax.Array
 
@@ -62,138 +56,92 @@ class TFT(nn.Module):
     calibration: str | None = None
 
     @nn.compact
-    def __call__(self, static: Array, historical: Array, known: Array,
-                 deterministic: bool = True, instrument: Array | None = None
-                 ) -> tuple[Array, Interpretation]:
-        cfg = self.cfg
-        plan = remat_plan(cfg.execution.remat, cfg.execution.platform)
-        quant = quant_spec(cfg, self.mode, self.calibration)
-        d, p = cfg.model.hidden, cfg.model.dropout
+    def __call__(
+        self,
+        static: Array,
+        historical: Array,
+        known: Array,
+        deterministic: bool = True,
+        instrument: Array | None = None,
+    ) -> tuple[Array, Interpretation]:
+        cfg, det = self.cfg, deterministic
+        blocks = Blocks.of(cfg, self.mode, self.calibration, det)
         te = historical.shape[1]
         td = known.shape[1] - te
-        det = deterministic
 
-        def block(cls, remat: bool):
-            # ``deterministic`` is the last positional argument of every block.
-            if not remat:
-                return functools.partial(cls, quant=quant)
-            n_args = {GRN: 3, GateAddNorm: 3, InterpretableAttention: 4}[cls]
-            return functools.partial(nn.remat(cls, static_argnums=(n_args,), policy=plan.policy,
-                                              prevent_cse=True), quant=quant)
-
-        # the Pallas VSN kernels compile for a GPU (running on one or targeting one), and
-        # run in Pallas' interpreter elsewhere
-        vsn_k = kernel_mode(cfg, "vsn")
-
-        def vsn(m, name):
-            # vsn: chunks recomputed in the backward pass; vsn_scan: chunks with every
-            # residual saved (no recompute, smaller backward transients).
-            # offload (on a backend with host memory): chunks keep nothing on the device,
-            # their tagged intermediates go to the host and the rest is recomputed.
-            chunked = plan.vsn or plan.vsn_scan
-            offload = plan.name == "offload" and plan.note == ""
-            policy = (plan.policy if plan.vsn or offload
-                      else jax.checkpoint_policies.everything_saveable)
-            return VariableSelection(m, cfg.model.d_v, d, p, chunk=(cfg.execution.vsn_chunk or plan.vsn_chunk) if chunked else None,
-                                     policy=policy, remat_weights=plan.vsn, quant=quant,
-                                     fused=plan.vsn and plan.fused, kernel=vsn_k, name=name)
-
-        # 1-2. Static covariates and their four contexts. Under a vocabulary, static input
-        # 0 is the instrument: ``instrument`` [B] int32 indexes a learned table (its last row:
-        # unknown; an index outside it is refused on the host, tftjax.training.trainer).
-        if cfg.model.instruments:
-            if instrument is None:
-                raise ValueError("a TFT over an instrument vocabulary needs `instrument`, the "
-                                 "windows' int32 vocabulary rows (Batch.instrument)")
-            idx = instrument.astype(jnp.int32)
-            if not det and cfg.model.instrument_dropout > 0:
-                drop = jax.random.bernoulli(self.make_rng("dropout"), cfg.model.instrument_dropout,
-                                            idx.shape)
-                idx = jnp.where(drop, cfg.model.instruments, idx)
-            static = static.at[:, 0].set(0).astype(historical.dtype)
-            zeta, static_w = VariableSelection(cfg.model.num_static, cfg.model.d_v, d, p, quant=quant,
-                                               vocab=cfg.model.instruments + 1, name="static_vsn")(
-                static, None, det, idx)
-        else:
-            zeta, static_w = vsn(cfg.model.num_static, "static_vsn")(static, None, det)  # [B, d]
-        enc_grn = block(GRN, plan.encoders)
-        zeta = zeta.astype(historical.dtype)  # the contexts in the compute dtype (bf16 too)
-        interpret_k = not is_gpu(cfg.execution.platform)  # for the GRN kernels
-        if grn_kernel(cfg) and quant is None:
-            # the four GRNs on ζ as Pallas kernels (forward, recomputing backward), the
-            # parameters and dropout masks where the GRN layers keep and draw them
-            got = [GRNParams(d, p, name=f"static_{n}")(zeta, det)
-                   for n in STATIC_CONTEXTS]
-            if static_stack(cfg):  # all four in one kernel each way
-                keeps = None if got[0][1] is None else [keep for _, keep in got]
-                c_s, c_e, c_h, c_c = pallas_grn.grn_stack(
-                    [q for q, _ in got], zeta, keeps, p, interpret=interpret_k)
-            else:  # too wide for that: each through the row kernels
-                c_s, c_e, c_h, c_c = (pallas_gated.gated_rows(
-                    q, zeta, None, keep, p, grn=True, interpret=interpret_k) for q, keep in got)
-        else:
-            c_s, c_e, c_h, c_c = (enc_grn(d, d, p, name=f"static_{n}")(zeta, None, det)
-                                  for n in STATIC_CONTEXTS)
+        # 1-2. Static covariates and their four contexts.
+        zeta, static_w = self.static_selection(
+            blocks, static, instrument, historical.dtype
+        )  # [B, d]
+        c_s, c_e, c_h, c_c = blocks.static_contexts(zeta.astype(historical.dtype))
 
         # 3. Variable selection at every step (context c_s).
         past = jnp.concatenate([historical, known[:, :te]], axis=-1)  # [B, T_e, F_h + F_k]
-        xi_enc, hist_w = vsn(past.shape[-1], "encoder_vsn")(past, c_s[:, None, :], det)
-        xi_dec, fut_w = vsn(cfg.model.num_known, "decoder_vsn")(known[:, te:], c_s[:, None, :], det)
+        xi_enc, hist_w = blocks.vsn(past.shape[-1], "encoder_vsn")(past, c_s[:, None, :], det)
+        xi_dec, fut_w = blocks.vsn(cfg.model.num_known, "decoder_vsn")(
+            known[:, te:], c_s[:, None, :], det
+        )
 
         # 4. LSTM encoder seeded by the static context, decoder from its final state.
-        lstm_k = kernel_mode(cfg, "lstm")
-        carry, h_enc = LSTM(d, plan.lstm, plan.policy, quant, cfg.model.lstm_forget_bias, lstm_k,
-                            name="lstm_encoder")(
-            (c_c, c_h), xi_enc)
-        _, h_dec = LSTM(d, plan.lstm, plan.policy, quant, cfg.model.lstm_forget_bias, lstm_k,
-                        name="lstm_decoder")(carry, xi_dec)
+        carry, h_enc = blocks.lstm("lstm_encoder")((c_c, c_h), xi_enc)
+        _, h_dec = blocks.lstm("lstm_decoder")(carry, xi_dec)
         phi = checkpoint_name(jnp.concatenate([h_enc, h_dec], axis=1), "lstm_out")  # [B, T, d]
         xi = jnp.concatenate([xi_enc, xi_dec], axis=1)
 
         # 5-6. Gated skip over the LSTM, static enrichment.
-        rows = grn_kernel(cfg) and quant is None  # the row-wise blocks as Pallas kernels
-
-        def gate(name, a, b, rate, layer):
-            if not rows:
-                return layer(d, rate, name=name)(a, b, det)
-            prm, keep = GateParams(d, rate, name=name)(b, det)
-            return pallas_gated.gated_rows(prm, a, b, keep, rate, grn=False, interpret=interpret_k)
-
-        def grn(name, a, context):
-            if not rows:
-                return enc_grn(d, d, p, name=name)(a, context, det)
-            prm, keep = GRNParams(d, p, context is not None, name=name)(a, det)
-            ctx = None
-            if context is not None:  # its projection per window, broadcast to the rows
-                ctx = jnp.broadcast_to(context @ prm["ctx_k"].astype(context.dtype),
-                                       a.shape)
-            return pallas_gated.gated_rows(prm, a, ctx, keep, p, grn=True, interpret=interpret_k)
-
-        phi_t = gate("lstm_gate", xi, phi, p, block(GateAddNorm, plan.encoders))
-        theta = grn("enrichment", phi_t, c_e[:, None, :])
+        phi_t = blocks.gate("lstm_gate", xi, phi, blocks.rate, blocks.plan.encoders)
+        theta = blocks.grn("enrichment", phi_t, c_e[:, None, :])
 
         # 7. Causal interpretable attention, queries at the decoder steps.
-        attn_k = kernel_mode(cfg, "attention")
-        attn, attn_w = block(InterpretableAttention, plan.attention)(
-            cfg.model.heads, d, p, kernel=attn_k, name="attention")(theta[:, te:], theta,
-                                                              causal_mask(te, td), det)
+        attn, attn_w = blocks.attention(theta[:, te:], theta, causal_mask(te, td))
         attn = checkpoint_name(attn, "attention_out")
 
         # 8-9. Gates, position-wise GRN, quantile head.
-        delta = gate("attention_gate", theta[:, te:], attn, p, block(GateAddNorm, False))
-        psi = grn("positionwise", delta, None)
-        psi_t = gate("output_gate", phi_t[:, te:], psi, 0.0, block(GateAddNorm, False))
-        # float32 head (bf16: its parameters are not cast, see apply_fn) and outputs
-        # [B, T_d, Q]; anchored (--anchor): Δ [.., Q] and s [.., 1] from a zero-initialised
-        # head, turned into quantiles around the anchor by tftjax.training.steps.anchored
-        anchored = cfg.head.anchor != "none"
-        pred = Dense(len(cfg.head.quantiles) + anchored, quant=quant, zero_init=anchored,
-                     name="quantiles")(psi_t)
-        pred = pred.astype(jnp.float32)
-        if cfg.head.monotone_quantiles:
-            pred = monotone(pred, int(np.argmin(np.abs(np.asarray(cfg.head.quantiles) - 0.5))))
+        delta = blocks.gate("attention_gate", theta[:, te:], attn, blocks.rate, False)
+        psi = blocks.grn("positionwise", delta, None)
+        psi_t = blocks.gate("output_gate", phi_t[:, te:], psi, 0.0, False)
+        pred = self.head(blocks, psi_t)
         interp = Interpretation(static_w, hist_w, fut_w, attn_w)
         return pred, jax.tree.map(lambda a: a.astype(jnp.float32), interp)
+
+    def static_selection(
+        self, blocks: Blocks, static: Array, instrument: Array | None, dtype
+    ) -> tuple[Array, Array]:
+        """``(ζ, the static weights)``. Under a vocabulary, static input 0 is the instrument:
+        ``instrument`` [B] int32 indexes a learned table (its last row: unknown, which
+        ``--instrument-dropout`` trains; an index outside it is refused on the host,
+        tftjax.training.trainer)."""
+        cfg, det = self.cfg, blocks.deterministic
+        if not cfg.model.instruments:
+            return blocks.vsn(cfg.model.num_static, "static_vsn")(static, None, det)
+        if instrument is None:
+            raise ValueError(
+                "a TFT over an instrument vocabulary needs `instrument`, the "
+                "windows' int32 vocabulary rows (Batch.instrument)"
+            )
+        idx = instrument.astype(jnp.int32)
+        if not det and cfg.model.instrument_dropout > 0:
+            drop = jax.random.bernoulli(
+                self.make_rng("dropout"), cfg.model.instrument_dropout, idx.shape
+            )
+            idx = jnp.where(drop, cfg.model.instruments, idx)
+        static = static.at[:, 0].set(0).astype(dtype)
+        vsn = blocks.vsn(cfg.model.num_static, "static_vsn", vocab=cfg.model.instruments + 1)
+        return vsn(static, None, det, idx)
+
+    def head(self, blocks: Blocks, psi_t: Array) -> Array:
+        """The float32 quantile head (bf16: its parameters are not cast, see
+        :func:`apply_fn`), ``[B, T_d, Q]``; anchored (``--anchor``): Δ ``[.., Q]`` and s
+        ``[.., 1]`` from a zero-initialised layer, turned into quantiles around the anchor by
+        :func:`tftjax.training.steps.anchored`."""
+        head = self.cfg.head
+        anchored = head.anchor != "none"
+        pred = Dense(
+            len(head.quantiles) + anchored, quant=blocks.quant, zero_init=anchored, name="quantiles"
+        )(psi_t).astype(jnp.float32)
+        if head.monotone_quantiles:
+            pred = monotone(pred, head.median_index)
+        return pred
 
 
 @functools.lru_cache(maxsize=None)
@@ -216,8 +164,14 @@ def apply_fn(cfg: TFTConfig, mode: str | None = None):
         params = compute_params(cfg, variables["params"], mode=mode)
         # the statics too (the instrument rides as an int32 index, not in static): their
         # contexts feed every later block, and a float32 context promotes it to float32
-        return model.apply({**variables, "params": params}, cast(static), cast(historical),
-                           cast(known), *args, **kw)
+        return model.apply(
+            {**variables, "params": params},
+            cast(static),
+            cast(historical),
+            cast(known),
+            *args,
+            **kw,
+        )
 
     return apply
 
@@ -244,7 +198,7 @@ def init_variables(cfg: TFTConfig, key: Array, batch_size: int = 2) -> dict:
     init."""
     neutral = cfg.init_key()
     # XLA options belong to a top-level jit only: traced (inside a jit or eval_shape), plain
-    return _init_fn(neutral, batch_size, not isinstance(key, jax.core.Tracer))(key)
+    return _init_fn(neutral, batch_size, not isinstance(key, Tracer))(key)
 
 
 @functools.lru_cache(maxsize=None)
@@ -254,9 +208,12 @@ def _init_fn(cfg: TFTConfig, batch_size: int, top_level: bool = True):
     # per model in a process (the init traces the whole forward pass). Compiled with little
     # optimisation: it runs once, and XLA:CPU's -O2 compiles it 2x as long (tiny preset and
     # TFT-225: ~4 s against ~8.5 s) for values that differ at most in the last bit of a float.
-    return jax.jit(lambda k: TFT(cfg).init({"params": k}, *dummy_inputs(cfg, batch_size), True,
-                                           jnp.zeros((batch_size,), jnp.int32)),
-                   compiler_options=RUN_ONCE if top_level else None)
+    return jax.jit(
+        lambda k: TFT(cfg).init(
+            {"params": k}, *dummy_inputs(cfg, batch_size), True, jnp.zeros((batch_size,), jnp.int32)
+        ),
+        compiler_options=RUN_ONCE if top_level else None,
+    )
 
 
 # XLA options for programs that run once (inits): their compile, not their speed, is the cost.
@@ -265,6 +222,8 @@ RUN_ONCE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_pas
 
 def dummy_inputs(cfg: TFTConfig, batch_size: int) -> tuple[Array, Array, Array]:
     t = cfg.data.encoder_steps + cfg.data.decoder_steps
-    return (jnp.zeros((batch_size, cfg.model.num_static)),
-            jnp.zeros((batch_size, cfg.data.encoder_steps, cfg.model.num_historical)),
-            jnp.zeros((batch_size, t, cfg.model.num_known)))
+    return (
+        jnp.zeros((batch_size, cfg.model.num_static)),
+        jnp.zeros((batch_size, cfg.data.encoder_steps, cfg.model.num_historical)),
+        jnp.zeros((batch_size, t, cfg.model.num_known)),
+    )

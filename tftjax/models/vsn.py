@@ -12,7 +12,8 @@ for float models through the fused recomputing kernel (:mod:`tftjax.models.kerne
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -20,21 +21,22 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from tftjax.models.kernels.mode import KernelMode
-from tftjax.quant import core as qt
-from tftjax.models.kernels import fused, pallas_vsn
 from tftjax.models.dropout import keep_mask, keep_prob
 from tftjax.models.folded import EmbeddedGRN
+from tftjax.models.kernels import fused, pallas_vsn
+from tftjax.models.kernels.mode import KernelMode
 from tftjax.models.layers import GRN, einsum_f32, norm_stats
-from tftjax.quant.core import QuantSpec
+from tftjax.quant import core as qt
 from tftjax.quant.calib import calibration_stats
+from tftjax.quant.core import QuantSpec
 
 Array = jax.Array
 Policy = Callable[..., Any] | None
 
 # Stacked kernels [m, in, out]: fan-in scaling per variable.
-stacked_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2,
-                                                out_axis=-1, batch_axis=(0,))
+stacked_init = nn.initializers.variance_scaling(
+    1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1, batch_axis=(0,)
+)
 
 
 def _bmm(x: Array, k: Array) -> Array:
@@ -54,9 +56,16 @@ class StackedQuant(NamedTuple):
     update: bool  # record the batch's ranges (a training step)
 
 
-def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
-                 sq: StackedQuant | None = None, stats: dict | None = None,
-                 extra: Array | None = None):
+def stacked_grn(
+    p: dict,
+    x: Array,
+    w: Array,
+    keep: Array | None,
+    rate: float,
+    sq: StackedQuant | None = None,
+    stats: dict | None = None,
+    extra: Array | None = None,
+):
     """m per-variable GRNs and their weighted sum.
 
     Args:
@@ -85,17 +94,24 @@ def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
     def bmm(name, h):  # [m, N, i] × [m, i, o], observed and quantized when covered
         if name not in covered:
             return _bmm(h, p[name])
+        assert sq is not None and stats is not None  # covered: a quantized layer
         st = stats[name]  # as before this step: what the step quantizes with
         if sq.spec.calibrate is not None:  # a calibration pass: record, float activations
-            new_stats[name] = calibration_stats(h, sq.spec.calibrate, st, lead=1,
-                                                symmetric=sq.spec.symmetric)
+            new_stats[name] = calibration_stats(
+                h, sq.spec.calibrate, st, lead=1, symmetric=sq.spec.symmetric
+            )
             return _bmm(h, p[name])
         if sq.update:  # this batch's range, per variable; the step updates the observers once
             new_stats[name] = qt.batch_range(h, 1)
         s, zp = qt.activation_qparams(st, sq.spec.symmetric)
         if int8:
-            return qt.int8_bmm(qt.quantize_activation(h, s[:, None, None], zp[:, None, None]),
-                               s, zp, p[name], p[name + "_scale"])
+            return qt.int8_bmm(
+                qt.quantize_activation(h, s[:, None, None], zp[:, None, None]),
+                s,
+                zp,
+                p[name],
+                p[name + "_scale"],
+            )
         hq = qt.fake_quant(h, s[:, None, None], zp[:, None, None])
         return _bmm(jnp.where((st.count > 0)[:, None, None], hq, h), p[name])
 
@@ -103,8 +119,13 @@ def stacked_grn(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
     # the embedding into them (same parameters, no [m, N, d_v] → d matmuls).
     xv = x[..., None]  # [m, N, 1]
     emb_k = kern("emb_k")
-    fold = lambda w: (jnp.einsum("mv,mvo->mo", emb_k, w)[:, None, :],  # noqa: E731
-                      jnp.einsum("mv,mvo->mo", p["emb_b"], w)[:, None, :])
+
+    def fold(w):
+        return (
+            jnp.einsum("mv,mvo->mo", emb_k, w)[:, None, :],
+            jnp.einsum("mv,mvo->mo", p["emb_b"], w)[:, None, :],
+        )
+
     sk, sb = fold(kern("skip_k"))
     skip = xv * sk + (sb + p["skip_b"][:, None, :])  # [m, N, d]
     fk, fb = fold(kern("fc2_k"))
@@ -165,100 +186,160 @@ class VariableSelection(nn.Module):
     stacked path."""
 
     @nn.compact
-    def __call__(self, x: Array, context: Array | None = None,
-                 deterministic: bool = True, index: Array | None = None) -> tuple[Array, Array]:
-        m, dv, d = self.num_vars, self.d_v, self.hidden
+    def __call__(
+        self,
+        x: Array,
+        context: Array | None = None,
+        deterministic: bool = True,
+        index: Array | None = None,
+    ) -> tuple[Array, Array]:
+        m, d = self.num_vars, self.hidden
         lead = x.shape[:-1]
         xf = x.reshape(-1, m)  # [N, m]
         n = xf.shape[0]
-        p = {
-            "emb_k": self.param("emb_k", nn.initializers.normal(1.0), (m, dv)),
-            "emb_b": self.param("emb_b", nn.initializers.zeros, (m, dv)),
-            "fc2_k": self.param("fc2_k", stacked_init, (m, dv, dv)),
-            "fc2_b": self.param("fc2_b", nn.initializers.zeros, (m, dv)),
-            "fc1_k": self.param("fc1_k", stacked_init, (m, dv, dv)),
-            "fc1_b": self.param("fc1_b", nn.initializers.zeros, (m, dv)),
-            "glu_k": self.param("glu_k", stacked_init, (m, dv, 2 * d)),
-            "glu_b": self.param("glu_b", nn.initializers.zeros, (m, 2 * d)),
-            "skip_k": self.param("skip_k", stacked_init, (m, dv, d)),
-            "skip_b": self.param("skip_b", nn.initializers.zeros, (m, d)),
-            "ln_scale": self.param("ln_scale", nn.initializers.ones, (m, d)),
-            "ln_bias": self.param("ln_bias", nn.initializers.zeros, (m, d)),
-        }
-        sq, stats, variables = None, None, {}
-        covered = frozenset(k for k in STACKED_KERNELS if qt.covered(self.quant, self.path, k))
-        if covered:
-            for k in covered:
-                if self.quant.mode == "int8":
-                    p[k], p[k + "_scale"] = qt.weight(self, k, p[k], self.quant)
-                else:
-                    p[k] = qt.weight(self, k, p[k], self.quant)
-            variables = {k: self.variable("quant_stats", f"{k}_in", qt.init_minmax, (m,))
-                         for k in _MATMULS if k in covered}
-            stats = {k: v.value for k, v in variables.items()}
-            update = self.is_mutable_collection("quant_batch") and not self.is_initializing()
-            sq = StackedQuant(self.quant, covered, update)
+        p = self._stacked_params()
+        sq, stats, variables = self._quantize(p)
         emb_k = qt.dequantize((p["emb_k"], p["emb_k_scale"])) if "emb_k_scale" in p else p["emb_k"]
         extra = None
         if self.vocab:
-            table = self.param("instrument_table", nn.initializers.normal(1.0), (self.vocab, dv))
+            table = self.param(
+                "instrument_table", nn.initializers.normal(1.0), (self.vocab, self.d_v)
+            )
+            if index is None:
+                raise ValueError("a categorical variable 0 needs its `index`")
             extra = jnp.take(table, index.reshape(-1), axis=0, mode="clip").astype(xf.dtype)
             xf = xf.at[:, 0].set(0)
-        # Selection weights from the flattened embeddings (and the context).
         ctx = None
         if context is not None:
             ctx = jnp.broadcast_to(context, lead + context.shape[-1:]).reshape(n, -1)
+        w = self._selection_weights(xf, emb_k, p["emb_b"], ctx, extra, deterministic)
+        keep = None
+        if not deterministic and self.dropout > 0:
+            keep = keep_mask(self.make_rng("dropout"), self.dropout, (m, n, self.d_v))
+        out, new_stats = self._weighted_grns(p, xf.T, w.T, keep, sq, stats, extra)
+        self._record_ranges(sq, variables, new_stats)
+        out = checkpoint_name(out.astype(x.dtype), "vsn_out")
+        return out.reshape(lead + (d,)), w.reshape(lead + (m,))
+
+    def _stacked_params(self) -> dict:
+        m, dv, d = self.num_vars, self.d_v, self.hidden
+        shapes = {
+            "emb_k": (m, dv),
+            "emb_b": (m, dv),
+            "fc2_k": (m, dv, dv),
+            "fc2_b": (m, dv),
+            "fc1_k": (m, dv, dv),
+            "fc1_b": (m, dv),
+            "glu_k": (m, dv, 2 * d),
+            "glu_b": (m, 2 * d),
+            "skip_k": (m, dv, d),
+            "skip_b": (m, d),
+            "ln_scale": (m, d),
+            "ln_bias": (m, d),
+        }
+        inits = {"emb_k": nn.initializers.normal(1.0), "ln_scale": nn.initializers.ones}
+        return {
+            name: self.param(
+                name,
+                inits.get(name, stacked_init if name.endswith("_k") else nn.initializers.zeros),
+                shape,
+            )
+            for name, shape in shapes.items()
+        }
+
+    def _quantize(self, p: dict):
+        """``(StackedQuant, the observers' ranges, the observer variables)`` of the quantized
+        stacked kernels (their weights fake-quantized or int8 in ``p``), or ``(None, None, {})``
+        for a float layer."""
+        covered = frozenset(k for k in STACKED_KERNELS if qt.covered(self.quant, self.path, k))
+        if not covered:
+            return None, None, {}
+        assert self.quant is not None
+        for k in covered:
+            if self.quant.mode == "int8":
+                p[k], p[k + "_scale"] = qt.weight(self, k, p[k], self.quant)
+            else:
+                p[k] = qt.weight(self, k, p[k], self.quant)
+        variables = {
+            k: self.variable("quant_stats", f"{k}_in", qt.init_minmax, (self.num_vars,))
+            for k in _MATMULS
+            if k in covered
+        }
+        update = self.is_mutable_collection("quant_batch") and not self.is_initializing()
+        sq = StackedQuant(self.quant, covered, update)
+        return sq, {k: v.value for k, v in variables.items()}, variables
+
+    def _selection_weights(self, xf, emb_k, emb_b, ctx, extra, deterministic) -> Array:
+        """``[N, m]`` float32: the softmax of the selection GRN of the flattened embeddings
+        (and the context)."""
+        m, dv, d = self.num_vars, self.d_v, self.hidden
+        n = xf.shape[0]
         if m * dv != m and extra is None:
             # The embedding folded into the GRN (float and quantized alike, models.folded).
             # Its activations are [N, d] and [N, m] (no [N, m·d_v]): too small to recompute.
             logits = EmbeddedGRN(min(d, m), m, self.dropout, self.quant, name="weights")(
-                xf, emb_k, p["emb_b"], ctx, deterministic)
+                xf, emb_k, emb_b, ctx, deterministic
+            )
         else:
-            flat = xf[:, :, None] * emb_k + p["emb_b"]  # [N, m, d_v]
+            flat = xf[:, :, None] * emb_k + emb_b  # [N, m, d_v]
             if extra is not None:
                 flat = flat.at[:, 0].add(extra)
             flat = flat.reshape(n, m * dv)  # [N, m·d_v]
             weight_grn = nn.remat(GRN, static_argnums=(3,)) if self.remat_weights else GRN
             logits = weight_grn(min(d, m), m, self.dropout, self.quant, name="weights")(
-                flat, ctx, deterministic)
-        w = nn.softmax(logits.astype(jnp.float32), axis=-1)  # [N, m], float32
+                flat, ctx, deterministic
+            )
+        return nn.softmax(logits.astype(jnp.float32), axis=-1)
 
-        keep = None
-        if not deterministic and self.dropout > 0:
-            keep = keep_mask(self.make_rng("dropout"), self.dropout, (m, n, dv))
-        xt, wt = xf.T, w.T  # variable-major [m, N]
+    def _weighted_grns(self, p, xt, wt, keep, sq, stats, extra):
+        """``Σ_j w_j GRN_j(x_j)`` over the variable-major ``xt``, ``wt`` ``[m, N]``, by the
+        implementation the layer was built with: the instrument's stacked path, the Pallas
+        kernels, the fused CPU kernel, stacked whole, or in chunks."""
         if extra is not None:
-            out, new_stats = stacked_grn(p, xt, wt, keep, self.dropout, sq, stats, extra)
-        elif self.kernel.pallas and sq is None:
-            out = pallas_vsn.weighted_grn_sum(p, xt, wt, keep, self.dropout,
-                                              interpret=self.kernel.interpret)
-            new_stats = {}
-        elif self.fused and sq is None:
-            out, new_stats = fused.weighted_grn_sum(p, xt, wt, keep, self.dropout), {}
-        elif self.chunk is None or self.chunk >= m:
-            out, new_stats = stacked_grn(p, xt, wt, keep, self.dropout, sq, stats)
-        else:
-            out, new_stats = self._chunked(p, xt, wt, keep, sq, stats)
-        if sq is not None and self.quant.calibrate is not None:
-            if self.is_mutable_collection("quant_calib") and not self.is_initializing():
-                for k in variables:
-                    self.variable("quant_calib", f"{k}_in", lambda k=k: new_stats[k]).value = \
-                        new_stats[k]
-        elif sq is not None and sq.update:  # the batch's ranges, for the step's one update
-            for k in variables:
-                self.variable("quant_batch", f"{k}_in", lambda k=k: new_stats[k]).value = \
-                    new_stats[k]
-        out = checkpoint_name(out.astype(x.dtype), "vsn_out")
-        return out.reshape(lead + (d,)), w.reshape(lead + (m,))
+            return stacked_grn(p, xt, wt, keep, self.dropout, sq, stats, extra)
+        if self.kernel.pallas and sq is None:
+            out = pallas_vsn.weighted_grn_sum(
+                p, xt, wt, keep, self.dropout, interpret=self.kernel.interpret
+            )
+            return out, {}
+        if self.fused and sq is None:
+            return fused.weighted_grn_sum(p, xt, wt, keep, self.dropout), {}
+        if self.chunk is None or self.chunk >= self.num_vars:
+            return stacked_grn(p, xt, wt, keep, self.dropout, sq, stats)
+        return self._chunked(p, xt, wt, keep, sq, stats)
 
-    def _chunked(self, p: dict, xt: Array, wt: Array, keep: Array | None,
-                 sq: StackedQuant | None, stats: dict | None):
+    def _record_ranges(self, sq: StackedQuant | None, variables: dict, new_stats: dict) -> None:
+        """A quantized layer's observed ranges: for a PTQ calibration pass, or for the train
+        step's one observer update per batch."""
+        if sq is None:
+            return
+        if sq.spec.calibrate is not None:
+            collection = "quant_calib"
+            if not (self.is_mutable_collection(collection) and not self.is_initializing()):
+                return
+        elif sq.update:
+            collection = "quant_batch"
+        else:
+            return
+        for k in variables:
+            self.variable(collection, f"{k}_in", lambda k=k: new_stats[k]).value = new_stats[k]
+
+    def _chunked(
+        self,
+        p: dict,
+        xt: Array,
+        wt: Array,
+        keep: Array | None,
+        sq: StackedQuant | None,
+        stats: dict | None,
+    ):
         m, c = self.num_vars, self.chunk
+        assert c is not None  # chunked: the layer was built with a chunk size
         k = -(-m // c)
         c = -(-m // k)  # even chunks: at most k-1 padded variables
         pad = k * c - m
-        padv = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
-        chunks = lambda a: padv(a).reshape((k, c) + a.shape[1:])  # noqa: E731
+        padv = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+        chunks = lambda a: padv(a).reshape((k, c) + a.shape[1:])
         ps = jax.tree.map(chunks, p)
         keep = None if keep is None else chunks(keep)
         stats = None if stats is None else jax.tree.map(chunks, stats)

@@ -22,13 +22,16 @@ def calibration_record(mod: Any, param: str, x: jax.Array, quant: QuantSpec) -> 
     if mod.is_initializing() or not mod.is_mutable_collection("quant_calib"):
         return
     name, method = f"{param}_in", quant.calibrate
+    if method is None:  # not a calibration pass
+        return
     ref = mod.get_variable("quant_stats", name) if method == "mse" else None
     rec = calibration_stats(x, method, ref, symmetric=quant.symmetric)
     mod.variable("quant_calib", name, lambda: rec).value = rec
 
 
-def calibration_stats(x: jax.Array, method: str, ref: MinMax | None = None,
-                      lead: int = 0, symmetric: bool = False) -> jax.Array:
+def calibration_stats(
+    x: jax.Array, method: str, ref: MinMax | None = None, lead: int = 0, symmetric: bool = False
+) -> jax.Array:
     """What a calibration batch says of the tensor ``x`` (per index of its ``lead`` leading
     axes, e.g. one per variable of a stacked layer; non-finite values ignored):
     ``minmax``: ``[..., 2]`` its min and max; ``percentile:P``: its P-th and (100−P)-th
@@ -38,6 +41,8 @@ def calibration_stats(x: jax.Array, method: str, ref: MinMax | None = None,
     x = x.reshape(x.shape[:lead] + (-1,))
     fin = jnp.isfinite(x)
     if method == "mse":
+        if ref is None:
+            raise ValueError("mse calibration needs the min/max ranges of a first pass")
         xf = jnp.where(fin, x, 0.0)
 
         def err(a):  # one candidate at a time: one compiled body, the tensor's own memory
@@ -64,5 +69,5 @@ def _quantile_sorted(xs: jax.Array, n: jax.Array, q: float) -> jax.Array:
     i = jnp.floor(pos).astype(jnp.int32)
     j = jnp.minimum(i + 1, n - 1)
     w = pos - i
-    take = lambda k: jnp.take_along_axis(xs, k[..., None], axis=-1)[..., 0]  # noqa: E731
+    take = lambda k: jnp.take_along_axis(xs, k[..., None], axis=-1)[..., 0]
     return take(i) * (1 - w) + take(j) * w

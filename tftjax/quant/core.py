@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import jax
 import jax.numpy as jnp
@@ -40,9 +39,13 @@ SCALE_FLOOR = float(jnp.finfo(jnp.float32).eps)
 """The smallest scale :func:`fake_quant` and :func:`activation_qparams` use."""
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def fake_quant(x: jax.Array, scale: jax.Array, zero_point: jax.Array, qmin: int = INT8_MIN,
-               qmax: int = INT8_MAX) -> jax.Array:
+def _fake_quant(
+    x: jax.Array,
+    scale: jax.Array,
+    zero_point: jax.Array,
+    qmin: int = INT8_MIN,
+    qmax: int = INT8_MAX,
+) -> jax.Array:
     """Quantize ``x`` to integers in ``[qmin, qmax]`` with ``scale``/``zero_point`` and back.
 
     Args:
@@ -68,15 +71,23 @@ def _fake_quant_fwd(x, scale, zero_point, qmin, qmax):
 
 def _fake_quant_bwd(qmin, qmax, res, g):
     inside, scale, zero_point = res
-    return (jnp.where(inside, g, jnp.zeros_like(g)), jnp.zeros_like(scale),
-            jnp.zeros_like(zero_point))
+    return (
+        jnp.where(inside, g, jnp.zeros_like(g)),
+        jnp.zeros_like(scale),
+        jnp.zeros_like(zero_point),
+    )
 
 
+fake_quant = jax.custom_vjp(_fake_quant, nondiff_argnums=(3, 4))
 fake_quant.defvjp(_fake_quant_fwd, _fake_quant_bwd)
 
 
-def channel_scale(w: jax.Array, axis: int | tuple[int, ...] = -1, qmax: int = SYMMETRIC_MAX,
-                  eps: float = SCALE_FLOOR) -> jax.Array:
+def channel_scale(
+    w: jax.Array,
+    axis: int | tuple[int, ...] = -1,
+    qmax: int = SYMMETRIC_MAX,
+    eps: float = SCALE_FLOOR,
+) -> jax.Array:
     """Symmetric per-channel scales ``absmax / qmax`` with one scale per index of the kept
     ``axis`` (an int or a tuple: e.g. ``(0, 2)`` for a stacked ``[m, in, out]`` kernel);
     the other axes are reduced and kept with size 1, so the result broadcasts against
@@ -119,8 +130,9 @@ def init_minmax(shape: tuple[int, ...] = ()) -> MinMax:
     return MinMax(z, z, jnp.zeros(shape, jnp.int32))
 
 
-def observe(stats: MinMax, x: jax.Array, averaging_constant: float = 0.01,
-            freeze_after: int | None = None) -> MinMax:
+def observe(
+    stats: MinMax, x: jax.Array, averaging_constant: float = 0.01, freeze_after: int | None = None
+) -> MinMax:
     """PyTorch's ``MovingAverageMinMaxObserver``: the first batch sets min and max, later
     ones move them by ``averaging_constant`` toward the batch's own min and max. After
     ``freeze_after`` observations the statistics stop moving (``None``: never). Non-finite
@@ -137,18 +149,29 @@ def batch_range(x: jax.Array, lead: int = 0) -> jax.Array:
     x = x.astype(jnp.float32)
     axes = tuple(range(lead, x.ndim))
     fin = jnp.isfinite(x)
-    return jnp.stack([jnp.min(jnp.where(fin, x, jnp.inf), axis=axes),
-                      jnp.max(jnp.where(fin, x, -jnp.inf), axis=axes)], axis=-1)
+    return jnp.stack(
+        [
+            jnp.min(jnp.where(fin, x, jnp.inf), axis=axes),
+            jnp.max(jnp.where(fin, x, -jnp.inf), axis=axes),
+        ],
+        axis=-1,
+    )
 
 
 def merge_ranges(a: jax.Array, b: jax.Array) -> jax.Array:
     """The range of two batches' :func:`batch_range` together."""
-    return jnp.stack([jnp.minimum(a[..., 0], b[..., 0]), jnp.maximum(a[..., 1], b[..., 1])],
-                     axis=-1)
+    return jnp.stack(
+        [jnp.minimum(a[..., 0], b[..., 0]), jnp.maximum(a[..., 1], b[..., 1])], axis=-1
+    )
 
 
-def observe_range(stats: MinMax, lo: jax.Array, hi: jax.Array, averaging_constant: float = 0.01,
-                  freeze_after: int | None = None) -> MinMax:
+def observe_range(
+    stats: MinMax,
+    lo: jax.Array,
+    hi: jax.Array,
+    averaging_constant: float = 0.01,
+    freeze_after: int | None = None,
+) -> MinMax:
     """:func:`observe` of a batch whose finite values span ``[lo, hi]`` (``lo = +inf``:
     nothing finite, no update)."""
     seen = jnp.isfinite(lo)
@@ -157,12 +180,20 @@ def observe_range(stats: MinMax, lo: jax.Array, hi: jax.Array, averaging_constan
     new_min = jnp.where(first, lo, stats.min + c * (lo - stats.min))
     new_max = jnp.where(first, hi, stats.max + c * (hi - stats.max))
     active = seen if freeze_after is None else seen & (stats.count < freeze_after)
-    return MinMax(jnp.where(active, new_min, stats.min), jnp.where(active, new_max, stats.max),
-                  stats.count + active.astype(jnp.int32))
+    return MinMax(
+        jnp.where(active, new_min, stats.min),
+        jnp.where(active, new_max, stats.max),
+        stats.count + active.astype(jnp.int32),
+    )
 
 
-def activation_qparams(stats: MinMax, symmetric: bool = False, qmin: int = INT8_MIN,
-                       qmax: int = INT8_MAX, eps: float = float(jnp.finfo(jnp.float32).eps)):
+def activation_qparams(
+    stats: MinMax,
+    symmetric: bool = False,
+    qmin: int = INT8_MIN,
+    qmax: int = INT8_MAX,
+    eps: float = float(jnp.finfo(jnp.float32).eps),
+):
     """``(scale, zero_point)`` of an observed range, PyTorch's conventions. Asymmetric
     (``per_tensor_affine``): the range widened to include 0 (so zero, e.g. padding or a
     ReLU's floor, is exact), ``s = (hi − lo)/255``, ``zp = clip(−128 − round(lo/s))``.
@@ -179,8 +210,7 @@ def activation_qparams(stats: MinMax, symmetric: bool = False, qmin: int = INT8_
 
 def quantize_activation(x: jax.Array, scale: jax.Array, zero_point: jax.Array) -> jax.Array:
     """int8 ``clip(round(x · (1/s)) + zp, -128, 127)``: the integers :func:`fake_quant` uses."""
-    return jnp.clip(jnp.round(x * (1.0 / scale)) + zero_point, INT8_MIN,
-                    INT8_MAX).astype(jnp.int8)
+    return jnp.clip(jnp.round(x * (1.0 / scale)) + zero_point, INT8_MIN, INT8_MAX).astype(jnp.int8)
 
 
 # ----------------------------------------------------------------- quantized layers
@@ -188,8 +218,16 @@ def quantize_activation(x: jax.Array, scale: jax.Array, zero_point: jax.Array) -
 # per-output-channel scale: Dense kernels [in, out] and LSTM kernels [in, 4d] (out), the
 # stacked per-variable kernels [m, in, out] (variable and out) and the per-variable
 # embeddings [m, d_v] (one scale per variable: their input is one scalar).
-KERNEL_AXES = {"kernel": (1,), "w_i": (1,), "w_h": (1,), "emb_k": (0,), "fc2_k": (0, 2),
-               "fc1_k": (0, 2), "glu_k": (0, 2), "skip_k": (0, 2)}
+KERNEL_AXES = {
+    "kernel": (1,),
+    "w_i": (1,),
+    "w_h": (1,),
+    "emb_k": (0,),
+    "fc2_k": (0, 2),
+    "fc1_k": (0, 2),
+    "glu_k": (0, 2),
+    "skip_k": (0, 2),
+}
 DENSE_KERNELS = ("kernel", "w_i", "w_h")
 STACKED_MATMUL_KERNELS = ("fc2_k", "fc1_k", "glu_k", "skip_k")
 DEFAULT_LAYERS = ("*",)
@@ -248,12 +286,19 @@ class QuantSpec:
         return any(fnmatch.fnmatchcase(name, p) for p in self.layers)
 
 
-def covered(quant: QuantSpec | None, module_path, param: str) -> bool:
+def covered(quant: QuantSpec | None, module_path, param: str) -> TypeGuard[QuantSpec]:
     return quant is not None and quant.covers(layer_name(module_path, param))
 
 
-def observer(mod: Any, param: str, x: jax.Array, quant: QuantSpec, *, update: bool = True,
-             shape: tuple[int, ...] = ()) -> MinMax:
+def observer(
+    mod: Any,
+    param: str,
+    x: jax.Array,
+    quant: QuantSpec,
+    *,
+    update: bool = True,
+    shape: tuple[int, ...] = (),
+) -> MinMax:
     """The ``quant_stats`` observer of the input of ``param`` in module ``mod``, as it was
     before this step (what the step quantizes with). In a training step (the ``quant_batch``
     collection mutable; never at init, never in evaluation) and with ``update``, ``x``'s
@@ -273,8 +318,9 @@ def update_observers(stats: Any, ranges: Any, quant: QuantSpec) -> Any:
     if isinstance(stats, MinMax):
         if ranges is None:
             return stats
-        return observe_range(stats, ranges[..., 0], ranges[..., 1], quant.averaging_constant,
-                             quant.freeze_after)
+        return observe_range(
+            stats, ranges[..., 0], ranges[..., 1], quant.averaging_constant, quant.freeze_after
+        )
     return {k: update_observers(v, (ranges or {}).get(k), quant) for k, v in stats.items()}
 
 
@@ -285,15 +331,17 @@ def quantize_observed(x: jax.Array, stats: MinMax, symmetric: bool = False) -> j
     return jnp.where(stats.count > 0, fake_quant(x, s, zp), x)
 
 
-def weight(mod: Any, param: str, w: jax.Array, quant: QuantSpec):
+def weight(mod: Any, param: str, w: jax.Array, quant: QuantSpec) -> Any:
     """A covered kernel for the forward pass: ``fake``: the fake-quantized float weight;
     ``int8``: ``(int8 weight, scale)`` with the scale from the ``weight_scale`` collection."""
     axes = quant.axes(param)
     if quant.mode == "fake":
         return fake_quant_weight(w, axes)
     if w.dtype != jnp.int8:
-        raise ValueError(f"{layer_name(mod.path, param)}: int8 mode needs int8 kernels "
-                         "(tftjax.quant.tree.int8_variables)")
+        raise ValueError(
+            f"{layer_name(mod.path, param)}: int8 mode needs int8 kernels "
+            "(tftjax.quant.tree.int8_variables)"
+        )
     return w, mod.get_variable("weight_scale", param)
 
 
@@ -305,8 +353,9 @@ def dequantize(wq) -> jax.Array:
 
 def int8_dense(qx, s, zp, qw, sw) -> jax.Array:
     """``Σ_i s(qx_i − zp) · sw_j qw_ij`` as ``s·sw_j (qx·qw − zp Σ_i qw_ij)`` in int32."""
-    acc = jax.lax.dot_general(qx, qw, (((qx.ndim - 1,), (0,)), ((), ())),
-                              preferred_element_type=jnp.int32)
+    acc = jax.lax.dot_general(
+        qx, qw, (((qx.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.int32
+    )
     corr = zp.astype(jnp.int32) * qw.astype(jnp.int32).sum(0)
     return (acc - corr).astype(jnp.float32) * (s * sw.reshape(-1))
 
@@ -314,7 +363,8 @@ def int8_dense(qx, s, zp, qw, sw) -> jax.Array:
 def int8_bmm(qx, s, zp, qw, sw) -> jax.Array:
     """Per-variable ``[m, N, i] × [m, i, o]`` with per-variable activation qparams ``[m]``
     and weight scales ``[m, 1, o]``: int8 operands, int32 accumulation."""
-    acc = jax.lax.dot_general(qx, qw, (((2,), (1,)), ((0,), (0,))),
-                              preferred_element_type=jnp.int32)
+    acc = jax.lax.dot_general(
+        qx, qw, (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.int32
+    )
     corr = zp.astype(jnp.int32)[:, None, None] * qw.astype(jnp.int32).sum(1, keepdims=True)
     return (acc - corr).astype(jnp.float32) * (s[:, None, None] * sw)

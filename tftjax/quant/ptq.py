@@ -15,7 +15,6 @@ prepared models; weights are fake-quantized as they will be.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -25,8 +24,8 @@ import numpy as np
 from tftjax.config import ConfigError, TFTConfig
 from tftjax.data import DeviceData, epoch_batches, gather
 from tftjax.models.tft import TFT, init_variables
-from tftjax.quant.core import MinMax
 from tftjax.quant.calib import MSE_SHRINK
+from tftjax.quant.core import MinMax
 
 Array = jax.Array
 
@@ -42,8 +41,9 @@ def check_calibration(method: str) -> str:
             p = float("nan")
         if 50 < p < 100:
             return method
-        raise ConfigError(f"--calibration {method}: the percentile must be in (50, 100), "
-                          "e.g. percentile:99.99")
+        raise ConfigError(
+            f"--calibration {method}: the percentile must be in (50, 100), e.g. percentile:99.99"
+        )
     raise ConfigError(f"--calibration must be minmax, percentile:P or mse, got {method!r}")
 
 
@@ -54,8 +54,15 @@ def _record_step(cfg: TFTConfig, method: str):
     @jax.jit
     def step(variables, data: DeviceData, batch_idx: Array):
         batch = gather(data, batch_idx, cfg.data.encoder_steps, cfg.data.decoder_steps)
-        _, rec = model.apply(variables, batch.static, batch.historical, batch.known, True,
-                             batch.instrument, mutable=["quant_calib"])
+        _, rec = model.apply(
+            variables,
+            batch.static,
+            batch.historical,
+            batch.known,
+            True,
+            batch.instrument,
+            mutable=["quant_calib"],
+        )
         return rec["quant_calib"]
 
     return step
@@ -69,14 +76,23 @@ def _paths(tree, leaf=None) -> dict:
 def _rebuild(like: dict, values: dict, prefix: tuple = ()) -> dict:
     out = {}
     for k, v in like.items():
-        out[k] = values[prefix + (k,)] if isinstance(v, MinMax) else _rebuild(v, values,
-                                                                               prefix + (k,))
+        out[k] = (
+            values[prefix + (k,)] if isinstance(v, MinMax) else _rebuild(v, values, prefix + (k,))
+        )
     return out
 
 
-def calibrate(cfg: TFTConfig, params, data: DeviceData, starts: np.ndarray, batches: int,
-              batch_size: int, seed: int = 0, method: str = "minmax",
-              options: dict | None = None) -> tuple[TFTConfig, dict]:
+def calibrate(
+    cfg: TFTConfig,
+    params,
+    data: DeviceData,
+    starts: np.ndarray,
+    batches: int,
+    batch_size: int,
+    seed: int = 0,
+    method: str = "minmax",
+    options: dict | None = None,
+) -> tuple[TFTConfig, dict]:
     """Post-training quantization: the activation ranges of a float model's layers
     (``cfg.quant.qat_layers``) from ``batches`` shuffled *full* batches of the windows at
     ``starts`` (training windows; cycled if there are fewer) by ``method``, under the
@@ -94,16 +110,20 @@ def calibrate(cfg: TFTConfig, params, data: DeviceData, starts: np.ndarray, batc
     idx, mask = epoch_batches(starts, batch_size, seed=seed, epoch=1)
     full = [i for i, m in zip(idx, mask) if m.all()]
     if not full:
-        raise ConfigError(f"--calibrate needs full batches: {len(starts)} training windows are "
-                          f"fewer than one batch of {batch_size}")
+        raise ConfigError(
+            f"--calibrate needs full batches: {len(starts)} training windows are "
+            f"fewer than one batch of {batch_size}"
+        )
     picks = [jnp.asarray(full[b % len(full)], jnp.int32) for b in range(batches)]
-    is_mm = lambda x: isinstance(x, MinMax)  # noqa: E731
+    is_mm = lambda x: isinstance(x, MinMax)
     names = list(_paths(like, is_mm))
 
     def records(m, stats):
         step = _record_step(qcfg, m)
-        return [_paths(jax.device_get(step({"params": params, "quant_stats": stats}, data, i)))
-                for i in picks]
+        return [
+            _paths(jax.device_get(step({"params": params, "quant_stats": stats}, data, i)))
+            for i in picks
+        ]
 
     first = "minmax" if method == "mse" else method
     recs = records(first, like)
@@ -113,13 +133,17 @@ def calibrate(cfg: TFTConfig, params, data: DeviceData, starts: np.ndarray, batc
     ranges = {}
     for n in names:  # over the batches (axis 0); per variable where the observer is
         mn, mx = reduce_lo(lo[n], axis=0), reduce_hi(hi[n], axis=0)
-        ranges[n] = MinMax(jnp.asarray(mn, jnp.float32), jnp.asarray(mx, jnp.float32),
-                           jnp.full(np.shape(mn), batches, jnp.int32))
+        ranges[n] = MinMax(
+            jnp.asarray(mn, jnp.float32),
+            jnp.asarray(mx, jnp.float32),
+            jnp.full(np.shape(mn), batches, jnp.int32),
+        )
     if method == "mse":  # the candidate range of least squared error, over the same batches
         ref = _rebuild(like, ranges)
         errs = records("mse", ref)
         for n in names:
-            a = np.asarray(MSE_SHRINK, np.float32)[np.argmin(
-                np.sum([r[n] for r in errs], axis=0), axis=-1)]
+            a = np.asarray(MSE_SHRINK, np.float32)[
+                np.argmin(np.sum([r[n] for r in errs], axis=0), axis=-1)
+            ]
             ranges[n] = MinMax(ranges[n].min * a, ranges[n].max * a, ranges[n].count)
     return qcfg, _rebuild(like, ranges)

@@ -11,8 +11,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from tftjax.quant.core import (KERNEL_AXES, MinMax, QuantSpec, fake_quant_weight, layer_name,
-                          quantize_weight)
+from tftjax.quant.core import (
+    KERNEL_AXES,
+    MinMax,
+    QuantSpec,
+    fake_quant_weight,
+    layer_name,
+    quantize_weight,
+)
 
 QUANT_FORMAT = 2
 """The layout of a QAT run's observers, kept in its identity (``quant_format``). 2: the
@@ -34,10 +40,16 @@ def folded(params: dict, quant: QuantSpec, path: tuple = ()) -> dict:
     instrument table) replaced by the folded float ``[m, out]`` kernel, and the embedding
     biases' share added as ``fold_bias`` (what the int8 ``FoldedDense`` reads). The
     embeddings folded are those the model uses: fake-quantized where ``emb_k`` is covered."""
-    out = {k: folded(v, quant, path + (k,)) if isinstance(v, Mapping) else v
-           for k, v in params.items()}  # (restored checkpoints may hold other mappings)
-    if ("emb_k" in params and "weights" in params and "instrument_table" not in params
-            and params["emb_k"].shape[1] != 1):
+    out = {
+        k: folded(dict(v), quant, path + (k,)) if isinstance(v, Mapping) else v
+        for k, v in params.items()
+    }  # (restored checkpoints may hold other mappings)
+    if (
+        "emb_k" in params
+        and "weights" in params
+        and "instrument_table" not in params
+        and params["emb_k"].shape[1] != 1
+    ):
         emb = params["emb_k"]
         if quant.covers(layer_name(path, "emb_k")):
             emb = fake_quant_weight(emb, quant.axes("emb_k"))
@@ -45,9 +57,11 @@ def folded(params: dict, quant: QuantSpec, path: tuple = ()) -> dict:
             node = dict(params["weights"]).get(sub)
             if node is not None and quant.covers(layer_name(path + ("weights", sub), "kernel")):
                 k = node["kernel"]
-                out["weights"][sub] = {**out["weights"][sub],
-                                       "kernel": fold_kernel(emb, k),
-                                       "fold_bias": params["emb_b"].reshape(-1) @ k}
+                out["weights"][sub] = {
+                    **out["weights"][sub],
+                    "kernel": fold_kernel(emb, k),
+                    "fold_bias": params["emb_b"].reshape(-1) @ k,
+                }
     return out
 
 
@@ -75,9 +89,11 @@ def int8_variables(params: dict, quant: QuantSpec) -> dict:
 
 def layer_names(params: dict) -> list[str]:
     """The names :class:`QuantSpec` patterns match, of every quantizable kernel in ``params``."""
-    return [layer_name(tuple(k.key for k in path[:-1]), path[-1].key)
-            for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
-            if path[-1].key in KERNEL_AXES]
+    return [
+        layer_name(tuple(k.key for k in path[:-1]), path[-1].key)
+        for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+        if path[-1].key in KERNEL_AXES
+    ]
 
 
 def unmatched(patterns, params: dict) -> list[str]:

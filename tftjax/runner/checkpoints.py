@@ -67,7 +67,7 @@ class EpochCheckpointer:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.prefix = prefix
         step_prefix = checkpoint_name(prefix, 0, False)[: -len("_0")]
-        marker = lambda m: m.get(BEST_MARKER, -1)  # noqa: E731
+        marker = lambda m: m.get(BEST_MARKER, -1)
         # BestN sorts ascending (reverse=False) and keeps the last n: the highest.
         best = cm.BestN(get_metric_fn=marker, reverse=False, n=1)
         options = ocp.CheckpointManagerOptions(
@@ -75,7 +75,8 @@ class EpochCheckpointer:
             # best_fn only makes Orbax write each step's metrics and read them back when a
             # run resumes; without it a resumed manager cannot rank (so never deletes) the
             # checkpoints of the earlier session. The preservation policy decides retention.
-            best_fn=marker, best_mode="max",
+            best_fn=marker,
+            best_mode="max",
             preservation_policy=cm.AnyPreservationPolicy([cm.LatestN(n=keep_latest), best]),
             enable_async_checkpointing=True,
             # Leftovers of an interrupted save are removed here, synchronously: Orbax's own
@@ -97,17 +98,25 @@ class EpochCheckpointer:
         self.manager.wait_until_finished()
         path = self.directory / checkpoint_name(self.prefix, epoch, True)
         final = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
-        final.save(path, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                 meta=ocp.args.JsonSave(meta)), force=True)
+        final.save(
+            path,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+            ),
+            force=True,
+        )
         return path
 
     def restore(self, epoch: int, state_like: Any) -> Any:
         """The state of epoch checkpoint ``epoch`` (pending saves finish first)."""
         self.manager.wait_until_finished()
-        target, fill = on_disk_fields(self.directory / checkpoint_name(self.prefix, epoch, False),
-                                      state_like)
-        return fill(self.manager.restore(epoch, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract(target)))).state)
+        target, fill = on_disk_fields(
+            self.directory / checkpoint_name(self.prefix, epoch, False), state_like
+        )
+        restored: Any = self.manager.restore(
+            epoch, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract(target)))
+        )
+        return fill(restored.state)
 
     def close(self) -> None:
         self.manager.wait_until_finished()
@@ -126,16 +135,23 @@ def epoch_checkpoints(directory: str | Path, prefix: str) -> list[int]:
 def read_meta(path: str | Path) -> dict:
     """The JSON ``meta`` item of a checkpoint directory (epoch or final)."""
     ckpt = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
-    return dict(ckpt.restore(Path(path).absolute(),
-                             args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+    return dict(
+        ckpt.restore(
+            Path(path).absolute(), args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+        ).meta
+    )
 
 
 def restore_state(path: str | Path, state_like: Any) -> Any:
     """Restore the state pytree of a checkpoint directory into ``state_like``'s structure."""
     ckpt = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
     target, fill = on_disk_fields(path, state_like)
-    return fill(ckpt.restore(Path(path).absolute(), args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract(target)))).state)
+    return fill(
+        ckpt.restore(
+            Path(path).absolute(),
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract(target))),
+        ).state
+    )
 
 
 def on_disk_fields(path: str | Path, state_like: Any):
@@ -148,18 +164,18 @@ def on_disk_fields(path: str | Path, state_like: Any):
     import dataclasses
 
     try:
-        saved = set(ocp.PyTreeCheckpointHandler().metadata(
-            Path(path).absolute() / "state").tree)
+        handler: Any = ocp.PyTreeCheckpointHandler()
+        saved = set(handler.metadata(Path(path).absolute() / "state").tree)
     except Exception:  # no readable metadata: restore as asked, orbax reports the rest
         return state_like, lambda r: r
-    if not dataclasses.is_dataclass(state_like):
+    if not dataclasses.is_dataclass(state_like) or isinstance(state_like, type):
         return state_like, lambda r: r
     names = [f.name for f in dataclasses.fields(state_like) if f.metadata.get("pytree_node", True)]
     missing = [n for n in names if n not in saved]
     if not missing or any(jax.tree.leaves(getattr(state_like, n)) for n in missing):
         return state_like, lambda r: r
     target = {n: getattr(state_like, n) for n in names if n in saved}
-    return target, lambda r: state_like.replace(**r)
+    return target, lambda r: dataclasses.replace(state_like, **r)
 
 
 def list_checkpoints(directory: str | Path) -> list[str]:
@@ -168,7 +184,7 @@ def list_checkpoints(directory: str | Path) -> list[str]:
     if not d.exists():
         return []
     names = [p.name for p in d.iterdir() if p.is_dir() and "orbax-checkpoint-tmp" not in p.name]
-    key = lambda n: (int(re.findall(r"\d+", n)[-1]) if re.findall(r"\d+", n) else -1, n)  # noqa: E731
+    key = lambda n: (int(re.findall(r"\d+", n)[-1]) if re.findall(r"\d+", n) else -1, n)
     return sorted(names, key=key)
 
 

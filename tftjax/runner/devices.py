@@ -15,7 +15,7 @@ def memory_stats(device=None) -> dict | None:
     device = device or jax.devices()[0]
     try:
         stats = device.memory_stats()
-    except Exception:  # noqa: BLE001 - backends without the API
+    except Exception:  # backends without the API
         return None
     return dict(stats) if stats else None
 

@@ -24,12 +24,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from tftjax.errors import ConfigError, TrainingDiverged
-from tftjax.runner.checkpoints import (EpochCheckpointer, checkpoint_name, epoch_checkpoints,
-                                       list_checkpoints, read_history, supersede_finals)
+from tftjax.runner.checkpoints import (
+    EpochCheckpointer,
+    checkpoint_name,
+    epoch_checkpoints,
+    list_checkpoints,
+    read_history,
+    supersede_finals,
+)
 from tftjax.runner.devices import memory_stats
 from tftjax.runner.provenance import provenance
 from tftjax.runner.resume import check_resume, latest_meta, resume_changes
@@ -62,9 +69,17 @@ def _is_better(score: float, best: float | None, mode: str) -> bool:
     return best is None or (score < best if mode == "min" else score > best)
 
 
-def run(make_task: Callable[[dict | None], Task], workdir: str | Path, *, kind: str,
-        resume: bool = False, progress: bool = True, callback: Callable | None = None,
-        log: Callable = print, tensorboard: bool = True) -> tuple[Any, dict]:
+def run(
+    make_task: Callable[[dict | None], Any],
+    workdir: str | Path,
+    *,
+    kind: str,
+    resume: bool = False,
+    progress: bool = True,
+    callback: Callable | None = None,
+    log: Callable = print,
+    tensorboard: bool = True,
+) -> tuple[Any, dict]:
     """Train a task epoch by epoch, with checkpoints, early stopping and a summary.
 
     Args:
@@ -122,9 +137,11 @@ def _saved_run(workdir: Path, kind: str, resume: bool) -> dict | None:
     if resume:
         return latest_meta(ckpt_dir, kind)
     if list_checkpoints(ckpt_dir):
-        raise ConfigError(f"{ckpt_dir} already holds checkpoints "
-                          f"({', '.join(list_checkpoints(ckpt_dir)[-3:])}); pass --resume to "
-                          "continue that run or choose another --workdir")
+        raise ConfigError(
+            f"{ckpt_dir} already holds checkpoints "
+            f"({', '.join(list_checkpoints(ckpt_dir)[-3:])}); pass --resume to "
+            "continue that run or choose another --workdir"
+        )
     return None
 
 
@@ -132,15 +149,15 @@ class _Book:
     """One run's books: the loop's counters (``loop``, saved in every checkpoint's metadata),
     the metrics history, the checkpointer and the TensorBoard log."""
 
-    def __init__(self, task: Task, workdir: Path, saved: dict | None, log: Callable,
-                 tensorboard: bool):
+    def __init__(
+        self, task: Task, workdir: Path, saved: dict | None, log: Callable, tensorboard: bool
+    ):
         self.task, self.workdir, self.log = task, workdir, log
         self.ckpt_dir = workdir / "checkpoints"
         self.loop = _start_loop(saved, task, log)
         self.start = self.loop["epoch"]
         self.metrics_path = workdir / "metrics.jsonl"
-        self.history = (read_history(self.metrics_path, upto=self.start)
-                        if saved is not None else [])
+        self.history = read_history(self.metrics_path, upto=self.start) if saved is not None else []
         self.primary = _is_primary()  # the one process of a multi-host run that writes files
         if self.primary:
             self.metrics_path.write_text("".join(json.dumps(h) + "\n" for h in self.history))
@@ -150,9 +167,15 @@ class _Book:
         self.board.config(self.identity)
 
     def meta(self, metrics: dict, is_final: bool, weights_epoch: int) -> dict:
-        return {"kind": self.task.kind, "identity": self.identity, **self.task.extra_meta(),
-                "loop": dict(self.loop), "metrics": metrics, "is_final": is_final,
-                "weights_epoch": weights_epoch}
+        return {
+            "kind": self.task.kind,
+            "identity": self.identity,
+            **self.task.extra_meta(),
+            "loop": dict(self.loop),
+            "metrics": metrics,
+            "is_final": is_final,
+            "weights_epoch": weights_epoch,
+        }
 
     def record(self, metrics: dict, fresh: bool = False) -> None:
         """One check's metrics into the history, ``metrics.jsonl`` and TensorBoard."""
@@ -166,9 +189,15 @@ class _Book:
         its untrained model is the anchor, which early stopping may keep)."""
         task = self.task
         if saved is not None:
-            state = (task.restore(self.checkpointer, self.start) if hasattr(task, "restore")
-                     else self.checkpointer.restore(self.start, task.abstract_state()))
-            self.log(f"resuming from {self.ckpt_dir / checkpoint_name(task.kind, self.start, False)}")
+            restore = getattr(task, "restore", None)  # a task that restores its own way
+            state = (
+                restore(self.checkpointer, self.start)
+                if restore is not None
+                else self.checkpointer.restore(self.start, task.abstract_state())
+            )
+            self.log(
+                f"resuming from {self.ckpt_dir / checkpoint_name(task.kind, self.start, False)}"
+            )
             return state
         state = task.init_state()
         if getattr(task, "score_at_start", False):
@@ -205,33 +234,46 @@ class _Book:
         try:
             state, train_m = task.train_epoch(state, epoch)
         except TrainingDiverged as e:
-            raise TrainingDiverged(f"{e}; stopped without saving epoch {epoch} (last good "
-                                   f"checkpoint: {_last(self.ckpt_dir, task.kind)})") from None
+            raise TrainingDiverged(
+                f"{e}; stopped without saving epoch {epoch} (last good "
+                f"checkpoint: {_last(self.ckpt_dir, task.kind)})"
+            ) from None
         val = task.validate(state)
         score = val.get(task.score)
         if score is not None and not math.isfinite(score):
-            raise TrainingDiverged(f"{task.score} became {score} in epoch {epoch}; stopped "
-                                   f"(last good checkpoint: {_last(self.ckpt_dir, task.kind)})")
+            raise TrainingDiverged(
+                f"{task.score} became {score} in epoch {epoch}; stopped "
+                f"(last good checkpoint: {_last(self.ckpt_dir, task.kind)})"
+            )
         metrics = {"epoch": epoch, **train_m, **val}
-        if score is not None and hasattr(task, "rank"):  # e.g. smoothed over epochs
-            score = task.rank(self.history + [metrics])
+        rank = getattr(task, "rank", None)  # e.g. smoothed over epochs
+        if score is not None and rank is not None:
+            score = rank(self.history + [metrics])
         improved = score is None or _is_better(score, loop["best_score"], task.mode)
         if improved:
             loop.update(best_epoch=epoch, best_score=score, bad_epochs=0)
         else:
             loop["bad_epochs"] += 1
-        stop = (task.patience > 0 and score is not None and loop["bad_epochs"] >= task.patience
-                and (not hasattr(task, "may_stop") or task.may_stop(epoch, metrics)))
+        stop = (
+            task.patience > 0
+            and score is not None
+            and loop["bad_epochs"] >= task.patience
+            and getattr(task, "may_stop", lambda e, m: True)(epoch, metrics)
+        )
         loop.update(epoch=epoch, stopped_early=stop)
         self.record(metrics)
         self.board.epoch(epoch, metrics, memory_stats())
-        say(f"epoch {epoch}/{task.epochs}: {task.epoch_line(metrics)}"
-            + ("  *best" if improved and score is not None else ""))
+        say(
+            f"epoch {epoch}/{task.epochs}: {task.epoch_line(metrics)}"
+            + ("  *best" if improved and score is not None else "")
+        )
         if score is None and epoch == self.start + 1:
-            say("no validation windows: early stopping is off and the last epoch counts as "
-                "the best")
-        self.checkpointer.save(epoch, state, metrics, self.meta(metrics, False, epoch),
-                               improved=improved)
+            say(
+                "no validation windows: early stopping is off and the last epoch counts as the best"
+            )
+        self.checkpointer.save(
+            epoch, state, metrics, self.meta(metrics, False, epoch), improved=improved
+        )
         return state, stop
 
     def finish(self, state):
@@ -239,20 +281,29 @@ class _Book:
         task, loop = self.task, self.loop
         last, best_epoch = loop["epoch"], loop["best_epoch"]
         if loop["stopped_early"]:
-            self.log(f"early stop at epoch {last}: no better {task.score} for {task.patience} "
-                     f"epochs; restoring the best epoch, {best_epoch}")
-        best_state = state if best_epoch == last else self.checkpointer.restore(
-            best_epoch, task.abstract_state())
+            self.log(
+                f"early stop at epoch {last}: no better {task.score} for {task.patience} "
+                f"epochs; restoring the best epoch, {best_epoch}"
+            )
+        best_state = (
+            state
+            if best_epoch == last
+            else self.checkpointer.restore(best_epoch, task.abstract_state())
+        )
         final = self.ckpt_dir / checkpoint_name(task.kind, last, True)
         if self.start == last:
-            self.log(f"{self.ckpt_dir} already holds epoch {last}"
-                     + (" (stopped early)" if loop["stopped_early"] else f" of {task.epochs}")
-                     + ": nothing to train" + ("" if final.exists() else
-                                               "; writing its missing final checkpoint"))
+            self.log(
+                f"{self.ckpt_dir} already holds epoch {last}"
+                + (" (stopped early)" if loop["stopped_early"] else f" of {task.epochs}")
+                + ": nothing to train"
+                + ("" if final.exists() else "; writing its missing final checkpoint")
+            )
         if not final.exists():
             self.checkpointer.save_final(
-                last, best_state, self.meta(self.history[-1] if self.history else {}, True,
-                                            best_epoch))
+                last,
+                best_state,
+                self.meta(self.history[-1] if self.history else {}, True, best_epoch),
+            )
             for old in supersede_finals(self.ckpt_dir, task.kind, last):
                 self.log(f"{old} is no longer final (superseded by {final.name})")
         return best_state, final
@@ -266,11 +317,18 @@ class _Book:
             self.board.images(self.workdir, loop["epoch"])
         finally:
             self.board.close()
-        summary.update(epochs_run=loop["epoch"], stopped_early=loop["stopped_early"],
-                       best_epoch=loop["best_epoch"], weights_epoch=loop["best_epoch"],
-                       best_score=loop["best_score"], score=task.score,
-                       final_checkpoint=str(final), identity=self.identity,
-                       provenance=provenance(), history=self.history)
+        summary.update(
+            epochs_run=loop["epoch"],
+            stopped_early=loop["stopped_early"],
+            best_epoch=loop["best_epoch"],
+            weights_epoch=loop["best_epoch"],
+            best_score=loop["best_score"],
+            score=task.score,
+            final_checkpoint=str(final),
+            identity=self.identity,
+            provenance=provenance(),
+            history=self.history,
+        )
         if self.primary:
             (self.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.log(f"weights of epoch {loop['best_epoch']} (best {task.score}) from {final}")
@@ -281,21 +339,30 @@ class _Book:
 def _start_loop(saved: dict | None, task: Task, log: Callable) -> dict:
     """The loop's counters: fresh, or the saved run's (what a resume changes is logged, and
     an early-stopped run trains on only under another patience)."""
-    loop = {"epoch": 0, "best_epoch": 0, "best_score": None, "bad_epochs": 0,
-            "stopped_early": False}
+    loop = {
+        "epoch": 0,
+        "best_epoch": 0,
+        "best_score": None,
+        "bad_epochs": 0,
+        "stopped_early": False,
+    }
     if saved is not None:
         loop = dict(saved["loop"])
         for line in resume_changes(saved, task):
             log(f"--resume: {line}")
         if loop["stopped_early"] and task.epochs > loop["epoch"]:
             if loop.get("patience", task.patience) != task.patience:  # a new patience
-                log(f"--resume: the run stopped early at epoch {loop['epoch']}; training on to "
-                    f"epoch {task.epochs} with patience {task.patience}")
+                log(
+                    f"--resume: the run stopped early at epoch {loop['epoch']}; training on to "
+                    f"epoch {task.epochs} with patience {task.patience}"
+                )
                 loop.update(stopped_early=False, bad_epochs=0)
             else:
-                log(f"--resume: the run stopped early at epoch {loop['epoch']} (patience "
+                log(
+                    f"--resume: the run stopped early at epoch {loop['epoch']} (patience "
                     f"{task.patience}); to train on, pass --epochs N with another --patience "
-                    "(0: no early stop)")
+                    "(0: no early stop)"
+                )
     loop["patience"] = task.patience
     return loop
 
@@ -316,5 +383,12 @@ def _epoch_bar(task: Task, start: int):
 
     from tqdm.auto import tqdm
 
-    return tqdm(total=task.epochs, initial=start, desc=task.kind, unit="epoch", leave=False,
-                file=sys.stderr, dynamic_ncols=True)
+    return tqdm(
+        total=task.epochs,
+        initial=start,
+        desc=task.kind,
+        unit="epoch",
+        leave=False,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )

@@ -31,8 +31,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tftjax.runner.devices import device_limit
 from tftjax.errors import ConfigError
+from tftjax.runner.devices import device_limit
 
 AXIS = "data"
 FEATURE_SHARE = 0.25
@@ -42,8 +42,9 @@ LAYOUTS = ("auto", "replicated", "rows")
 
 
 # --------------------------------------------------------------------------- multi-host
-def wants_distributed(coordinator: str | None = None, num_processes: int | None = None,
-                      process_id: int | None = None) -> bool:
+def wants_distributed(
+    coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> bool:
     """Whether flags or the environment ask for a multi-process run."""
     if coordinator or num_processes or process_id is not None:
         return True
@@ -66,8 +67,9 @@ def _cluster_tasks() -> int:
     return 1
 
 
-def initialize(coordinator: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> bool:
+def initialize(
+    coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> bool:
     """``jax.distributed.initialize`` when asked for (flags, ``JAX_COORDINATOR_ADDRESS``,
     a SLURM or Open MPI job of several tasks); call it before anything else touches JAX.
     Returns whether a multi-process runtime is up.
@@ -82,27 +84,36 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         num_processes = int(os.environ["JAX_NUM_PROCESSES"])
     if process_id is None and os.environ.get("JAX_PROCESS_ID"):
         process_id = int(os.environ["JAX_PROCESS_ID"])
-    given = {"--coordinator": coordinator, "--num-processes": num_processes,
-             "--process-id": process_id}
+    given = {
+        "--coordinator": coordinator,
+        "--num-processes": num_processes,
+        "--process-id": process_id,
+    }
     if _cluster_tasks() == 1 and None in given.values():
         missing = [k for k, v in given.items() if v is None]
-        raise ConfigError(f"a multi-process run needs --coordinator HOST:PORT, --num-processes "
-                          f"and --process-id (missing: {', '.join(missing)}); or run under "
-                          "SLURM/Open MPI, where JAX reads them from the environment")
+        raise ConfigError(
+            f"a multi-process run needs --coordinator HOST:PORT, --num-processes "
+            f"and --process-id (missing: {', '.join(missing)}); or run under "
+            "SLURM/Open MPI, where JAX reads them from the environment"
+        )
     if coordinator is not None and ":" not in coordinator:
         raise ConfigError(f"--coordinator {coordinator!r} must be HOST:PORT, e.g. node0:1234")
     if num_processes is not None and num_processes < 1:
         raise ConfigError(f"--num-processes must be >= 1, got {num_processes}")
-    if process_id is not None and num_processes is not None and \
-            not 0 <= process_id < num_processes:
+    if process_id is not None and num_processes is not None and not 0 <= process_id < num_processes:
         raise ConfigError(f"--process-id {process_id} is not in [0, {num_processes})")
     try:
-        jax.distributed.initialize(coordinator, num_processes, process_id,
-                                   initialization_timeout=int(
-                                       os.environ.get("TFTJAX_INIT_TIMEOUT", "300")))
+        jax.distributed.initialize(
+            coordinator,
+            num_processes,
+            process_id,
+            initialization_timeout=int(os.environ.get("TFTJAX_INIT_TIMEOUT", "300")),
+        )
     except (RuntimeError, ValueError) as e:  # XlaRuntimeError is a RuntimeError
-        raise ConfigError(f"jax.distributed.initialize ({coordinator}, process {process_id} of "
-                          f"{num_processes}) failed: {str(e).splitlines()[0][:200]}") from None
+        raise ConfigError(
+            f"jax.distributed.initialize ({coordinator}, process {process_id} of "
+            f"{num_processes}) failed: {str(e).splitlines()[0][:200]}"
+        ) from None
     return True
 
 
@@ -127,7 +138,7 @@ class Parallel:
     def feature_rows_sharded(self) -> bool:
         return self.layout == "rows"
 
-    def for_features(self, feature_bytes: int) -> "Parallel":
+    def for_features(self, feature_bytes: int) -> Parallel:
         """This mesh with the feature layout decided: ``auto`` becomes ``rows`` when a replica
         would take more than :data:`FEATURE_SHARE` of a device's reported memory limit
         (never on CPU, which reports none), else ``replicated``."""
@@ -163,18 +174,23 @@ class Parallel:
         from tftjax.data import DeviceData
 
         r = self.rows_sharding if self.feature_rows_sharded else self.replicated
-        return DeviceData(*[r] * len(DeviceData._fields))
+        return DeviceData._make([r] * len(DeviceData._fields))  # a pytree of shardings
 
     def describe(self) -> str:
         kinds = sorted({d.device_kind for d in self.mesh.devices.flat})
         procs = jax.process_count()
         if self.size == 1:
             return f"1 device ({', '.join(kinds)})"
-        return (f"{self.size} devices ({', '.join(kinds)}"
-                + (f", {procs} processes" if procs > 1 else "") + "), batch sharded over them; "
-                + {"rows": "feature rows sharded over them",
-                   "replicated": "features replicated",
-                   "auto": "feature layout decided by their size"}[self.layout])
+        return (
+            f"{self.size} devices ({', '.join(kinds)}"
+            + (f", {procs} processes" if procs > 1 else "")
+            + "), batch sharded over them; "
+            + {
+                "rows": "feature rows sharded over them",
+                "replicated": "features replicated",
+                "auto": "feature layout decided by their size",
+            }[self.layout]
+        )
 
     # ---- placing arrays
     def replicate(self, tree: Any) -> Any:
@@ -191,8 +207,8 @@ class Parallel:
             return jax.device_put(idx, self.batch_sharding)
         # this process's devices hold one contiguous block of rows (the mesh lists the devices
         # process by process): feed only that block
-        rows = [s[0] for s in self.batch_sharding.addressable_devices_indices_map(
-            idx.shape).values()]
+        index_map = self.batch_sharding.addressable_devices_indices_map(idx.shape)
+        rows = [s[0] for s in index_map.values() if s is not None]
         lo = min(r.start or 0 for r in rows)
         hi = max(idx.shape[0] if r.stop is None else r.stop for r in rows)
         return jax.make_array_from_process_local_data(self.batch_sharding, idx[lo:hi], idx.shape)
@@ -207,9 +223,9 @@ class Parallel:
         if self.feature_rows_sharded:
             n = arrays[0].shape[0]
             pad = -n % self.size
-            arrays = [np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)])
-                      for a in arrays]
-        return DeviceData(*[_global(a, s) for a, s in zip(arrays, self.data_shardings())])
+            arrays = [np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)]) for a in arrays]
+        shardings: list = list(self.data_shardings())
+        return DeviceData._make([_global(a, s) for a, s in zip(arrays, shardings)])
 
 
 def _global(x, sharding: NamedSharding) -> jax.Array:
@@ -234,10 +250,15 @@ def make_parallel(devices: int | None = None, layout: str = "auto") -> Parallel:
     local = jax.local_devices()
     n = len(local) if devices is None else devices
     if not 1 <= n <= len(local):
-        raise ConfigError(f"--devices {n}: this process sees {len(local)} "
-                          f"{local[0].platform.upper()} device{'s' if len(local) > 1 else ''}"
-                          + (" (CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N "
-                             "simulates N)" if local[0].platform == "cpu" else ""))
+        raise ConfigError(
+            f"--devices {n}: this process sees {len(local)} "
+            f"{local[0].platform.upper()} device{'s' if len(local) > 1 else ''}"
+            + (
+                " (CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N simulates N)"
+                if local[0].platform == "cpu"
+                else ""
+            )
+        )
     if jax.process_count() == 1:
         devs = local[:n]
     else:
@@ -253,14 +274,17 @@ def make_parallel(devices: int | None = None, layout: str = "auto") -> Parallel:
 
 def check_divisible(batch: int, devices: int, what: str = "--batch-size") -> None:
     if batch % devices:
-        raise ConfigError(f"{what} {batch} is not divisible by the {devices} devices of the "
-                          f"mesh: use a multiple of {devices} (e.g. {batch + devices - batch % devices}) "
-                          "or --devices N")
+        raise ConfigError(
+            f"{what} {batch} is not divisible by the {devices} devices of the "
+            f"mesh: use a multiple of {devices} (e.g. {batch + devices - batch % devices}) "
+            "or --devices N"
+        )
 
 
 # --------------------------------------------------------------------------- row-sharded gather
-def gather_rows_sharded(par: Parallel, data, starts: jax.Array, encoder_steps: int,
-                        decoder_steps: int):
+def gather_rows_sharded(
+    par: Parallel, data, starts: jax.Array, encoder_steps: int, decoder_steps: int
+):
     """:func:`tftjax.data.gather` for feature arrays sharded by rows (``starts [B]`` sharded
     over the devices). Each device gathers, for the whole global batch, the rows it holds
     (zeros elsewhere); one reduce-scatter sums the devices' parts (exact: one term per
@@ -268,7 +292,7 @@ def gather_rows_sharded(par: Parallel, data, starts: jax.Array, encoder_steps: i
     temporary is the global batch's windows, never the feature matrix."""
     from tftjax.data import Batch, DeviceData
 
-    spec = DeviceData(*[P(AXIS)] * len(DeviceData._fields))
+    spec = DeviceData._make([P(AXIS)] * len(DeviceData._fields))
 
     def local(d: DeviceData, s):
         everyone = jax.lax.all_gather(s, AXIS, tiled=True)  # [B] window starts
@@ -283,16 +307,32 @@ def gather_rows_sharded(par: Parallel, data, starts: jax.Array, encoder_steps: i
             x = jnp.take(a, jnp.clip(r - lo, 0, n_local - 1), axis=0)
             return jnp.where(own.reshape(own.shape + (1,) * (x.ndim - own.ndim)), x, 0)
 
-        parts = (take(d.historical, rows[:, :e]), take(d.known, rows[:, :e]),
-                 take(d.future, last)[:, :decoder_steps], take(d.target, last)[:, :decoder_steps],
-                 take(d.scale, last), take(d.static, last),
-                 take(d.anchor, last)[:, :decoder_steps], take(d.anchor_z, last),
-                 take(d.instrument, last))
+        parts = (
+            take(d.historical, rows[:, :e]),
+            take(d.known, rows[:, :e]),
+            take(d.future, last)[:, :decoder_steps],
+            take(d.target, last)[:, :decoder_steps],
+            take(d.scale, last),
+            take(d.static, last),
+            take(d.anchor, last)[:, :decoder_steps],
+            take(d.anchor_z, last),
+            take(d.instrument, last),
+        )
         hist, known_e, known_d, target, scale, static, anchor, anchor_z, instrument = (
-            jax.lax.psum_scatter(p, AXIS, scatter_dimension=0, tiled=True) for p in parts)
-        return Batch(static, hist, jnp.concatenate([known_e, known_d], axis=1), target, scale,
-                     anchor, anchor_z, instrument)
+            jax.lax.psum_scatter(p, AXIS, scatter_dimension=0, tiled=True) for p in parts
+        )
+        return Batch(
+            static,
+            hist,
+            jnp.concatenate([known_e, known_d], axis=1),
+            target,
+            scale,
+            anchor,
+            anchor_z,
+            instrument,
+        )
 
-    out = Batch(*[P(AXIS)] * len(Batch._fields))
-    return jax.shard_map(local, mesh=par.mesh, in_specs=(spec, P(AXIS)), out_specs=out,
-                         check_vma=False)(data, starts)
+    out = Batch._make([P(AXIS)] * len(Batch._fields))
+    return jax.shard_map(
+        local, mesh=par.mesh, in_specs=(spec, P(AXIS)), out_specs=out, check_vma=False
+    )(data, starts)

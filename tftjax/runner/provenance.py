@@ -29,12 +29,18 @@ def _version(module: str) -> str | None:
 def _git_revision() -> str | None:
     here = Path(__file__).resolve().parent
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                             text=True, timeout=5)
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
         if rev.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return rev.stdout.strip() + ("+uncommitted changes" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -48,23 +54,31 @@ def provenance(args: Any = None) -> dict:
         args = vars(args) if hasattr(args, "__dict__") else dict(args)
     dev = jax.devices()[0]
     return {
-        "command": shlex.join([Path(sys.argv[0]).name if sys.argv[0] else "python",
-                               *sys.argv[1:]]),
+        "command": shlex.join([Path(sys.argv[0]).name if sys.argv[0] else "python", *sys.argv[1:]]),
         "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in (args or {}).items()},
-        "versions": {"python": platform.python_version(), "jax": jax.__version__,
-                     "jaxlib": _version("jaxlib"), "flax": _version("flax"),
-                     "optax": _version("optax"), "orbax-checkpoint": _version("orbax-checkpoint"),
-                     "tftjax": _version("tftjax")},
-        "device": f"{dev.platform}: {dev.device_kind}", "devices": jax.device_count(),
-        "cpu_count": os.cpu_count(), "machine": platform.machine(),
+        "versions": {
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "jaxlib": _version("jaxlib"),
+            "flax": _version("flax"),
+            "optax": _version("optax"),
+            "orbax-checkpoint": _version("orbax-checkpoint"),
+            "tftjax": _version("tftjax"),
+        },
+        "device": f"{dev.platform}: {dev.device_kind}",
+        "devices": jax.device_count(),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
         "git_revision": _git_revision(),
     }
 
 
 def describe(p: dict) -> str:
     v = p["versions"]
-    return (f"# {p['command']}\n# jax {v['jax']} / jaxlib {v['jaxlib']} / flax {v['flax']}, "
-            f"{p['device']} x{p['devices']}, {p['cpu_count']} CPUs, git {p['git_revision']}")
+    return (
+        f"# {p['command']}\n# jax {v['jax']} / jaxlib {v['jaxlib']} / flax {v['flax']}, "
+        f"{p['device']} x{p['devices']}, {p['cpu_count']} CPUs, git {p['git_revision']}"
+    )
 
 
 def write_result(path: str | Path, results: Any, args: Any = None) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tftjax.runner.checkpoints import checkpoint_name, epoch_checkpoints, read_meta
 from tftjax.errors import ConfigError
+from tftjax.runner.checkpoints import checkpoint_name, epoch_checkpoints, read_meta
 
 KINDS = ("tft", "dqn")
 
@@ -63,8 +63,9 @@ def _norm(x):
 def check_resume(saved: dict, task, ckpt_dir: Path) -> None:
     """Refuse a resume that would mix data, models or settings (one ConfigError)."""
     if saved.get("kind") != task.kind:
-        raise ConfigError(f"--resume: {ckpt_dir} holds {saved.get('kind')!r} checkpoints, not "
-                          f"{task.kind!r}")
+        raise ConfigError(
+            f"--resume: {ckpt_dir} holds {saved.get('kind')!r} checkpoints, not {task.kind!r}"
+        )
     s_data, n_data = saved["identity"].get("data", {}), task.identity().get("data", {})
     diff = []
     if (s_data.get("sha256"), s_data.get("rows")) != (n_data.get("sha256"), n_data.get("rows")):
@@ -72,17 +73,24 @@ def check_resume(saved: dict, task, ckpt_dir: Path) -> None:
     saved_identity = saved["identity"]
     if hasattr(task, "normalize_identity"):
         saved_identity = task.normalize_identity(saved_identity)
-    diff += identity_diff({k: v for k, v in saved_identity.items() if k != "data"},
-                          {k: v for k, v in task.identity().items() if k != "data"},
-                          task.may_change)
+    diff += identity_diff(
+        {k: v for k, v in saved_identity.items() if k != "data"},
+        {k: v for k, v in task.identity().items() if k != "data"},
+        task.may_change,
+    )
     if diff:
-        raise ConfigError(f"--resume: {ckpt_dir} was trained with other data or settings: "
-                          + "; ".join(diff) + ". Only --epochs may change on resume; train "
-                          "another --workdir for a new run")
+        raise ConfigError(
+            f"--resume: {ckpt_dir} was trained with other data or settings: "
+            + "; ".join(diff)
+            + ". Only --epochs may change on resume; train "
+            "another --workdir for a new run"
+        )
     done = saved["loop"]["epoch"]
     if task.epochs < done:
-        raise ConfigError(f"--resume: --epochs {task.epochs} is below the {done} epochs already "
-                          f"trained in {ckpt_dir}; --epochs may only grow")
+        raise ConfigError(
+            f"--resume: --epochs {task.epochs} is below the {done} epochs already "
+            f"trained in {ckpt_dir}; --epochs may only grow"
+        )
 
 
 def _data(d: dict) -> str:
@@ -102,9 +110,11 @@ def latest_meta(ckpt_dir: str | Path, kind: str | None = None) -> dict:
     epochs = {k: epoch_checkpoints(ckpt_dir, k) for k in KINDS}
     found, latest = max(epochs.items(), key=lambda kv: kv[1][-1] if kv[1] else -1)
     if not latest:
-        raise ConfigError(f"--resume: no checkpoint to resume in {ckpt_dir}"
-                          + (" (no such folder)" if not ckpt_dir.exists() else "")
-                          + "; drop --resume to start a new run")
+        raise ConfigError(
+            f"--resume: no checkpoint to resume in {ckpt_dir}"
+            + (" (no such folder)" if not ckpt_dir.exists() else "")
+            + "; drop --resume to start a new run"
+        )
     if kind is not None and found != kind:
         raise ConfigError(f"--resume: {ckpt_dir} holds {found} checkpoints, not {kind}")
     path = ckpt_dir / checkpoint_name(found, latest[-1], False)
@@ -113,6 +123,8 @@ def latest_meta(ckpt_dir: str | Path, kind: str | None = None) -> dict:
     except Exception as e:  # Orbax raises several types for a damaged checkpoint
         raise ConfigError(f"--resume: {path} cannot be read ({type(e).__name__})") from None
     if not {"kind", "identity", "loop"} <= set(meta):
-        raise ConfigError(f"--resume: {path} was written by an older tftjax (no data identity "
-                          "in its metadata); train another --workdir")
+        raise ConfigError(
+            f"--resume: {path} was written by an older tftjax (no data identity "
+            "in its metadata); train another --workdir"
+        )
     return meta

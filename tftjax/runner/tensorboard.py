@@ -25,7 +25,7 @@ def tag(key: str) -> str:
     """``val_q_risk_90`` → ``val/q_risk_90``, ``train_loss`` → ``train/loss``, else ``run/key``."""
     for prefix in ("train_", "val_", "test_"):
         if key.startswith(prefix):
-            return f"{prefix[:-1]}/{key[len(prefix):]}"
+            return f"{prefix[:-1]}/{key[len(prefix) :]}"
     return f"run/{key}"
 
 
@@ -50,8 +50,12 @@ class Board:
         if self.writer is None:
             return
         for k, v in metrics.items():
-            if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool) \
-                    and np.isfinite(v):
+            if (
+                k != "epoch"
+                and isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and np.isfinite(v)
+            ):
                 self.writer.add_scalar(tag(k), float(v), step)
         for k, v in (memory or {}).items():
             if isinstance(v, (int, float)):
@@ -66,8 +70,9 @@ class Board:
 
         for png in sorted(Path(folder).glob("*.png")):
             with Image.open(png) as im:
-                self.writer.add_image(png.stem, np.asarray(im.convert("RGB")), step,
-                                      dataformats="HWC")
+                self.writer.add_image(
+                    png.stem, np.asarray(im.convert("RGB")), step, dataformats="HWC"
+                )
         self.writer.flush()
 
     def close(self) -> None:
@@ -79,14 +84,14 @@ class Board:
 def read_scalars(folder: str | Path) -> dict[str, list[tuple[int, float]]]:
     """``tag → [(step, value), …]`` from the event files under ``folder`` (TFRecord framing:
     length, its CRC, the ``Event`` proto, its CRC; parsed with tensorboardX's own protos)."""
-    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.proto.event_pb2 import Event  # pyright: ignore[reportAttributeAccessIssue]
 
     out: dict[str, list[tuple[int, float]]] = {}
     for path in sorted(Path(folder).glob("events.out.tfevents.*")):
         raw, i = path.read_bytes(), 0
         while i + 12 <= len(raw):
-            (n,) = struct.unpack("<Q", raw[i:i + 8])
-            event = Event.FromString(raw[i + 12:i + 12 + n])
+            (n,) = struct.unpack("<Q", raw[i : i + 8])
+            event = Event.FromString(raw[i + 12 : i + 12 + n])
             i += 12 + n + 4
             for v in event.summary.value:
                 if v.HasField("simple_value"):

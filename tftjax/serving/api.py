@@ -57,10 +57,20 @@ class Model:
         ds = saved_dataset(self.saved)
         return max(int(s.bars.ts[s.splits.val_rows[1] - 1]) for s in ds.series)
 
-    def run(self, bars: Any = None, *, as_of: str | None = None, origins: str | int = "last",
-            start: str | None = None, end: str | None = None, split: str | None = None,
-            series: str | tuple[str, ...] | None = None, unknown_instrument: str = "refuse",
-            instrument: str | None = None, stale_after: int = 1):
+    def run(
+        self,
+        bars: Any = None,
+        *,
+        as_of: str | None = None,
+        origins: str | int = "last",
+        start: str | None = None,
+        end: str | None = None,
+        split: str | None = None,
+        series: str | tuple[str, ...] | None = None,
+        unknown_instrument: str = "refuse",
+        instrument: str | None = None,
+        stale_after: int = 1,
+    ):
         """The :class:`~tftjax.serving.forecast.Forecast` (table, metadata, dataset, raw arrays).
 
         Args are :func:`tftjax.serving.forecast.forecast`'s; ``series`` one name or several.
@@ -68,15 +78,26 @@ class Model:
         from tftjax.serving.forecast import forecast
 
         if unknown_instrument not in ("refuse", "embed"):
-            raise ConfigError(f"unknown_instrument must be refuse or embed, got "
-                              f"{unknown_instrument!r}")
+            raise ConfigError(
+                f"unknown_instrument must be refuse or embed, got {unknown_instrument!r}"
+            )
         if isinstance(series, str):
             series = tuple(x for x in series.split(",") if x)
         mode = "int8" if self.int8 or self.saved.kind == "int8" else None
-        return forecast(self.saved, bars, as_of=as_of, origins=str(origins), start=start,
-                        end=end, split=split, series=series or None, mode=mode,
-                        unknown=unknown_instrument, instrument=instrument,
-                        stale_after=stale_after)
+        return forecast(
+            self.saved,
+            bars,
+            as_of=as_of,
+            origins=str(origins),
+            start=start,
+            end=end,
+            split=split,
+            series=series or None,
+            mode=mode,
+            unknown=unknown_instrument,
+            instrument=instrument,
+            stale_after=stale_after,
+        )
 
     def forecast(self, bars: Any = None, **kw):
         """The forecast table: pandas when ``bars`` is a pandas DataFrame, else pyarrow."""
@@ -101,6 +122,8 @@ def load(path: str | Path, *, int8: bool = False) -> Model:
 
     saved = open_model(path)
     if int8 and saved.kind != "int8" and not saved.cfg.quant.qat:
-        raise ConfigError(f"--int8: {path} is a float model (train with --qat, or export one "
-                          "calibrated with --calibrate N)")
+        raise ConfigError(
+            f"--int8: {path} is a float model (train with --qat, or export one "
+            "calibrated with --calibrate N)"
+        )
     return Model(saved, int8)

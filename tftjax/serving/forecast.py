@@ -31,8 +31,12 @@ from tftjax.serving.table import SPLITS, Forecast, build, split_of
 def eligible_origins(ds: Dataset, encoder_steps: int) -> np.ndarray:
     """Global rows that can be an origin: a full encoder after its series' feature warm-up."""
     first = WARMUP + encoder_steps - 1
-    return np.concatenate([np.arange(o + first, o + len(s.bars), dtype=np.int64)
-                           for s, o in zip(ds.series, ds.offsets)])
+    return np.concatenate(
+        [
+            np.arange(o + first, o + len(s.bars), dtype=np.int64)
+            for s, o in zip(ds.series, ds.offsets)
+        ]
+    )
 
 
 def _count(origins: str) -> int | None:
@@ -47,10 +51,18 @@ def _count(origins: str) -> int | None:
     return n
 
 
-def choose_origins(ds: Dataset, encoder_steps: int, as_of: str | None = None,
-                   origins: str = "last", *, start: str | None = None, end: str | None = None,
-                   split: str | None = None, own_splits: bool = True,
-                   only: tuple[str, ...] | None = None) -> np.ndarray:
+def choose_origins(
+    ds: Dataset,
+    encoder_steps: int,
+    as_of: str | None = None,
+    origins: str = "last",
+    *,
+    start: str | None = None,
+    end: str | None = None,
+    split: str | None = None,
+    own_splits: bool = True,
+    only: tuple[str, ...] | None = None,
+) -> np.ndarray:
     """Origin rows of every series (see the module docstring).
 
     Raises:
@@ -63,9 +75,11 @@ def choose_origins(ds: Dataset, encoder_steps: int, as_of: str | None = None,
         if split not in SPLITS:
             raise ConfigError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
         if not own_splits:
-            raise ConfigError(f"--split {split}: these bars are not the model's own data and "
-                              "the model has no split times (one series split by fractions): "
-                              "give --start/--end")
+            raise ConfigError(
+                f"--split {split}: these bars are not the model's own data and "
+                "the model has no split times (one series split by fractions): "
+                "give --start/--end"
+            )
     ranged = start is not None or end is not None or split is not None
     rows = eligible_origins(ds, encoder_steps)
     which = ds.series_of(rows)
@@ -74,8 +88,11 @@ def choose_origins(ds: Dataset, encoder_steps: int, as_of: str | None = None,
         mine = which == i
         ts = ds.ts[rows[mine]]
         clock = s.features.stats.clock
-        for key, ok in (("as_of", np.less_equal), ("end", np.less_equal),
-                        ("start", np.greater_equal)):
+        for key, ok in (
+            ("as_of", np.less_equal),
+            ("end", np.less_equal),
+            ("start", np.greater_equal),
+        ):
             t = times[key]
             if t is not None:
                 keep[mine] &= ok(ts, t.on_clock(s.bars.tz, clock.zone, str(s.bars.path)))
@@ -90,18 +107,30 @@ def choose_origins(ds: Dataset, encoder_steps: int, as_of: str | None = None,
         if mine.size == 0:
             where = " ".join(f"--{k.replace('_', '-')} {v.text}" for k, v in times.items() if v)
             where += f" --split {split}" if split else ""
-            raise ConfigError(f"no bar of {s.bars.path} can be an origin"
-                              + (f" at {where}" if where else "")
-                              + f": an origin needs {WARMUP + encoder_steps - 1} bars before it")
+            raise ConfigError(
+                f"no bar of {s.bars.path} can be an origin"
+                + (f" at {where}" if where else "")
+                + f": an origin needs {WARMUP + encoder_steps - 1} bars before it"
+            )
         out.append(mine[-n:] if n else mine if ranged or origins == "all" else mine[-1:])
     return np.concatenate(out)
 
 
-def forecast(saved, bars: Any = None, *, as_of: str | None = None, origins: str = "last",
-             start: str | None = None, end: str | None = None, split: str | None = None,
-             series: tuple[str, ...] | None = None, mode: str | None = None,
-             unknown: str = "refuse", instrument: str | None = None,
-             stale_after: int = 1) -> Forecast:
+def forecast(
+    saved,
+    bars: Any = None,
+    *,
+    as_of: str | None = None,
+    origins: str = "last",
+    start: str | None = None,
+    end: str | None = None,
+    split: str | None = None,
+    series: tuple[str, ...] | None = None,
+    mode: str | None = None,
+    unknown: str = "refuse",
+    instrument: str | None = None,
+    stale_after: int = 1,
+) -> Forecast:
     """Forecast from a :class:`~tftjax.training.SavedModel`.
 
     Args:
@@ -127,21 +156,30 @@ def forecast(saved, bars: Any = None, *, as_of: str | None = None, origins: str 
         missing = [n for n in series if n not in ds.names]
         if missing:
             known = ", ".join(ds.names)
-            raise ConfigError(f"--series {','.join(missing)}: not a series of this data "
-                              f"({known}; the model knows {', '.join(saved_vocab(saved))})")
-    own = ds.cuts is not None or bars is None or (
-        ds.identity().get("sha256") == (saved.data or {}).get("sha256"))
+            raise ConfigError(
+                f"--series {','.join(missing)}: not a series of this data "
+                f"({known}; the model knows {', '.join(saved_vocab(saved))})"
+            )
+    own = (
+        ds.cuts is not None
+        or bars is None
+        or (ds.identity().get("sha256") == (saved.data or {}).get("sha256"))
+    )
     e = cfg.data.encoder_steps
-    rows = choose_origins(ds, e, as_of, origins, start=start, end=end, split=split,
-                          own_splits=own, only=series)
+    rows = choose_origins(
+        ds, e, as_of, origins, start=start, end=end, split=split, own_splits=own, only=series
+    )
     starts = (rows - (e - 1)).astype(np.int32)
     variables = saved.variables
     if mode == "float" and saved.float_variables is not None:
         variables = saved.float_variables
-    pred = predict_windows(inference_config(cfg), saved.tc, to_device(ds.features), variables,
-                           starts, mode)
-    return build(saved, ds, rows, starts, pred, as_of=as_of, own_splits=own,
-                 stale_after=stale_after)
+    pred = predict_windows(
+        inference_config(cfg), saved.tc, to_device(ds.features), variables, starts, mode
+    )
+    assert isinstance(pred, np.ndarray)  # without interpretation: the quantiles alone
+    return build(
+        saved, ds, rows, starts, pred, as_of=as_of, own_splits=own, stale_after=stale_after
+    )
 
 
 def saved_vocab(saved) -> tuple[str, ...]:

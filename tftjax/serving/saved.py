@@ -10,8 +10,8 @@ and evaluation below never import the exporter; they read the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tftjax.errors import ConfigError
 from tftjax.serving import export
@@ -30,11 +30,19 @@ def open_model(path: str | Path, flag: str = "--checkpoint") -> SavedModel:
     return load_checkpoint(path)
 
 
-def evaluate_checkpoint(checkpoint: str | Path, parquet_file=None,
-                        split: str = "test", *, int8: bool = False, calibrate_batches: int = 0,
-                        unknown: str = "refuse", instrument: str | None = None,
-                        log: Callable = print, calibration: str = "minmax",
-                        quant_options: dict | None = None) -> dict:
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    parquet_file=None,
+    split: str = "test",
+    *,
+    int8: bool = False,
+    calibrate_batches: int = 0,
+    unknown: str = "refuse",
+    instrument: str | None = None,
+    log: Callable = print,
+    calibration: str = "minmax",
+    quant_options: dict | None = None,
+) -> dict:
     """Metrics of a saved TFT (checkpoint, run folder or export) on one split beside the
     baselines: :func:`tftjax.training.evaluate_model` of :func:`tftjax.serving.saved.open_model`.
 
@@ -49,8 +57,15 @@ def evaluate_checkpoint(checkpoint: str | Path, parquet_file=None,
     from tftjax.quant.ptq import check_calibration
 
     check_calibration(calibration)
-    return evaluate_model(open_model(checkpoint), parquet_file, split, int8=int8,
-                          calibrate_batches=calibrate_batches, unknown=unknown,
-                          instrument=instrument, log=log, calibration=calibration,
-                          quant_options=quant_options)
-
+    return evaluate_model(
+        open_model(checkpoint),
+        parquet_file,
+        split,
+        int8=int8,
+        calibrate_batches=calibrate_batches,
+        unknown=unknown,
+        instrument=instrument,
+        log=log,
+        calibration=calibration,
+        quant_options=quant_options,
+    )

@@ -76,21 +76,29 @@ def split_of(ds: Dataset, rows: np.ndarray, encoder_steps: int) -> np.ndarray:
     return out
 
 
-
-
 def _zone(ds) -> str | None:
     zones = {s.bars.tz for s in ds.series}
     if len(zones) == 1:
         return zones.pop()
     if None in zones:
-        raise ConfigError("some series have a time zone and others are naive: give every "
-                          "file's times with their zone, or none")
+        raise ConfigError(
+            "some series have a time zone and others are naive: give every "
+            "file's times with their zone, or none"
+        )
     return "UTC"
 
 
-def build(saved, ds, rows: np.ndarray, starts: np.ndarray, pred: np.ndarray, *,
-          as_of: str | None, own_splits: bool, stale_after: int):
-    from tftjax.runner.provenance import tree_sha256
+def build(
+    saved,
+    ds,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    pred: np.ndarray,
+    *,
+    as_of: str | None,
+    own_splits: bool,
+    stale_after: int,
+):
     from tftjax.training.evaluation import window_targets
 
     cfg = saved.cfg
@@ -123,55 +131,83 @@ def build(saved, ds, rows: np.ndarray, starts: np.ndarray, pred: np.ndarray, *,
             missing[sel] = ((target_ts[sel] <= t) & ~np.isfinite(y[sel])).sum(axis=1)
             late = missing[sel][-1]  # its last origin's
             if late > stale_after:
-                warnings.append(f"{s.name}: its last bar at or before --as-of {as_of} is "
-                                f"{late} calendar slots old (the data has no bar since "
-                                f"{_text(origin_ts[sel][-1], s.bars.tz)})")
+                warnings.append(
+                    f"{s.name}: its last bar at or before --as-of {as_of} is "
+                    f"{late} calendar slots old (the data has no bar since "
+                    f"{_text(origin_ts[sel][-1], s.bars.tz)})"
+                )
     last = [np.flatnonzero(which == i)[-1] for i in np.unique(which)]  # each series' last origin
     if t_as_of is not None and all(missing[j] >= d for j in last):
         i = int(which[-1])
-        raise ConfigError(f"--as-of {as_of} is after the data: the last bar of "
-                          f"{ds.series[i].bars.path} is {_text(origin_ts[-1], ds.series[i].bars.tz)}"
-                          f", and every step of every series' forecast lies before it (drop "
-                          "--as-of to forecast from each series' last bar)")
+        raise ConfigError(
+            f"--as-of {as_of} is after the data: the last bar of "
+            f"{ds.series[i].bars.path} is {_text(origin_ts[-1], ds.series[i].bars.tz)}"
+            f", and every step of every series' forecast lies before it (drop "
+            "--as-of to forecast from each series' last bar)"
+        )
     realised = y * scale[:, None]
     zone = _zone(ds)
-    rep = lambda a: np.repeat(a, d)  # noqa: E731  per origin → per row
-    out = {"instrument": rep(np.array(ds.names)[which]), "origin_time": rep(origin_ts),
-           "target_time": target_ts.reshape(-1)}
+    rep = lambda a: np.repeat(a, d)  # per origin → per row
+    out = {
+        "instrument": rep(np.array(ds.names)[which]),
+        "origin_time": rep(origin_ts),
+        "target_time": target_ts.reshape(-1),
+    }
     if zone is not None:
         out["origin_time_utc"], out["target_time_utc"] = out["origin_time"], out["target_time"]
     split = split_of(ds, rows, cfg.data.encoder_steps) if own_splits else np.full(n, "", object)
-    out.update({"horizon": np.tile(np.arange(1, d + 1), n),
-                "bar_expected": expected.reshape(-1), "split": rep(split),
-                "missing_bars": rep(missing), "close_at_origin": rep(ds.close[rows])})
+    out.update(
+        {
+            "horizon": np.tile(np.arange(1, d + 1), n),
+            "bar_expected": expected.reshape(-1),
+            "split": rep(split),
+            "missing_bars": rep(missing),
+            "close_at_origin": rep(ds.close[rows]),
+        }
+    )
     cumulative = cfg.data.target == "cumulative"
-    for j, p in enumerate(cfg.head.quantiles):
+    quantile_columns(out, q, realised, cfg.head.quantiles, cumulative)
+    out["stats_from"] = rep(np.array([s.stats_from for s in ds.series])[which])
+    ident = ds.identity()
+    shas = np.array(
+        [p["sha256"] for p in ident["series"]] if "series" in ident else [ident["sha256"]]
+    )
+    out["data_sha256"] = rep(shas[which])
+    meta = table_meta(saved, ident, as_of, zone, cumulative)
+    return Forecast(out, meta, zone, ds, rows, starts, pred, tuple(warnings))
+
+
+def quantile_columns(out: dict, q: np.ndarray, realised: np.ndarray, quantiles, cumulative: bool):
+    """The quantiles' columns (and their prices for a cumulative target), the realised value
+    and the P50 and P90 pinball losses, row by row, into ``out``."""
+    for j, p in enumerate(quantiles):
         name = f"q{p * 100:g}"
         out[name] = q[:, :, j].reshape(-1)
         if cumulative:
             out[f"price_{name}"] = out["close_at_origin"] * np.exp(out[name])
     out["realised"] = realised.reshape(-1)
     for level in (0.5, 0.9):
-        j = next((j for j, p in enumerate(cfg.head.quantiles) if abs(p - level) < 1e-9), None)
+        j = next((j for j, p in enumerate(quantiles) if abs(p - level) < 1e-9), None)
         if j is not None:
             err = out["realised"] - q[:, :, j].reshape(-1)
             out[f"loss_q{level * 100:g}"] = np.maximum(level * err, (level - 1.0) * err)
-    out["stats_from"] = rep(np.array([s.stats_from for s in ds.series])[which])
-    ident = ds.identity()
-    shas = np.array([p["sha256"] for p in ident["series"]] if "series" in ident
-                    else [ident["sha256"]])
-    out["data_sha256"] = rep(shas[which])
-    meta = {
-        "checkpoint": str(saved.given), "checkpoint_kind": saved.kind,
+
+
+def table_meta(saved, ident: dict, as_of: str | None, zone: str | None, cumulative: bool) -> dict:
+    """The file's metadata: the model, its weights' hash, the data, the clock, the target."""
+    from tftjax.runner.provenance import tree_sha256
+
+    return {
+        "checkpoint": str(saved.given),
+        "checkpoint_kind": saved.kind,
         "checkpoint_epoch": "" if saved.weights_epoch is None else str(saved.weights_epoch),
         "weights_sha256": tree_sha256(saved.variables),
-        "data": json.dumps(ident), "as_of": as_of or "",
+        "data": json.dumps(ident),
+        "as_of": as_of or "",
         "time_zone": zone or "none: naive bars, their clock as stored",
-        "target": ("k-bar log return from the origin" if cumulative
-                   else "1-bar log return of bar k"),
-        "quantiles": json.dumps(list(cfg.head.quantiles)),
+        "target": "k-bar log return from the origin" if cumulative else "1-bar log return of bar k",
+        "quantiles": json.dumps(list(saved.cfg.head.quantiles)),
     }
-    return Forecast(out, meta, zone, ds, rows, starts, pred, tuple(warnings))
 
 
 def zone_notes(saved, ds) -> list[str]:
@@ -183,19 +219,26 @@ def zone_notes(saved, ds) -> list[str]:
         if st is None or (st.clock.data_zone is None) == (s.bars.tz is None):
             continue
         zone = s.features.stats.clock.zone
-        out.append(f"{s.name}: the model was trained on "
-                   + (f"naive bars; these carry the zone {s.bars.tz}, and are read on its wall "
-                      "clock" if s.bars.tz else
-                      f"bars of the zone {st.clock.data_zone}; these naive bars are read as the "
-                      f"wall clock of {zone or 'their own clock (no zone)'}"))
+        out.append(
+            f"{s.name}: the model was trained on "
+            + (
+                f"naive bars; these carry the zone {s.bars.tz}, and are read on its wall clock"
+                if s.bars.tz
+                else f"bars of the zone {st.clock.data_zone}; these naive bars are read as the "
+                f"wall clock of {zone or 'their own clock (no zone)'}"
+            )
+        )
     return out
 
 
 def _text(ns: int, tz: str | None) -> str:
     import pyarrow as pa
 
-    return str(pa.scalar(int(ns), pa.timestamp("ns", tz=tz)).as_py()) if tz else str(
-        np.datetime64(int(ns), "ns"))
+    return (
+        str(pa.scalar(int(ns), pa.timestamp("ns", tz=tz)).as_py())
+        if tz
+        else str(np.datetime64(int(ns), "ns"))
+    )
 
 
 def to_arrow(f):

@@ -42,8 +42,16 @@ import numpy as np
 import optax
 from scipy.stats import norm
 
-from tftjax.stats.volatility import (HAR_LAGS, LAMBDA, anchor, ewma_variance, har_features,  # noqa: F401
-                               har_fit, har_forecasts, range_variance)
+from tftjax.stats.volatility import (  # noqa: F401
+    HAR_LAGS,
+    LAMBDA,
+    anchor,
+    ewma_variance,
+    har_features,
+    har_fit,
+    har_forecasts,
+    range_variance,
+)
 
 ROLLING_WINDOW = 250
 
@@ -73,8 +81,9 @@ def ewma_scale(target: np.ndarray, lam: float = LAMBDA) -> np.ndarray:
     return np.maximum(np.sqrt(v), SCALE_FLOOR).astype(np.float32)
 
 
-def rolling_quantiles(r: np.ndarray, origins: np.ndarray, quantiles, window: int = ROLLING_WINDOW,
-                      chunk: int = 8192) -> np.ndarray:
+def rolling_quantiles(
+    r: np.ndarray, origins: np.ndarray, quantiles, window: int = ROLLING_WINDOW, chunk: int = 8192
+) -> np.ndarray:
     """Empirical quantiles ``[N, Q]`` of ``r[T-window+1 .. T]`` for each origin ``T``
     (fewer values where the series is shorter)."""
     r = np.asarray(r, np.float64)
@@ -87,12 +96,21 @@ def rolling_quantiles(r: np.ndarray, origins: np.ndarray, quantiles, window: int
     return out
 
 
-def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
-              train_rows: tuple[int, int], *, lam: float = LAMBDA,
-              window: int = ROLLING_WINDOW, ranges: np.ndarray | None = None,
-              daily: bool = False, cumulative: bool = False,
-              features: np.ndarray | None = None,
-              decoder_target: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def forecasts(
+    target: np.ndarray,
+    origins: np.ndarray,
+    horizon: int,
+    quantiles,
+    train_rows: tuple[int, int],
+    *,
+    lam: float = LAMBDA,
+    window: int = ROLLING_WINDOW,
+    ranges: np.ndarray | None = None,
+    daily: bool = False,
+    cumulative: bool = False,
+    features: np.ndarray | None = None,
+    decoder_target: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """Quantile forecasts ``{name: [N, horizon, Q]}`` of every baseline.
 
     Args:
@@ -131,12 +149,22 @@ def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
             out["train_quantiles"][:, h - 1] = np.quantile(yk[a + h - 1 : b], qs)
             out["rolling"][:, h - 1] = rolling_quantiles(yk, origins, qs, window)
     # the volatility models with empirical standardised quantiles (tftjax.stats.volatility.anchor)
-    names = ["ewma_empirical"] + (["range_ewma"] + (["har"] if daily else [])
-                                  if ranges is not None else [])
+    names = ["ewma_empirical"] + (
+        ["range_ewma"] + (["har"] if daily else []) if ranges is not None else []
+    )
     for name in names:
-        out[name] = anchor(name, y, horizon, qs, train_rows, ranges=ranges, daily=daily,
-                           cumulative=cumulative, lam=lam, origins=origins).quantiles(
-                               np.arange(origins.size))
+        out[name] = anchor(
+            name,
+            y,
+            horizon,
+            qs,
+            train_rows,
+            ranges=ranges,
+            daily=daily,
+            cumulative=cumulative,
+            lam=lam,
+            origins=origins,
+        ).quantiles(np.arange(origins.size))
     if features is not None and decoder_target is not None:
         out["qr"] = quantile_regression(features, decoder_target, origins, qs, train_rows)
     return out
@@ -145,9 +173,16 @@ def forecasts(target: np.ndarray, origins: np.ndarray, horizon: int, quantiles,
 _QR_FITS: dict = {}
 
 
-def quantile_regression(features: np.ndarray, decoder_target: np.ndarray, origins: np.ndarray,
-                        quantiles, train_rows: tuple[int, int], *,
-                        components: int = QR_COMPONENTS, steps: int = QR_STEPS) -> np.ndarray:
+def quantile_regression(
+    features: np.ndarray,
+    decoder_target: np.ndarray,
+    origins: np.ndarray,
+    quantiles,
+    train_rows: tuple[int, int],
+    *,
+    components: int = QR_COMPONENTS,
+    steps: int = QR_STEPS,
+) -> np.ndarray:
     """Linear quantile regression on the encoder features at the origin, ``[N, D, Q]``.
 
     Fitted on the training windows only: origins ``t`` with ``[t, t + D]`` inside
@@ -178,12 +213,23 @@ def quantile_regression(features: np.ndarray, decoder_target: np.ndarray, origin
         zp[: z.shape[0]] = z
         yp = np.full((rows, d), np.nan, np.float32)
         yp[: y.shape[0]] = y
-        c0 = np.stack([np.nanquantile(y[:, j], qs) if np.isfinite(y[:, j]).any()
-                       else np.zeros(qs.size) for j in range(d)]).astype(np.float32)
-        w, c = _qr_solve(jnp.asarray(zp), jnp.asarray(yp), jnp.asarray(qs, jnp.float32),
-                         jnp.asarray(c0), steps)
-        hit = (weakref.ref(features), weakref.ref(decoder_target), mu, proj,
-               np.asarray(w, np.float64), np.asarray(c, np.float64))
+        c0 = np.stack(
+            [
+                np.nanquantile(y[:, j], qs) if np.isfinite(y[:, j]).any() else np.zeros(qs.size)
+                for j in range(d)
+            ]
+        ).astype(np.float32)
+        w, c = _qr_solve(
+            jnp.asarray(zp), jnp.asarray(yp), jnp.asarray(qs, jnp.float32), jnp.asarray(c0), steps
+        )
+        hit = (
+            weakref.ref(features),
+            weakref.ref(decoder_target),
+            mu,
+            proj,
+            np.asarray(w, np.float64),
+            np.asarray(c, np.float64),
+        )
         _QR_FITS.clear()  # one fit kept: a dataset's tables come one after another
         _QR_FITS[key] = hit
     _, _, mu, proj, w, c = hit

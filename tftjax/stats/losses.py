@@ -10,7 +10,7 @@ quantiles are calibrated; NaN when the quantiles lack 0.1 or 0.9).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +33,9 @@ def observed(y: Array) -> tuple[Array, Array]:
     return jnp.where(ok, y, 0.0), ok
 
 
-def quantile_loss(y: Array, pred: Array, quantiles, mask: Array | None = None,
-                  denom: Array | None = None) -> Array:
+def quantile_loss(
+    y: Array, pred: Array, quantiles, mask: Array | None = None, denom: Array | None = None
+) -> Array:
     """Mean pinball loss over batch, horizon and quantiles; ``mask [B]`` drops padded rows,
     and a missing target (NaN) adds nothing (a window's loss is its observed steps' sum over
     ``T``: every step weighs alike). ``denom``: divide the masked sum by this instead of the
@@ -50,15 +51,16 @@ def quantile_loss(y: Array, pred: Array, quantiles, mask: Array | None = None,
 
 
 class MetricSums(NamedTuple):
-    """Additive sums over batches; :func:`finalize` turns them into metrics."""
+    """Additive sums over batches; :func:`finalize` turns them into metrics. Device arrays
+    from the eval step, or numpy floats from :func:`numpy_metrics`."""
 
-    loss: Array  # Σ mean-over-(T, Q) pinball, per valid row
-    count: Array  # valid rows
-    ql50: Array  # Σ QL at q = 0.5 (all horizons)
-    ql90: Array  # Σ QL at q = 0.9
-    abs_y: Array  # Σ |y|
-    inside: Array  # Σ [ŷ_0.1 <= y <= ŷ_0.9] (all horizons)
-    points: Array  # Σ valid (row, horizon) points
+    loss: Any  # Σ mean-over-(T, Q) pinball, per valid row
+    count: Any  # valid rows
+    ql50: Any  # Σ QL at q = 0.5 (all horizons)
+    ql90: Any  # Σ QL at q = 0.9
+    abs_y: Any  # Σ |y|
+    inside: Any  # Σ [ŷ_0.1 <= y <= ŷ_0.9] (all horizons)
+    points: Any  # Σ valid (row, horizon) points
 
 
 def metric_sums(y: Array, pred: Array, quantiles, mask: Array) -> MetricSums:
@@ -67,7 +69,7 @@ def metric_sums(y: Array, pred: Array, quantiles, mask: Array) -> MetricSums:
     i50, i90 = _index(qs, 0.5), _index(qs, 0.9)
     y, ok = observed(y)
     okf = ok.astype(pred.dtype)
-    ql = pinball(y, pred, qs) * okf[..., None]  # [B, T, Q], 0 at missing targets
+    ql = pinball(y, pred, jnp.asarray(qs)) * okf[..., None]  # [B, T, Q], 0 at missing targets
     m = mask.astype(ql.dtype)
     hits = np.flatnonzero(np.isclose(qs, 0.1))
     if hits.size:
@@ -123,8 +125,15 @@ def numpy_sums(y: np.ndarray, pred: np.ndarray, quantiles) -> MetricSums:
     ql = np.maximum(qs * err, (qs - 1.0) * err) * ok[..., None]
     i50, i90 = _index(qs, 0.5), _index(qs, 0.9)
     hits = np.flatnonzero(np.isclose(qs, 0.1))
-    inside = (np.sum((y >= pred[..., int(hits[0])]) & (y <= pred[..., i90]) & ok) if hits.size
-              else np.nan)
-    return MetricSums(loss=ql.mean(axis=-1).sum() / y.shape[-1], count=float(y.shape[0]),
-                      ql50=ql[..., i50].sum(), ql90=ql[..., i90].sum(), abs_y=np.abs(y).sum(),
-                      inside=inside, points=float(ok.sum()))
+    inside = (
+        np.sum((y >= pred[..., int(hits[0])]) & (y <= pred[..., i90]) & ok) if hits.size else np.nan
+    )
+    return MetricSums(
+        loss=ql.mean(axis=-1).sum() / y.shape[-1],
+        count=float(y.shape[0]),
+        ql50=ql[..., i50].sum(),
+        ql90=ql[..., i90].sum(),
+        abs_y=np.abs(y).sum(),
+        inside=inside,
+        points=float(ok.sum()),
+    )

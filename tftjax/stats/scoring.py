@@ -43,14 +43,14 @@ def block_length(x: np.ndarray) -> int:
     for i in range(m_max + 1):
         cross = e[i:] @ e[: n - i]
         acv[i] = cross / n
-        rho[i] = abs(cross) / math.sqrt((e[i + 1:] @ e[i + 1:]) * (e[: -(i + 1)] @ e[: -(i + 1)]))
-        if i >= kn and m_hat is None and np.all(rho[i - kn: i] < cv):
+        rho[i] = abs(cross) / math.sqrt((e[i + 1 :] @ e[i + 1 :]) * (e[: -(i + 1)] @ e[: -(i + 1)]))
+        if i >= kn and m_hat is None and np.all(rho[i - kn : i] < cv):
             m_hat = i - kn
     M = min(2 * max(m_hat, 1) if m_hat is not None else m_max, m_max)
     k = np.arange(1, M + 1)
     lam = np.minimum(1.0, 2.0 * (1.0 - k / M))
-    G = np.sum(2.0 * lam * k * acv[1: M + 1])
-    g0 = acv[0] + np.sum(2.0 * lam * acv[1: M + 1])
+    G = np.sum(2.0 * lam * k * acv[1 : M + 1])
+    g0 = acv[0] + np.sum(2.0 * lam * acv[1 : M + 1])
     if g0 <= 0:
         return 1
     b = (2.0 * G * G / (4.0 / 3.0 * g0 * g0)) ** (1.0 / 3.0) * n ** (1.0 / 3.0)
@@ -67,8 +67,9 @@ def circular_bootstrap_index(n: int, block: int, reps: int, seed: int = 0) -> np
     return ((starts[..., None] + np.arange(block)) % n).reshape(reps, -1)[:, :n]
 
 
-def bootstrap_interval(stat, data: np.ndarray, block: int, reps: int = 2000, seed: int = 0,
-                       level: float = 0.95) -> tuple[float, float]:
+def bootstrap_interval(
+    stat, data: np.ndarray, block: int, reps: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile interval of ``stat(data[idx])`` over circular-block resamples of the rows of
     ``data``."""
     idx = circular_bootstrap_index(data.shape[0], block, reps, seed)
@@ -93,8 +94,9 @@ def default_lags(n: int, horizon: int = 1) -> int:
     return max(horizon - 1, int(math.floor(4.0 * (n / 100.0) ** (2.0 / 9.0))))
 
 
-def diebold_mariano(loss_a: np.ndarray, loss_b: np.ndarray, horizon: int = 1,
-                    lags: int | None = None) -> dict:
+def diebold_mariano(
+    loss_a: np.ndarray, loss_b: np.ndarray, horizon: int = 1, lags: int | None = None
+) -> dict:
     """DM test of ``E[loss_a - loss_b] = 0`` (negative statistic: ``a`` is better).
 
     ``stat = d̄ / √(V̂/n)`` with ``V̂`` the Newey–West variance (``lags``, default
@@ -138,10 +140,15 @@ def kupiec(hits: np.ndarray, p: float) -> dict:
     h = np.asarray(hits, bool).ravel()
     n, x = h.size, int(h.sum())
     pi = x / n
-    lr = -2.0 * ((_xlogy(n - x, 1 - p) + _xlogy(x, p))
-                 - (_xlogy(n - x, 1 - pi) + _xlogy(x, pi)))
-    return {"n": n, "hits": x, "rate": pi, "expected": p, "lr": lr,
-            "p": float(stats.chi2.sf(lr, 1))}
+    lr = -2.0 * ((_xlogy(n - x, 1 - p) + _xlogy(x, p)) - (_xlogy(n - x, 1 - pi) + _xlogy(x, pi)))
+    return {
+        "n": n,
+        "hits": x,
+        "rate": pi,
+        "expected": p,
+        "lr": lr,
+        "p": float(stats.chi2.sf(lr, 1)),
+    }
 
 
 def christoffersen(hits: np.ndarray) -> dict:
@@ -158,8 +165,14 @@ def christoffersen(hits: np.ndarray) -> dict:
     l0 = _xlogy(n00 + n10, 1 - pi) + _xlogy(n01 + n11, pi)
     l1 = _xlogy(n00, 1 - pi0) + _xlogy(n01, pi0) + _xlogy(n10, 1 - pi1) + _xlogy(n11, pi1)
     lr = -2.0 * (l0 - l1)
-    return {"n00": n00, "n01": n01, "n10": n10, "n11": n11, "lr": lr,
-            "p": float(stats.chi2.sf(lr, 1))}
+    return {
+        "n00": n00,
+        "n01": n01,
+        "n10": n10,
+        "n11": n11,
+        "lr": lr,
+        "p": float(stats.chi2.sf(lr, 1)),
+    }
 
 
 # ------------------------------------------------------- quantile forecasts
@@ -217,10 +230,22 @@ def window_sums(y: np.ndarray, pred: np.ndarray, quantiles) -> np.ndarray:
     ql = np.maximum(qs * err, (qs - 1.0) * err) * ok[..., None]
     i50, i90 = level(qs, 0.5), level(qs, 0.9)  # both required of every model's quantiles
     i10 = level(qs, 0.1, required=False)
-    inside = (((y >= pred[..., i10]) & (y <= pred[..., i90]) & ok).sum(-1) if i10 is not None
-              else np.full(y.shape[0], np.nan))  # no 10% quantile: no 10-90% coverage
-    return np.stack([ql.mean(axis=-1).sum(-1) / y.shape[1], ql[..., i50].sum(-1),
-                     ql[..., i90].sum(-1), np.abs(y).sum(-1), inside, ok.sum(-1)], axis=1)
+    inside = (
+        ((y >= pred[..., i10]) & (y <= pred[..., i90]) & ok).sum(-1)
+        if i10 is not None
+        else np.full(y.shape[0], np.nan)
+    )  # no 10% quantile: no 10-90% coverage
+    return np.stack(
+        [
+            ql.mean(axis=-1).sum(-1) / y.shape[1],
+            ql[..., i50].sum(-1),
+            ql[..., i90].sum(-1),
+            np.abs(y).sum(-1),
+            inside,
+            ok.sum(-1),
+        ],
+        axis=1,
+    )
 
 
 def level(qs, q: float, required: bool = True) -> int | None:
@@ -248,5 +273,9 @@ def from_sums(s: np.ndarray) -> dict:
     """Loss, P50/P90 q-risk and 10-90% coverage from per-window sums ``[..., N, 6]``."""
     n = s.shape[-2]
     tot = s.sum(-2)
-    return {"loss": tot[..., 0] / n, "q_risk_50": 2 * tot[..., 1] / tot[..., 3],
-            "q_risk_90": 2 * tot[..., 2] / tot[..., 3], "coverage_80": tot[..., 4] / tot[..., 5]}
+    return {
+        "loss": tot[..., 0] / n,
+        "q_risk_50": 2 * tot[..., 1] / tot[..., 3],
+        "q_risk_90": 2 * tot[..., 2] / tot[..., 3],
+        "coverage_80": tot[..., 4] / tot[..., 5],
+    }

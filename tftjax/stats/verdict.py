@@ -23,6 +23,7 @@ over every row reported. Holm over this run's baselines adjusts the side compari
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class Fold:
 
     val: dict[str, np.ndarray]
     test: dict[str, np.ndarray]
-    y: np.ndarray
+    y: np.ndarray | None  # None until the test stretch is scored
     pred: dict[str, np.ndarray]
 
 
@@ -64,10 +65,15 @@ def with_choice(folds: list[Fold], candidates: list[str]) -> tuple[list[Fold], l
     """Each fold with the stitched choice added as :data:`CHOSEN` (its pick's validation and
     test rows and test quantiles), and the picks."""
     picks = [choose(f, candidates) for f in folds]
-    out = [dataclasses.replace(f, val={**f.val, CHOSEN: f.val[p]},
-                               test={**f.test, CHOSEN: f.test[p]},
-                               pred={**f.pred, CHOSEN: f.pred[p]})
-           for f, p in zip(folds, picks)]
+    out = [
+        dataclasses.replace(
+            f,
+            val={**f.val, CHOSEN: f.val[p]},
+            test={**f.test, CHOSEN: f.test[p]},
+            pred={**f.pred, CHOSEN: f.pred[p]},
+        )
+        for f, p in zip(folds, picks)
+    ]
     return out, picks
 
 
@@ -75,8 +81,14 @@ def combine(y_val: np.ndarray, model_val: np.ndarray, base_val: np.ndarray, qs) 
     """The weight ``w`` (:data:`WEIGHTS`) of the model in ``w · model + (1 - w) · baseline``
     of lowest P90 q-risk on the fold's validation windows (the smallest of a tie: the
     baseline, unless the model adds something there)."""
-    scores = np.array([scoring.from_sums(scoring.window_sums(
-        y_val, w * model_val + (1 - w) * base_val, qs))["q_risk_90"] for w in WEIGHTS])
+    scores = np.array(
+        [
+            scoring.from_sums(scoring.window_sums(y_val, w * model_val + (1 - w) * base_val, qs))[
+                "q_risk_90"
+            ]
+            for w in WEIGHTS
+        ]
+    )
     best = np.nanmin(scores)  # within 1e-9 relative: a tie (w·b + (1-w)·b is b to an ulp)
     return WEIGHTS[int(np.flatnonzero(scores <= best + 1e-9 * abs(best))[0])]
 
@@ -85,22 +97,34 @@ def by_series(fold: Fold, val_series: np.ndarray, test_series: np.ndarray):
     """A panel's fold split by series: ``(series index, Fold)`` for each series with test
     windows in it, its own validation windows for its choice (the fold's pooled ones where
     it has none: a series that joined at the validation stretch's end)."""
+    assert fold.y is not None, "a fold scored on its test stretch"
     for i in np.unique(test_series):
         v, t = val_series == i, test_series == i
         val = {n: r[v] for n, r in fold.val.items()} if v.any() else fold.val
-        yield int(i), Fold(val, {n: r[t] for n, r in fold.test.items()}, fold.y[t],
-                           {n: p[t] for n, p in fold.pred.items()})
+        yield (
+            int(i),
+            Fold(
+                val,
+                {n: r[t] for n, r in fold.test.items()},
+                fold.y[t],
+                {n: p[t] for n, p in fold.pred.items()},
+            ),
+        )
 
 
 def brief(out: dict, model: str = MODEL) -> dict:
     """A verdict cut to its row: the model's and the stitched choice's test metrics, their
     comparison, the picks and the verdict (a panel's per-series rows)."""
     rows = out["pooled"]
-    return {"windows": int(sum(out["fold_windows"])), "folds": len(out["fold_windows"]),
-            "chosen_per_fold": out["chosen_per_fold"], "verdict": out["verdict"],
-            model: {**rows[model]["test"], "ci95": rows[model]["ci95"]},
-            CHOSEN: {**rows[CHOSEN]["test"], "ci95": rows[CHOSEN]["ci95"]},
-            "vs": rows[CHOSEN]["vs"]}
+    return {
+        "windows": int(sum(out["fold_windows"])),
+        "folds": len(out["fold_windows"]),
+        "chosen_per_fold": out["chosen_per_fold"],
+        "verdict": out["verdict"],
+        model: {**rows[model]["test"], "ci95": rows[model]["ci95"]},
+        CHOSEN: {**rows[CHOSEN]["test"], "ci95": rows[CHOSEN]["ci95"]},
+        "vs": rows[CHOSEN]["vs"],
+    }
 
 
 def holm_rows(rows: dict) -> dict:
@@ -116,17 +140,22 @@ def holm_rows(rows: dict) -> dict:
 
 def format_series(rows: dict) -> str:
     """A panel's per-series table (:func:`brief` rows by series name)."""
-    lines = ["per series (each over the folds it was scored in, its baseline chosen per fold "
-             "on its own validation; Holm over the series):",
-             "| series | folds | windows | TFT P90 | chosen P90 | P90 diff [95% CI] | DM P90 (p, Holm) "
-             "| verdict |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "per series (each over the folds it was scored in, its baseline chosen per fold "
+        "on its own validation; Holm over the series):",
+        "| series | folds | windows | TFT P90 | chosen P90 | P90 diff [95% CI] | DM P90 (p, Holm) "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for n, r in rows.items():
         v, ci = r["vs"], r["vs"]["p90_diff_ci95"]
-        lines.append(f"| {n} | {r['folds']} | {r['windows']:,} | {r[MODEL]['q_risk_90']:.4f} | "
-                     f"{r[CHOSEN]['q_risk_90']:.4f} | {v['p90_diff']:+.4f} [{ci[0]:+.4f}, "
-                     f"{ci[1]:+.4f}] | {v['dm_p90']['stat']:+.2f} ({v['dm_p90']['p']:.3g}, "
-                     f"{v['dm_p90'].get('p_holm', float('nan')):.3g}) | "
-                     f"{r['verdict']} |")
+        lines.append(
+            f"| {n} | {r['folds']} | {r['windows']:,} | {r[MODEL]['q_risk_90']:.4f} | "
+            f"{r[CHOSEN]['q_risk_90']:.4f} | {v['p90_diff']:+.4f} [{ci[0]:+.4f}, "
+            f"{ci[1]:+.4f}] | {v['dm_p90']['stat']:+.2f} ({v['dm_p90']['p']:.3g}, "
+            f"{v['dm_p90'].get('p_holm', float('nan')):.3g}) | "
+            f"{r['verdict']} |"
+        )
     return "\n".join(lines)
 
 
@@ -147,11 +176,15 @@ def compare(a: np.ndarray, b: np.ndarray, horizon: int, reps: int, seed: int = 0
     ``a - b`` with its paired 95% circular-block-bootstrap interval."""
     seen = a[:, 5] > 0  # windows with an observed target (the same for every model)
     a, b = a[seen], b[seen]
-    out = {"dm_p90": dm(a[:, 2], b[:, 2], horizon), "dm_loss": dm(a[:, 0], b[:, 0], horizon)}
+    out: dict[str, Any] = {
+        "dm_p90": dm(a[:, 2], b[:, 2], horizon),
+        "dm_loss": dm(a[:, 0], b[:, 0], horizon),
+    }
     block = out["dm_p90"]["block"]
     idx = scoring.circular_bootstrap_index(a.shape[0], block, reps, seed)
-    diffs = np.array([scoring.from_sums(a[i])["q_risk_90"] - scoring.from_sums(b[i])["q_risk_90"]
-                      for i in idx])
+    diffs = np.array(
+        [scoring.from_sums(a[i])["q_risk_90"] - scoring.from_sums(b[i])["q_risk_90"] for i in idx]
+    )
     point = scoring.from_sums(a)["q_risk_90"] - scoring.from_sums(b)["q_risk_90"]
     out["p90_diff"] = float(point)
     out["p90_diff_ci95"] = [float(np.quantile(diffs, 0.025)), float(np.quantile(diffs, 0.975))]
@@ -164,13 +197,17 @@ def calibration(y: np.ndarray, pred: np.ndarray, qs) -> dict:
     PIT counts, and the one-step-ahead hits of every quantile but the median (Kupiec's
     coverage and Christoffersen's independence tests)."""
     qarr = np.asarray(qs, np.float64)
-    out = {"crossing_rate": scoring.crossing_rate(pred),
-           "crps": float(np.nanmean(scoring.crps_from_quantiles(y, pred, qs))),  # NaN: no y
-           "missing_targets": float(np.mean(~np.isfinite(y))), "hits": {}}
+    out = {
+        "crossing_rate": scoring.crossing_rate(pred),
+        "crps": float(np.nanmean(scoring.crps_from_quantiles(y, pred, qs))),  # NaN: no y
+        "missing_targets": float(np.mean(~np.isfinite(y))),
+        "hits": {},
+    }
     i10, i90 = scoring.level(qs, 0.1, required=False), scoring.level(qs, 0.9, required=False)
     if i10 is not None and i90 is not None:
-        out["interval_score_80"] = float(np.nanmean(scoring.interval_score(
-            y, pred[..., i10], pred[..., i90], 0.2)))
+        out["interval_score_80"] = float(
+            np.nanmean(scoring.interval_score(y, pred[..., i10], pred[..., i90], 0.2))
+        )
     y1, p1 = y[:, 0], pred[:, 0]
     seen = np.isfinite(y1)
     y1, p1 = y1[seen], p1[seen]
@@ -179,8 +216,10 @@ def calibration(y: np.ndarray, pred: np.ndarray, qs) -> dict:
             continue
         hits = y1 < p1[:, j] if q < 0.5 else y1 > p1[:, j]
         p = q if q < 0.5 else 1 - q
-        out["hits"][f"{q:g}"] = {"kupiec": scoring.kupiec(hits, p),
-                                 "christoffersen": scoring.christoffersen(hits)}
+        out["hits"][f"{q:g}"] = {
+            "kupiec": scoring.kupiec(hits, p),
+            "christoffersen": scoring.christoffersen(hits),
+        }
     counts, expected = scoring.pit_counts(y, pred, qs)
     out["pit"] = {"counts": counts.tolist(), "expected": expected.tolist()}
     return out
@@ -190,8 +229,14 @@ def _metrics(sums: np.ndarray) -> dict:
     return {k: float(v) for k, v in scoring.from_sums(sums).items()}
 
 
-def summarize(folds: list[Fold], qs, horizon: int, reps: int, model: str | None = MODEL,
-              block: int | None = None) -> dict:
+def summarize(
+    folds: list[Fold],
+    qs,
+    horizon: int,
+    reps: int,
+    model: str | None = MODEL,
+    block: int | None = None,
+) -> dict:
     """The verdict of a walk-forward (see the module docstring): ``pooled`` (a row per model:
     validation and test metrics, intervals, calibration, and ``vs``: the model against it),
     ``chosen_per_fold``, ``block``, ``comparisons`` and, with a ``model``, ``verdict``.
@@ -201,27 +246,38 @@ def summarize(folds: list[Fold], qs, horizon: int, reps: int, model: str | None 
     baselines = [n for n in folds[0].val if n != model and n not in MODELS]
     folds, picks = with_choice(folds, baselines)
     names = ([model] if model else []) + baselines + [CHOSEN]
-    cat = lambda part, n: np.concatenate([getattr(f, part)[n] for f in folds])  # noqa: E731
+    cat = lambda part, n: np.concatenate([getattr(f, part)[n] for f in folds])
     test = {n: cat("test", n) for n in names}
     seen = test[CHOSEN][:, 5] > 0
     ref = test[model][seen, 2] - test[CHOSEN][seen, 2] if model else test[CHOSEN][seen, 2]
     block = block or scoring.block_length(ref)
-    y = np.concatenate([f.y for f in folds])
+    y = np.concatenate([f.y for f in folds if f.y is not None])
     table = {}
     for n in names:
         s = test[n]
-        table[n] = {"val": _metrics(cat("val", n)), "test": _metrics(s),
-                    "ci95": {m: scoring.bootstrap_interval(
-                        lambda x, m=m: scoring.from_sums(x)[m], s, block, reps)
-                        for m in ("q_risk_50", "q_risk_90", "coverage_80")},
-                    "calibration": calibration(y, cat("pred", n), qs)}
+        table[n] = {
+            "val": _metrics(cat("val", n)),
+            "test": _metrics(s),
+            "ci95": {
+                m: scoring.bootstrap_interval(
+                    lambda x, m=m: scoring.from_sums(x)[m], s, block, reps
+                )
+                for m in ("q_risk_50", "q_risk_90", "coverage_80")
+            },
+            "calibration": calibration(y, cat("pred", n), qs),
+        }
         if model and n != model:
             table[n]["vs"] = compare(test[model], s, horizon, reps)
-    out = {"pooled": table, "chosen_per_fold": picks, "block": block,
-           "fold_windows": [int(f.y.shape[0]) for f in folds]}
+    out = {
+        "pooled": table,
+        "chosen_per_fold": picks,
+        "block": block,
+        "fold_windows": [len(f.y) if f.y is not None else 0 for f in folds],
+    }
     if model:  # the side comparisons, one per baseline: Holm over this run's baselines
-        for n, adj in zip(baselines, scoring.holm([table[n]["vs"]["dm_p90"]["p"]
-                                                   for n in baselines])):
+        for n, adj in zip(
+            baselines, scoring.holm([table[n]["vs"]["dm_p90"]["p"] for n in baselines])
+        ):
             table[n]["vs"]["dm_p90"]["p_holm"] = float(adj)
         out["comparisons"] = len(baselines)
         main = table[CHOSEN]["vs"]  # the one test the verdict rests on (Holm across runs:
@@ -243,41 +299,50 @@ def verdict(dm_p90: dict, ci95, p_key: str = "p") -> str:
     return "behind" if stat > 0 and ci95[0] > 0 else "level"
 
 
-SENTENCE = {"beats": "the TFT beats the baseline chosen per fold on validation",
-            "level": "the TFT is level with the baseline chosen per fold on validation "
-                     "(no significant difference)",
-            "behind": "the TFT is behind the baseline chosen per fold on validation "
-                      "(significantly worse): not beaten"}
+SENTENCE = {
+    "beats": "the TFT beats the baseline chosen per fold on validation",
+    "level": "the TFT is level with the baseline chosen per fold on validation "
+    "(no significant difference)",
+    "behind": "the TFT is behind the baseline chosen per fold on validation "
+    "(significantly worse): not beaten",
+}
 
 
 def format_table(out: dict, names: dict | None = None) -> str:
     """The pooled table in Markdown, the stitched choice last, and the verdict's sentence."""
     names = names or {}
     picks = out["chosen_per_fold"]
-    label = lambda n: ("TFT" if n == MODEL else "baseline chosen per fold" if n == CHOSEN  # noqa: E731
-                       else names.get(n, n))
-    lines = [f"pooled over {len(picks)} folds; choice per fold on its own validation: "
-             + ", ".join(names.get(p, p) for p in picks)
-             + f"; 95% circular block bootstrap (block {out['block']} windows); DM: TFT - row "
-             "(negative: the TFT is better), Newey-West lags >= the Politis-White block; "
-             f"Holm over the {out.get('comparisons', 0)} baselines (the stitched choice's p is "
-             "the verdict's own test)",
-             "| model | P50 q-risk | P90 q-risk [95% CI] | cover 10-90 | CRPS | P90 diff [95% CI] "
-             "| DM P90 (p, Holm) | DM loss (p) |",
-             "|---|---|---|---|---|---|---|---|"]
+
+    def label(n: str) -> str:
+        fixed = {MODEL: "TFT", CHOSEN: "baseline chosen per fold"}
+        return fixed[n] if n in fixed else str(names.get(n, n))
+
+    lines = [
+        f"pooled over {len(picks)} folds; choice per fold on its own validation: "
+        + ", ".join(names.get(p, p) for p in picks)
+        + f"; 95% circular block bootstrap (block {out['block']} windows); DM: TFT - row "
+        "(negative: the TFT is better), Newey-West lags >= the Politis-White block; "
+        f"Holm over the {out.get('comparisons', 0)} baselines (the stitched choice's p is "
+        "the verdict's own test)",
+        "| model | P50 q-risk | P90 q-risk [95% CI] | cover 10-90 | CRPS | P90 diff [95% CI] "
+        "| DM P90 (p, Holm) | DM loss (p) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for n, r in out["pooled"].items():
         t, ci = r["test"], r["ci95"]["q_risk_90"]
         v = r.get("vs")
         cells = "– | – | – |"
         if v:
             d, dl, di = v["dm_p90"], v["dm_loss"], v["p90_diff_ci95"]
-            cells = (f"{v['p90_diff']:+.4f} [{di[0]:+.4f}, {di[1]:+.4f}] | {d['stat']:+.2f} "
-                     f"({d['p']:.3g}, " + (f"{d['p_holm']:.3g}" if "p_holm" in d else "–")
-                     + f") | "
-                     f"{dl['stat']:+.2f} ({dl['p']:.3g}) |")
-        lines.append(f"| {label(n)} | {t['q_risk_50']:.4f} | {t['q_risk_90']:.4f} [{ci[0]:.4f}, "
-                     f"{ci[1]:.4f}] | {t['coverage_80']:.3f} | {r['calibration']['crps']:.4f} | "
-                     + cells)
+            cells = (
+                f"{v['p90_diff']:+.4f} [{di[0]:+.4f}, {di[1]:+.4f}] | {d['stat']:+.2f} "
+                f"({d['p']:.3g}, " + (f"{d['p_holm']:.3g}" if "p_holm" in d else "–") + f") | "
+                f"{dl['stat']:+.2f} ({dl['p']:.3g}) |"
+            )
+        lines.append(
+            f"| {label(n)} | {t['q_risk_50']:.4f} | {t['q_risk_90']:.4f} [{ci[0]:.4f}, "
+            f"{ci[1]:.4f}] | {t['coverage_80']:.3f} | {r['calibration']['crps']:.4f} | " + cells
+        )
     if "verdict" in out:
         lines.append("")
         lines.append(f"verdict: {SENTENCE[out['verdict']]}.")

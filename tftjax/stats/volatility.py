@@ -34,8 +34,9 @@ def ewma_variance(r: np.ndarray, lam: float = LAMBDA, init: float | None = None)
     return v
 
 
-def range_variance(open_: np.ndarray, high: np.ndarray, low: np.ndarray,
-                   close: np.ndarray) -> np.ndarray:
+def range_variance(
+    open_: np.ndarray, high: np.ndarray, low: np.ndarray, close: np.ndarray
+) -> np.ndarray:
     """Per-bar variance proxy of the close-to-close log return from the bar's range and its
     opening gap: ``ln(o_t / c_{t-1})² + ln(h_t / l_t)² / (4 ln 2)`` (Parkinson plus the gap;
     row 0 has no gap)."""
@@ -65,8 +66,9 @@ def har_features(rv: np.ndarray) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
-def har_forecasts(rv: np.ndarray, beta: np.ndarray, origins: np.ndarray, horizon: int,
-                  floor: float) -> np.ndarray:
+def har_forecasts(
+    rv: np.ndarray, beta: np.ndarray, origins: np.ndarray, horizon: int, floor: float
+) -> np.ndarray:
     """``[N, horizon]`` HAR forecasts of ``RV_{T+h}``: step 1 from the data, later steps on
     the forecasts before them (at least ``floor``)."""
     m = HAR_LAGS[-1]
@@ -100,10 +102,20 @@ class Anchor:
         return self.sigma[origins][..., None] * self.z[None, None, :]
 
 
-def anchor(name: str, target: np.ndarray, horizon: int, quantiles, train_rows: tuple[int, int],
-           *, ranges: np.ndarray | None = None, daily: bool = False, cumulative: bool = False,
-           lam: float = LAMBDA, origins: np.ndarray | None = None,
-           fit: dict | None = None) -> Anchor:
+def anchor(
+    name: str,
+    target: np.ndarray,
+    horizon: int,
+    quantiles,
+    train_rows: tuple[int, int],
+    *,
+    ranges: np.ndarray | None = None,
+    daily: bool = False,
+    cumulative: bool = False,
+    lam: float = LAMBDA,
+    origins: np.ndarray | None = None,
+    fit: dict | None = None,
+) -> Anchor:
     """The anchor ``name`` (:data:`ANCHORS`) of one series at ``origins`` (default: every
     row): ``target`` the one-bar returns in target units, ``train_rows`` ``[a, b)`` the rows
     its fit and standardised quantiles come from, ``ranges`` :func:`range_variance` in target
@@ -133,7 +145,7 @@ def anchor(name: str, target: np.ndarray, horizon: int, quantiles, train_rows: t
         rv = np.asarray(ranges, np.float64)
         if name == "range_ewma":
             init = fit["init"] if fit else float(np.mean(rv[a:b]))
-            sig1 = np.sqrt(ewma_variance(rv ** 0.5, lam, init=init))
+            sig1 = np.sqrt(ewma_variance(rv**0.5, lam, init=init))
         else:
             if not daily:
                 raise ValueError("the har anchor is defined for daily or coarser bars only")
@@ -142,13 +154,20 @@ def anchor(name: str, target: np.ndarray, horizon: int, quantiles, train_rows: t
             sig1 = np.sqrt(np.maximum(har_features(rv) @ beta, floor))  # of RV[t+1], at t
             z = np.asarray(fit["z"]) if fit else np.quantile(y[a + 1 : b] / sig1[a : b - 1], qs)
             var = har_forecasts(rv, beta, origins, horizon, floor)
-            return Anchor(name, np.sqrt(np.cumsum(var, axis=1) if cumulative else var), z,
-                          {"name": name, "z": z.tolist(), "beta": beta.tolist(), "floor": floor})
+            return Anchor(
+                name,
+                np.sqrt(np.cumsum(var, axis=1) if cumulative else var),
+                z,
+                {"name": name, "z": z.tolist(), "beta": beta.tolist(), "floor": floor},
+            )
     else:
         raise ValueError(f"unknown anchor {name!r}: one of {', '.join(ANCHORS)}")
     # RiskMetrics-style: a flat one-bar variance forecast at every step
-    z = (np.asarray(fit["z"]) if fit else
-         np.quantile(y[a + 1 : b] / np.maximum(sig1[a : b - 1], 1e-12), qs))
+    z = (
+        np.asarray(fit["z"])
+        if fit
+        else np.quantile(y[a + 1 : b] / np.maximum(sig1[a : b - 1], 1e-12), qs)
+    )
     sigma = np.repeat(sig1[origins, None], horizon, axis=1)
     if cumulative:
         sigma = sigma * np.sqrt(steps)[None, :]

@@ -13,10 +13,10 @@ import dataclasses
 
 import numpy as np
 
-from tftjax.stats import scoring
 from tftjax.config import ConfigError, TFTConfig
 from tftjax.data import Dataset
 from tftjax.data.anchors import is_daily, series_anchor
+from tftjax.stats import scoring
 from tftjax.training.evaluation import window_targets
 
 
@@ -29,8 +29,15 @@ def anchor_forecasts(ds: Dataset, name: str, quantiles, starts: np.ndarray) -> n
     for i, s in enumerate(ds.series):
         sel = which == i
         if sel.any():
-            a = series_anchor(name, s.bars, s.features, s.features.stats.train_rows, quantiles,
-                              d, ds.cfg.target == "cumulative")
+            a = series_anchor(
+                name,
+                s.bars,
+                s.features,
+                s.features.stats.train_rows,
+                quantiles,
+                d,
+                ds.cfg.target == "cumulative",
+            )
             out[sel] = a.quantiles(starts[sel] - ds.offsets[i] + e - 1)
     return out
 
@@ -52,13 +59,22 @@ def resolve_anchor(cfg: TFTConfig, ds: Dataset) -> tuple[TFTConfig, Dataset, dic
     if cfg.head.anchor == "auto":
         starts = ds.splits.val
         if starts.size == 0:
-            raise ConfigError("--anchor auto chooses on the validation windows and this data "
-                              "has none: name the anchor (--anchor range_ewma, ...)")
+            raise ConfigError(
+                "--anchor auto chooses on the validation windows and this data "
+                "has none: name the anchor (--anchor range_ewma, ...)"
+            )
         y = window_targets(ds, starts)
-        scores = {n: float(scoring.from_sums(scoring.window_sums(
-            y, anchor_forecasts(ds, n, cfg.head.quantiles, starts), cfg.head.quantiles))["q_risk_90"])
-            for n in candidates(ds)}
-        cfg = cfg.override(anchor=min(scores, key=scores.get))
+        scores = {
+            n: float(
+                scoring.from_sums(
+                    scoring.window_sums(
+                        y, anchor_forecasts(ds, n, cfg.head.quantiles, starts), cfg.head.quantiles
+                    )
+                )["q_risk_90"]
+            )
+            for n in candidates(ds)
+        }
+        cfg = cfg.override(anchor=min(scores, key=lambda n: scores[n]))
     if ds.anchor != cfg.head.dataset_anchor:  # its features (cached) rebuilt with the anchor
         ds = dataclasses.replace(ds, anchor=cfg.head.dataset_anchor)
     ds.features  # noqa: B018 - built here: an anchor the data cannot have fails before training

@@ -7,37 +7,53 @@ is the end-of-run summary of the run loop's task.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from tftjax.stats import losses
 from tftjax.config import ConfigError, TFTConfig
 from tftjax.data import Dataset, find_data_files, load_dataset, to_device
 from tftjax.data.sessions import DAILY
 from tftjax.quant.ptq import calibrate
+from tftjax.stats import losses
 from tftjax.training.restore import SavedModel
 from tftjax.training.trainer import Trainer
 
 
-def saved_dataset(saved: SavedModel, parquet_file=None, *, unknown: str = "refuse",
-                  instrument: str | None = None, need_splits: bool = True) -> Dataset:
+def saved_dataset(
+    saved: SavedModel,
+    parquet_file=None,
+    *,
+    unknown: str = "refuse",
+    instrument: str | None = None,
+    need_splits: bool = True,
+) -> Dataset:
     """The data a saved model is evaluated or asked on: ``parquet_file`` (one or a list), or
     the files it was trained on (found relative to its run folder or at their recorded
     paths, refused when their content changed), featurised with the *training* statistics
     of each series (``unknown``, ``instrument``: :func:`tftjax.data.load_dataset`)."""
-    path = (parquet_file if parquet_file is not None
-            else find_data_files(saved.data, saved.run_dir))
+    path = parquet_file if parquet_file is not None else find_data_files(saved.data, saved.run_dir)
     kw = saved.featurisation or {"stats": saved.feature_stats, "vocab": None}
     kw = {"anchor": saved.cfg.head.dataset_anchor, **kw}
-    return load_dataset(path, saved.cfg.data, **kw, unknown=unknown, instrument=instrument,
-                        need_splits=need_splits)
+    return load_dataset(
+        path, saved.cfg.data, **kw, unknown=unknown, instrument=instrument, need_splits=need_splits
+    )
 
 
-def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
-                   int8: bool = False, calibrate_batches: int = 0, unknown: str = "refuse",
-                   instrument: str | None = None, log: Callable = print,
-                   calibration: str = "minmax", quant_options: dict | None = None) -> dict:
+def evaluate_model(
+    saved: SavedModel,
+    parquet_file=None,
+    split: str = "test",
+    *,
+    int8: bool = False,
+    calibrate_batches: int = 0,
+    unknown: str = "refuse",
+    instrument: str | None = None,
+    log: Callable = print,
+    calibration: str = "minmax",
+    quant_options: dict | None = None,
+) -> dict:
     """Metrics of a saved TFT on one split, beside the baselines.
 
     The data is the file the model was trained on (found relative to its run folder or at
@@ -54,60 +70,58 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
     """
     cfg, tc, variables = saved.cfg, saved.tc, saved.variables
     what = saved.what
-    if (int8 or calibrate_batches) and cfg.model.ensemble > 1:
-        raise ConfigError(f"{saved.path} is an ensemble of {cfg.model.ensemble} members: int8 "
-                          "inference is of one model (train without --ensemble)")
-    if calibrate_batches and not int8:
-        raise ConfigError("--calibrate needs --int8 (it calibrates the int8 activation ranges)")
-    if quant_options and not calibrate_batches:
-        raise ConfigError(f"--{'/--'.join(k.replace('_', '-') for k in quant_options)} "
-                          "choose how a PTQ --calibrate quantizes (a QAT model keeps its own)")
-    if saved.kind != "checkpoint":  # an export
-        if int8 and saved.kind != "int8":
-            raise ConfigError(f"{saved.path} holds float32 weights only: export a --qat run, "
-                              "or a float one with --calibrate N, to get an int8 model")
-        if calibrate_batches:
-            raise ConfigError(f"{saved.path} is an export: calibrate when exporting "
-                              "(python -m tftjax.export --calibrate N)")
-    else:
-        if int8 and not cfg.quant.qat and not calibrate_batches:
-            raise ConfigError(f"{saved.path} is a float model: add --calibrate N to "
-                              "calibrate its int8 activation ranges on N training batches (PTQ)")
-        if calibrate_batches and cfg.quant.qat:
-            raise ConfigError(f"{saved.path} was trained with --qat: its activation "
-                              "ranges are already calibrated; drop --calibrate")
+    check_quantized_evaluation(saved, int8, calibrate_batches, quant_options)
     ds = saved_dataset(saved, parquet_file, unknown=unknown, instrument=instrument)
     same_data = ds.identity()["sha256"] == saved.data["sha256"]
     if same_data:
         source = f"{ds.describe()} (the training data)"
     else:
-        source = (f"{ds.describe()} (another file than the training data, {saved.data['file']}; "
-                  "featurised with the training run's statistics)")
+        source = (
+            f"{ds.describe()} (another file than the training data, {saved.data['file']}; "
+            "featurised with the training run's statistics)"
+        )
     trainer = Trainer(cfg, tc, to_device(ds.features))
     if calibrate_batches:
         if not same_data:
-            raise ConfigError("--calibrate uses the training windows: evaluate on the training "
-                              "data (drop --parquet-file)")
-        cfg, qstats = calibrate(cfg, variables["params"], trainer.data, ds.splits.train,
-                                calibrate_batches, tc.batch_size, method=calibration,
-                                options=quant_options)
+            raise ConfigError(
+                "--calibrate uses the training windows: evaluate on the training "
+                "data (drop --parquet-file)"
+            )
+        cfg, qstats = calibrate(
+            cfg,
+            variables["params"],
+            trainer.data,
+            ds.splits.train,
+            calibrate_batches,
+            tc.batch_size,
+            method=calibration,
+            options=quant_options,
+        )
         trainer = Trainer(cfg, tc, trainer.data)
         variables = {"params": variables["params"], "quant_stats": qstats}
-        what += (f", int8 ranges calibrated on {calibrate_batches} training batches "
-                 f"({calibration}, PTQ)")
+        what += (
+            f", int8 ranges calibrated on {calibrate_batches} training batches ({calibration}, PTQ)"
+        )
     starts = getattr(ds.splits, split)
-    summary = {"model": {}, "baselines": {}, "checkpoint": saved.given,
-               "weights_epoch": saved.weights_epoch, "data": ds.identity()}
+    summary = {
+        "model": {},
+        "baselines": {},
+        "checkpoint": saved.given,
+        "weights_epoch": saved.weights_epoch,
+        "data": ds.identity(),
+    }
     int8_export = saved.kind == "int8"
     if int8_export:  # the int8 model, beside the export's float32 weights
         summary["model"][split] = trainer.evaluate(variables, starts, "int8")
-        summary["variants"] = {"float": {split: trainer.evaluate(saved.float_variables, starts,
-                                                                 "float")}}
+        summary["variants"] = {
+            "float": {split: trainer.evaluate(saved.float_variables, starts, "float")}
+        }
     else:
         summary["model"][split] = trainer.evaluate(variables, starts)
         if int8:
-            summary["variants"] = {m: {split: trainer.evaluate(variables, starts, m)}
-                                   for m in ("float", "int8")}
+            summary["variants"] = {
+                m: {split: trainer.evaluate(variables, starts, m)} for m in ("float", "int8")
+            }
     summary["quantized"] = bool(cfg.quant.qat) and not int8_export
     if calibrate_batches:
         summary["ptq_batches"] = calibrate_batches
@@ -120,6 +134,52 @@ def evaluate_model(saved: SavedModel, parquet_file=None, split: str = "test", *,
     return summary
 
 
+def check_quantized_evaluation(
+    saved: SavedModel, int8: bool, calibrate_batches: int, quant_options: dict | None
+) -> None:
+    """Refuse an int8 evaluation the saved model cannot give (before any data is read).
+
+    Raises:
+      ConfigError: one line: an ensemble, a float model without calibration, an export to
+        calibrate, a QAT model to calibrate again, PTQ options without a calibration.
+    """
+    cfg = saved.cfg
+    if (int8 or calibrate_batches) and cfg.model.ensemble > 1:
+        raise ConfigError(
+            f"{saved.path} is an ensemble of {cfg.model.ensemble} members: int8 "
+            "inference is of one model (train without --ensemble)"
+        )
+    if calibrate_batches and not int8:
+        raise ConfigError("--calibrate needs --int8 (it calibrates the int8 activation ranges)")
+    if quant_options and not calibrate_batches:
+        raise ConfigError(
+            f"--{'/--'.join(k.replace('_', '-') for k in quant_options)} "
+            "choose how a PTQ --calibrate quantizes (a QAT model keeps its own)"
+        )
+    if saved.kind != "checkpoint":  # an export
+        if int8 and saved.kind != "int8":
+            raise ConfigError(
+                f"{saved.path} holds float32 weights only: export a --qat run, "
+                "or a float one with --calibrate N, to get an int8 model"
+            )
+        if calibrate_batches:
+            raise ConfigError(
+                f"{saved.path} is an export: calibrate when exporting "
+                "(python -m tftjax.export --calibrate N)"
+            )
+        return
+    if int8 and not cfg.quant.qat and not calibrate_batches:
+        raise ConfigError(
+            f"{saved.path} is a float model: add --calibrate N to calibrate its "
+            "int8 activation ranges on N training batches (PTQ)"
+        )
+    if calibrate_batches and cfg.quant.qat:
+        raise ConfigError(
+            f"{saved.path} was trained with --qat: its activation ranges are "
+            "already calibrated; drop --calibrate"
+        )
+
+
 def summarize(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig) -> dict:
     """Metrics on every split beside the baselines; a QAT model also with its float
     weights run without fake-quant and with the int8 inference path (``variants``)."""
@@ -128,8 +188,12 @@ def summarize(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig) -> dict:
     for split in splits:
         out["model"][split] = trainer.evaluate(variables, getattr(ds.splits, split))
     if cfg.quant.qat:
-        out["variants"] = {m: {split: trainer.evaluate(variables, getattr(ds.splits, split), m)
-                               for split in splits} for m in ("float", "int8")}
+        out["variants"] = {
+            m: {
+                split: trainer.evaluate(variables, getattr(ds.splits, split), m) for split in splits
+            }
+            for m in ("float", "int8")
+        }
     for split in splits:
         for name, m in baselines(ds, cfg.head.quantiles, split).items():
             out["baselines"].setdefault(name, {})[split] = m
@@ -165,22 +229,26 @@ def window_targets(ds: Dataset, starts: np.ndarray) -> np.ndarray:
     return window_decoder_targets(ds.features)[np.asarray(starts) + e - 1, :d]
 
 
-def baselines(ds: Dataset, quantiles, split: str, starts: np.ndarray | None = None
-              ) -> dict[str, dict]:
+def baselines(
+    ds: Dataset, quantiles, split: str, starts: np.ndarray | None = None
+) -> dict[str, dict]:
     """Metrics of every baseline (:mod:`tftjax.stats.baselines`) on the windows of ``split`` (or
     those of them at ``starts``), each series' fitted on its own training rows."""
     starts = getattr(ds.splits, split) if starts is None else np.asarray(starts)
+    assert starts is not None
     y = window_targets(ds, starts)
-    return {name: losses.numpy_metrics(y, p, quantiles)
-            for name, p in baselines_forecasts(ds, quantiles, starts).items()}
+    return {
+        name: losses.numpy_metrics(y, p, quantiles)
+        for name, p in baselines_forecasts(ds, quantiles, starts).items()
+    }
 
 
 def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str, np.ndarray]:
     """Every baseline's quantiles ``[n, D, Q]`` for the windows at ``starts``: each series'
     from its own returns and ranges, fitted on its own training rows (range baselines from
     the bars' high, low and opening gap; HAR for daily and coarser bars)."""
-    from tftjax.stats import baselines as bl
     from tftjax.data.windows import window_decoder_targets
+    from tftjax.stats import baselines as bl
 
     starts = np.asarray(starts)
     which = ds.series_of(starts)
@@ -191,13 +259,19 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
             continue
         local = starts[sel] - ds.offsets[i]
         b, stats = s.bars, s.features.stats
-        ranges = bl.range_variance(b.open, b.high, b.low, b.close) / stats.target_scale ** 2
-        for name, p in bl.forecasts(s.features.target, local + ds.cfg.encoder_steps - 1,
-                                    ds.cfg.decoder_steps, quantiles, s.splits.train_rows,
-                                    ranges=ranges, daily=stats.clock.interval >= DAILY[0],
-                                    cumulative=ds.cfg.target == "cumulative",
-                                    features=s.features.historical,
-                                    decoder_target=window_decoder_targets(s.features)).items():
+        ranges = bl.range_variance(b.open, b.high, b.low, b.close) / stats.target_scale**2
+        for name, p in bl.forecasts(
+            s.features.target,
+            local + ds.cfg.encoder_steps - 1,
+            ds.cfg.decoder_steps,
+            quantiles,
+            s.splits.train_rows,
+            ranges=ranges,
+            daily=stats.clock.interval >= DAILY[0],
+            cumulative=ds.cfg.target == "cumulative",
+            features=s.features.historical,
+            decoder_target=window_decoder_targets(s.features),
+        ).items():
             preds.setdefault(name, np.empty((starts.size,) + p.shape[1:], p.dtype))[sel] = p
     return preds
 
@@ -205,31 +279,44 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
 VARIANT_NAMES = {"float": "TFT: float, no quant", "int8": "TFT: int8 inference"}
 
 
-def format_summary(summary: dict, qat: bool | None = None, int8_model: bool = False,
-                   ptq: bool = False) -> str:
+def format_summary(
+    summary: dict, qat: bool | None = None, int8_model: bool = False, ptq: bool = False
+) -> str:
     """The metrics table: the model, its quantization variants, the baselines."""
     from tftjax.stats.baselines import NAMES
 
     qat = summary.get("quantized", bool(summary.get("variants"))) if qat is None else qat
-    name = ("TFT int8 (export)" if int8_model else "TFT: fake-quant (PTQ)" if ptq
-            else "TFT: fake-quant (QAT)" if qat else "TFT")
+    name = (
+        "TFT int8 (export)"
+        if int8_model
+        else "TFT: fake-quant (PTQ)"
+        if ptq
+        else "TFT: fake-quant (QAT)"
+        if qat
+        else "TFT"
+    )
     rows = [(name, summary["model"])]
     rows += [(VARIANT_NAMES[k], v) for k, v in summary.get("variants", {}).items()]
     rows += [(NAMES.get(k, k), v) for k, v in summary["baselines"].items()]
-    head = (f"{'':28s} {'split':6s} {'loss':>9s} {'q-risk P50':>11s} {'q-risk P90':>11s} "
-            f"{'cover 10-90':>11s}")
+    head = (
+        f"{'':28s} {'split':6s} {'loss':>9s} {'q-risk P50':>11s} {'q-risk P90':>11s} "
+        f"{'cover 10-90':>11s}"
+    )
     lines = [head, "-" * len(head)] + _rows(rows, ("train", "val", "test"))
     if any("train" in v for _, v in rows[1:]):
-        lines.append("(train rows: in-sample for the baselines too, whose statistics are "
-                     "fitted on them)")
+        lines.append(
+            "(train rows: in-sample for the baselines too, whose statistics are fitted on them)"
+        )
     series = summary.get("series", {})
     if series:
         last = next(s for s in ("test", "val", "train") if s in summary["model"])
         lines += ["", f"by series ({last} split; above: all series pooled):"]
         for sname, entry in series.items():
-            lines += [f"{sname}"] + _rows([(f"  {name}", entry["model"])]
-                                          + [(f"  {NAMES.get(k, k)}", v)
-                                             for k, v in entry["baselines"].items()], (last,))
+            lines += [f"{sname}"] + _rows(
+                [(f"  {name}", entry["model"])]
+                + [(f"  {NAMES.get(k, k)}", v) for k, v in entry["baselines"].items()],
+                (last,),
+            )
     return "\n".join(lines)
 
 
@@ -240,6 +327,8 @@ def _rows(rows, splits) -> list[str]:
             if split in by_split:
                 m = by_split[split]
                 cov = m.get("coverage_80", float("nan"))
-                lines.append(f"{name:28s} {split:6s} {m['loss']:9.4f} {m['q_risk_50']:11.4f} "
-                             f"{m['q_risk_90']:11.4f} {cov:11.3f}")
+                lines.append(
+                    f"{name:28s} {split:6s} {m['loss']:9.4f} {m['q_risk_50']:11.4f} "
+                    f"{m['q_risk_90']:11.4f} {cov:11.3f}"
+                )
     return lines

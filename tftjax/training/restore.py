@@ -11,24 +11,24 @@ exporter).
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from tftjax.runner.resume import identity_diff
-from tftjax.runner.checkpoints import list_checkpoints, read_meta, restore_state
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import DataError, Dataset, FeatureStats, saved_featurisation
 from tftjax.quant.tree import as_minmax
+from tftjax.runner.checkpoints import list_checkpoints, read_meta, restore_state
+from tftjax.runner.resume import identity_diff
 from tftjax.training.state import TrainState, abstract_train_state
 
-
-OLD_QAT = ("a QAT checkpoint from before quantization format 2 (917d886: the variable "
-           "selections' observers now watch their raw inputs), whose observer ranges would be "
-           "misread")
+OLD_QAT = (
+    "a QAT checkpoint from before quantization format 2 (917d886: the variable "
+    "selections' observers now watch their raw inputs), whose observer ranges would be "
+    "misread"
+)
 
 
 class Checkpoint(NamedTuple):
@@ -79,28 +79,37 @@ def open_checkpoint(path: str | Path, flag: str = "--checkpoint") -> Checkpoint:
     if (path / "checkpoints").is_dir():
         finals = [n for n in list_checkpoints(path / "checkpoints") if "_final_epoch" in n]
         if not finals:
-            raise DataError(f"{flag} {path}: the run has no final checkpoint yet (name one of "
-                            f"its epoch checkpoints under {path / 'checkpoints'})")
+            raise DataError(
+                f"{flag} {path}: the run has no final checkpoint yet (name one of "
+                f"its epoch checkpoints under {path / 'checkpoints'})"
+            )
         path = path / "checkpoints" / finals[-1]
     elif any(re.search(r"_(final_)?epoch_?\d+$", n) for n in list_checkpoints(path)):
-        raise DataError(f"{flag} {path}: is a run's folder of checkpoints; give the run folder "
-                        f"{path.parent} (its final checkpoint) or one checkpoint in it")
+        raise DataError(
+            f"{flag} {path}: is a run's folder of checkpoints; give the run folder "
+            f"{path.parent} (its final checkpoint) or one checkpoint in it"
+        )
     try:
         meta = read_meta(path)
     except Exception as e:  # orbax raises several types for a folder that is not a checkpoint
-        raise DataError(f"{flag} {path}: not a readable tftjax checkpoint "
-                        f"({type(e).__name__})") from None
+        raise DataError(
+            f"{flag} {path}: not a readable tftjax checkpoint ({type(e).__name__})"
+        ) from None
     if meta.get("kind") != "tft":
         what = "a DQN trader's" if meta.get("kind") == "dqn" else f"kind {meta.get('kind')!r}"
-        raise DataError(f"{flag} {path}: not a TFT checkpoint ({what}); forecasts need a TFT "
-                        "from python -m tftjax.train")
+        raise DataError(
+            f"{flag} {path}: not a TFT checkpoint ({what}); forecasts need a TFT "
+            "from python -m tftjax.train"
+        )
     try:
         cfg = TFTConfig.from_json(meta["identity"]["model"])
         tc = TrainConfig.from_json(meta["identity"]["train"])
-        meta["identity"]["data"]["sha256"], meta["feature_stats"]
+        if "sha256" not in meta["identity"]["data"] or "feature_stats" not in meta:
+            raise KeyError("sha256")
     except (KeyError, TypeError, ConfigError):
-        raise DataError(f"{flag} {path}: written by an older tftjax (no data identity in its "
-                        "metadata)") from None
+        raise DataError(
+            f"{flag} {path}: written by an older tftjax (no data identity in its metadata)"
+        ) from None
     return Checkpoint(path, meta, cfg, tc)
 
 
@@ -114,8 +123,10 @@ def restore_checkpoint(ck: Checkpoint, *, old_observers: bool = False) -> TrainS
       ``old_observers``: the caller drops its observers).
     """
     if is_old_qat(ck) and not old_observers:
-        raise DataError(f"{ck.path}: {OLD_QAT}; re-run its QAT (train --qat --init-from "
-                        "it keeps the weights, with fresh observers)")
+        raise DataError(
+            f"{ck.path}: {OLD_QAT}; re-run its QAT (train --qat --init-from "
+            "it keeps the weights, with fresh observers)"
+        )
     like = abstract_train_state(ck.cfg, ck.tc)
     try:
         return restore_state(ck.path, like)
@@ -125,8 +136,10 @@ def restore_checkpoint(ck: Checkpoint, *, old_observers: bool = False) -> TrainS
                 return restore_without_observers(lambda s: restore_state(ck.path, s), like)
             except Exception:
                 pass
-        raise DataError(f"{ck.path}: the weights cannot be restored ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0][:200]})") from None
+        raise DataError(
+            f"{ck.path}: the weights cannot be restored ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200]})"
+        ) from None
 
 
 def quant_format(identity: dict) -> int:
@@ -154,11 +167,19 @@ def load_checkpoint(path: str | Path) -> SavedModel:
     """The :class:`SavedModel` of a checkpoint directory or run folder."""
     ck = open_checkpoint(path)
     epoch = ck.meta.get("weights_epoch")
-    return SavedModel(ck.cfg, ck.tc, restore_checkpoint(ck).variables(),
-                      FeatureStats.from_json(ck.meta["feature_stats"]), ck.meta["identity"]["data"],
-                      ck.path, str(path), ck.path.resolve().parent.parent,  # RUN/checkpoints/NAME
-                      epoch, f"{ck.path} (weights of epoch {epoch})",
-                      featurisation=saved_featurisation(ck.meta))
+    return SavedModel(
+        ck.cfg,
+        ck.tc,
+        restore_checkpoint(ck).variables(),
+        FeatureStats.from_json(ck.meta["feature_stats"]),
+        ck.meta["identity"]["data"],
+        ck.path,
+        str(path),
+        ck.path.resolve().parent.parent,  # RUN/checkpoints/NAME
+        epoch,
+        f"{ck.path} (weights of epoch {epoch})",
+        featurisation=saved_featurisation(ck.meta),
+    )
 
 
 class Initial(NamedTuple):
@@ -182,25 +203,41 @@ def initial_weights(init_from: str | Path, cfg: TFTConfig, ds: Dataset) -> Initi
     skip = ("execution", "model.dropout")
     diff = identity_diff(ck.cfg.float_twin().to_json(), cfg.float_twin().to_json(), skip)
     if diff:
-        raise ConfigError(f"--init-from {ck.path}: another model than this run's: "
-                          + "; ".join(diff).replace("in the checkpoint", "there"))
+        raise ConfigError(
+            f"--init-from {ck.path}: another model than this run's: "
+            + "; ".join(diff).replace("in the checkpoint", "there")
+        )
     src, now = ck.meta["identity"]["data"], ds.identity()
     if src.get("sha256") != now["sha256"]:
-        raise ConfigError(f"--init-from {ck.path}: trained on {src.get('file')} (sha256 "
-                          f"{str(src.get('sha256'))[:12]}…), this run reads {now['file']} (sha256 "
-                          f"{now['sha256'][:12]}…): fine-tune on the data the weights were "
-                          "trained on")
+        raise ConfigError(
+            f"--init-from {ck.path}: trained on {src.get('file')} (sha256 "
+            f"{str(src.get('sha256'))[:12]}…), this run reads {now['file']} (sha256 "
+            f"{now['sha256'][:12]}…): fine-tune on the data the weights were "
+            "trained on"
+        )
     state = restore_checkpoint(ck, old_observers=True)
-    same_quant = (ck.cfg.quant.qat and cfg.quant.qat and tuple(ck.cfg.quant.qat_layers) == tuple(cfg.quant.qat_layers)
-                  and not is_old_qat(ck))  # an old layout's ranges are not kept
-    source = {"checkpoint": str(ck.path), "weights_epoch": ck.meta.get("weights_epoch"),
-              "qat": ck.cfg.quant.qat}
+    same_quant = (
+        ck.cfg.quant.qat
+        and cfg.quant.qat
+        and tuple(ck.cfg.quant.qat_layers) == tuple(cfg.quant.qat_layers)
+        and not is_old_qat(ck)
+    )  # an old layout's ranges are not kept
+    source = {
+        "checkpoint": str(ck.path),
+        "weights_epoch": ck.meta.get("weights_epoch"),
+        "qat": ck.cfg.quant.qat,
+    }
     kind = "QAT" if ck.cfg.quant.qat else "float"
-    note = (f"initialised from the {kind} weights of {ck.path} (epoch "
-            f"{ck.meta.get('weights_epoch')})" + ("" if same_quant or not cfg.quant.qat
-                                                  else "; activation observers start empty"))
+    note = (
+        f"initialised from the {kind} weights of {ck.path} (epoch "
+        f"{ck.meta.get('weights_epoch')})"
+        + ("" if same_quant or not cfg.quant.qat else "; activation observers start empty")
+    )
     stats = None
     if same_quant:  # keep the ranges; count this run's steps (for --qat-freeze-after)
-        stats = jax.tree.map(lambda m: m._replace(count=jnp.minimum(m.count, 1)),
-                             as_minmax(state.quant_stats), is_leaf=lambda t: hasattr(t, "_fields"))
+        stats = jax.tree.map(
+            lambda m: m._replace(count=jnp.minimum(m.count, 1)),
+            as_minmax(state.quant_stats),
+            is_leaf=lambda t: hasattr(t, "_fields"),
+        )
     return Initial(state.variables()["params"], stats, source, note)  # what it shipped

@@ -2,33 +2,42 @@
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
-from tftjax.runner import loop as runloop
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import Dataset, find_data_files, load_dataset, saved_featurisation
+from tftjax.runner import loop as runloop
 from tftjax.training.anchoring import resolve_anchor
 from tftjax.training.restore import initial_weights
 from tftjax.training.task import TFTTask
 
 
-def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
-                       parquet_file: str | Path | None = None, dataset: Dataset | None = None,
-                       resume: bool = False, progress: bool = True,
-                       profile_dir: str | None = None, callback: Callable | None = None,
-                       log: Callable = print, par=None, plots: bool = True,
-                       tensorboard: bool = True) -> dict:
+def train_and_evaluate(
+    cfg: TFTConfig,
+    tc: TrainConfig,
+    workdir: str | Path,
+    data: str | Path | list | Dataset | None = None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    profile_dir: str | None = None,
+    callback: Callable | None = None,
+    log: Callable = print,
+    par=None,
+    plots: bool = True,
+    tensorboard: bool = True,
+) -> tuple[Any, dict]:
     """Train, validate every epoch, checkpoint, and evaluate the best epoch on the test split.
 
     Args:
       cfg: model config; tc: training config.
       workdir: run folder (checkpoints/, metrics.jsonl, summary.json, plots).
-      parquet_file: OHLCV bars, one file or a list (several series, or a long file of them;
+      data: OHLCV bars (one parquet file, or a list: several series, or a long file of them;
         default: the bundled ES bars; on resume, the files the run was trained on, found
-        again by their content hashes).
-      dataset: a prepared dataset (overrides ``parquet_file``; for tests).
+        again by their content hashes), or a prepared :class:`~tftjax.data.Dataset` (a
+        walk-forward fold's, a search's).
       resume: continue the latest checkpoint in ``workdir`` (data, model and
         training config must match it; only ``tc.epochs`` may grow).
       progress: a per-epoch progress bar; profile_dir: a ``jax.profiler``
@@ -53,9 +62,9 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
     cfg = concrete_remat(cfg)
 
     def make_task(saved: dict | None) -> TFTTask:
-        ds = dataset
+        ds = data if isinstance(data, Dataset) else None
         if ds is None:
-            kw, path = {}, parquet_file
+            kw, path = {}, data
             if saved is not None:  # other data is refused by the identity check, by name
                 kw = {**saved_featurisation(saved), "unknown": "embed"}
                 if path is None:
@@ -65,16 +74,37 @@ def train_and_evaluate(cfg: TFTConfig, tc: TrainConfig, workdir: str | Path, *,
         model = cfg if ds.vocab is None else cfg.override(instruments=len(ds.vocab))
         model, ds, scores = resolve_anchor(model, ds)  # --anchor auto: chosen on validation
         if scores:
-            log(f"--anchor auto: {model.head.anchor} (validation P90 q-risk "
-                + ", ".join(f"{n} {v:.4f}" for n, v in scores.items()) + ")")
+            log(
+                f"--anchor auto: {model.head.anchor} (validation P90 q-risk "
+                + ", ".join(f"{n} {v:.4f}" for n, v in scores.items())
+                + ")"
+            )
         init = None
         if saved is None and tc.init_from:  # on resume the run's own checkpoint has them
             init = initial_weights(tc.init_from, model, ds)
-        return TFTTask(model, tc, ds, workdir, progress=progress, profile_dir=profile_dir,
-                       init=init, log=log, par=par, plots=plots)
+        return TFTTask(
+            model,
+            tc,
+            ds,
+            workdir,
+            progress=progress,
+            profile_dir=profile_dir,
+            init=init,
+            log=log,
+            par=par,
+            plots=plots,
+        )
 
-    return runloop.run(make_task, workdir, kind="tft", resume=resume, progress=progress,
-                       callback=callback, log=log, tensorboard=tensorboard)
+    return runloop.run(
+        make_task,
+        workdir,
+        kind="tft",
+        resume=resume,
+        progress=progress,
+        callback=callback,
+        log=log,
+        tensorboard=tensorboard,
+    )
 
 
 def concrete_remat(cfg: TFTConfig) -> TFTConfig:
@@ -89,8 +119,10 @@ def concrete_remat(cfg: TFTConfig) -> TFTConfig:
     from tftjax.models.remat import default_tier
 
     if cfg.execution.remat == AUTO:
-        raise ConfigError("--remat auto is resolved before training, by tftjax.memory."
-                          "resolve_auto (python -m tftjax.train does so)")
+        raise ConfigError(
+            "--remat auto is resolved before training, by tftjax.memory."
+            "resolve_auto (python -m tftjax.train does so)"
+        )
     if cfg.execution.remat == FASTEST:
         return cfg.override(remat=default_tier(cfg.execution.platform))
     return cfg

@@ -8,8 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from tftjax.config import apply_settings
-from tftjax.config import ConfigError, TFTConfig, TrainConfig
+from tftjax.config import ConfigError, TFTConfig, TrainConfig, apply_settings
 
 SPACE = {
     "train.learning_rate": ("log", 1e-4, 1e-2),
@@ -35,9 +34,19 @@ def suggest(trial, model: TFTConfig, train: TrainConfig):
     return apply_settings(model, train, drawn, "tune"), drawn
 
 
-def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, seed: int = 0,
-         progress: bool = False, log=print, dataset=None, journal: Path | None = None,
-         tensorboard: bool = True) -> dict:
+def tune(
+    cfg: TFTConfig,
+    tc: TrainConfig,
+    paths,
+    workdir: Path,
+    trials: int,
+    seed: int = 0,
+    progress: bool = False,
+    log=print,
+    dataset=None,
+    journal: Path | None = None,
+    tensorboard: bool = True,
+) -> dict:
     """Run the search; the trials and the best settings (see the module docstring).
     ``dataset``: search on these windows (its test windows dropped) instead of reading
     ``paths`` (a walk-forward fold's own training and validation stretches).
@@ -49,7 +58,9 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
     try:
         import optuna
     except ImportError:
-        raise ConfigError("python -m tftjax.tune needs optuna: pip install 'tftjax[tune]'") from None
+        raise ConfigError(
+            "python -m tftjax.tune needs optuna: pip install 'tftjax[tune]'"
+        ) from None
     from tftjax.data import load_dataset
     from tftjax.training import train_and_evaluate
 
@@ -60,9 +71,13 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
     # read once: every trial trains on the same windows
     ds = load_dataset(paths, cfg.data) if dataset is None else dataset
     # the test windows are not even evaluated: no trial's summary can show them
-    ds = dataclasses.replace(ds, series=tuple(
-        dataclasses.replace(s, splits=dataclasses.replace(s.splits, test=np.zeros(0, np.int32)))
-        for s in ds.series))
+    ds = dataclasses.replace(
+        ds,
+        series=tuple(
+            dataclasses.replace(s, splits=dataclasses.replace(s.splits, test=np.zeros(0, np.int32)))
+            for s in ds.series
+        ),
+    )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage, before = None, 0
     if journal is not None:
@@ -70,11 +85,14 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
 
         storage = JournalStorage(JournalFileBackend(str(journal)))
         before = stopped_trials(storage)
-    study = optuna.create_study(direction="minimize", storage=storage, study_name="tftjax",
-                                load_if_exists=True,
-                                sampler=optuna.samplers.TPESampler(seed=seed + before),
-                                pruner=optuna.pruners.MedianPruner(n_startup_trials=3,
-                                                                   n_warmup_steps=1))
+    study = optuna.create_study(
+        direction="minimize",
+        storage=storage,
+        study_name="tftjax",
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=seed + before),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
+    )
     counted = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     finished = sum(t.state in counted for t in study.trials)  # a failed trial is run again
     if finished and finished >= trials:
@@ -93,23 +111,43 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
         run = workdir / f"trial_{trial.number:03d}"
         trial.set_user_attr("run", str(run))
         try:
-            _, s = train_and_evaluate(model, train, run, dataset=ds, progress=progress,
-                                   callback=report, log=lambda *a: None, plots=False,
-                                   tensorboard=tensorboard)
+            _, s = train_and_evaluate(
+                model,
+                train,
+                run,
+                data=ds,
+                progress=progress,
+                callback=report,
+                log=lambda *a: None,
+                plots=False,
+                tensorboard=tensorboard,
+            )
         finally:
             release_compiled()  # each trial's programs: compiled again if ever needed
         best = min(h["val_loss"] for h in s["history"] if h.get("val_loss") is not None)
         trial.set_user_attr("best_val_loss", best)
         trial.set_user_attr("weights_epoch", s["weights_epoch"])
         trial.set_user_attr("val_q_risk_90", s["model"]["val"]["q_risk_90"])
-        log(f"trial {trial.number}: val loss {best:.4f} (epoch {s['weights_epoch']}) "
-            + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                        for sec in drawn.values() for k, v in sec.items()))
+        log(
+            f"trial {trial.number}: val loss {best:.4f} (epoch {s['weights_epoch']}) "
+            + ", ".join(
+                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                for sec in drawn.values()
+                for k, v in sec.items()
+            )
+        )
         return best
 
     study.optimize(objective, n_trials=max(trials - finished, 0), catch=())
-    rows = [{"trial": t.number, **{k.split(".")[1]: v for k, v in t.params.items()},
-             **t.user_attrs, "state": t.state.name.lower()} for t in study.trials]
+    rows = [
+        {
+            "trial": t.number,
+            **{k.split(".")[1]: v for k, v in t.params.items()},
+            **t.user_attrs,
+            "state": t.state.name.lower(),
+        }
+        for t in study.trials
+    ]
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not done:
         raise ConfigError("every trial was pruned or failed: more --trials or epochs")
@@ -118,8 +156,12 @@ def tune(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path, trials: int, see
     for key, v in best.params.items():
         sec, name = key.split(".")
         settings[sec][name] = v
-    return {"trials": rows, "best": {"trial": best.number, "val_loss": best.value, **settings},
-            "settings": settings, "searched": list(SPACE)}
+    return {
+        "trials": rows,
+        "best": {"trial": best.number, "val_loss": best.value, **settings},
+        "settings": settings,
+        "searched": list(SPACE),
+    }
 
 
 def stopped_trials(storage) -> int:
@@ -140,16 +182,22 @@ def stopped_trials(storage) -> int:
 
 def format_trials(out: dict) -> str:
     keys = [k.split(".")[1] for k in out["searched"]]
-    lines = ["| trial | " + " | ".join(keys) + " | state | best val loss | epoch |",
-             "|---" * (len(keys) + 4) + "|"]
+    lines = [
+        "| trial | " + " | ".join(keys) + " | state | best val loss | epoch |",
+        "|---" * (len(keys) + 4) + "|",
+    ]
     for r in out["trials"]:
         vals = [f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k)) for k in keys]
         loss = f"{r['best_val_loss']:.4f}" if "best_val_loss" in r else "–"
-        lines.append(f"| {r['trial']} | " + " | ".join(vals) + f" | {r.get('state', '?')} | "
-                     f"{loss} | {r.get('weights_epoch', '–')} |")
+        lines.append(
+            f"| {r['trial']} | " + " | ".join(vals) + f" | {r.get('state', '?')} | "
+            f"{loss} | {r.get('weights_epoch', '–')} |"
+        )
     b = out["best"]
-    lines.append(f"best: trial {b['trial']}, validation loss {b['val_loss']:.4f}: "
-                 + json.dumps(out["settings"]))
+    lines.append(
+        f"best: trial {b['trial']}, validation loss {b['val_loss']:.4f}: "
+        + json.dumps(out["settings"])
+    )
     return "\n".join(lines)
 
 
@@ -167,7 +215,14 @@ def release_compiled() -> None:
     from tftjax.training import optimizer, state
     from tftjax.training.steps import make_eval_step, make_train_step
 
-    for fn in (make_train_step, make_eval_step, optimizer._optimizer, state._init_fn,
-               ptq._record_step, tft.apply_fn, tft._init_fn):
+    for fn in (
+        make_train_step,
+        make_eval_step,
+        optimizer._optimizer,
+        state._init_fn,
+        ptq._record_step,
+        tft.apply_fn,
+        tft._init_fn,
+    ):
         fn.cache_clear()
     jax.clear_caches()

@@ -7,7 +7,6 @@ way the config's kernels say.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
@@ -28,6 +27,9 @@ class TrainState(train_state.TrainState):
     ``apply_fn``/``tx``. ``quant_stats``: the QAT activation observers (empty for a float
     model), updated by every training step and checkpointed with the rest."""
 
+    tx: Any = struct.field(pytree_node=False)
+    """The optimizer (:class:`tftjax.training.optimizer.Optimizer`: optax's ``init`` and
+    ``update``, and its fused ``step``)."""
     quant_stats: Any = struct.field(default_factory=dict)
     ema_params: Any = struct.field(default_factory=dict)
     """``--ema``: the moving average of ``params`` (empty: off), what is evaluated and kept."""
@@ -40,31 +42,41 @@ class TrainState(train_state.TrainState):
 def member_keys(key: Array, n: int) -> Array:
     """``[n]`` keys of an ensemble's members: member 0 has ``key`` itself (so that it is the
     single model of the same seed), member ``i`` ``fold_in(key, i)``."""
-    return jax.vmap(lambda i: jax.lax.cond(i == 0, lambda: key,
-                                           lambda: jax.random.fold_in(key, i)))(jnp.arange(n))
+    return jax.vmap(
+        lambda i: jax.lax.cond(i == 0, lambda: key, lambda: jax.random.fold_in(key, i))
+    )(jnp.arange(n))
 
 
-def create_train_state(cfg: TFTConfig, tc: TrainConfig, key: Array,
-                       total_steps: int | None = None) -> TrainState:
+def create_train_state(
+    cfg: TFTConfig, tc: TrainConfig, key: Array, total_steps: int | None = None
+) -> TrainState:
     """A fresh state; ``total_steps``: the run's optimizer steps (for a cosine schedule).
     ``--ensemble N``: every leaf (the step count too) stacked over a leading member axis,
     member ``i`` initialised from :func:`member_keys`' ``i``-th key."""
     if cfg.model.ensemble > 1:
         one = cfg.override(ensemble=1)
         keys = member_keys(key, cfg.model.ensemble)
-        members = [create_train_state(one, tc, keys[i], total_steps)
-                   for i in range(cfg.model.ensemble)]
-        stack = lambda *xs: jnp.stack([jnp.asarray(x) for x in xs])  # noqa: E731
-        return members[0].replace(**{f: jax.tree.map(stack, *[getattr(m, f) for m in members])
-                                     for f in ("step", "params", "opt_state", "quant_stats",
-                                               "ema_params")})
+        members = [
+            create_train_state(one, tc, keys[i], total_steps) for i in range(cfg.model.ensemble)
+        ]
+        stack = lambda *xs: jnp.stack([jnp.asarray(x) for x in xs])
+        return members[0].replace(
+            **{
+                f: jax.tree.map(stack, *[getattr(m, f) for m in members])
+                for f in ("step", "params", "opt_state", "quant_stats", "ema_params")
+            }
+        )
     variables = init_variables(cfg, key)
     tx = make_optimizer(tc, total_steps, *backend_of(cfg))
-    return TrainState(step=0, apply_fn=apply_fn(cfg), params=variables["params"], tx=tx,
-                      opt_state=_init_fn(tx)(variables["params"]),
-                      quant_stats=variables.get("quant_stats", {}),
-                      ema_params=(jax.tree.map(jnp.copy, variables["params"]) if tc.ema > 0
-                                  else {}))
+    return TrainState(
+        step=0,
+        apply_fn=apply_fn(cfg),
+        params=variables["params"],
+        tx=tx,
+        opt_state=_init_fn(tx)(variables["params"]),
+        quant_stats=variables.get("quant_stats", {}),
+        ema_params=(jax.tree.map(jnp.copy, variables["params"]) if tc.ema > 0 else {}),
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,5 +89,4 @@ def _init_fn(tx):
 
 def abstract_train_state(cfg: TFTConfig, tc: TrainConfig, total_steps: int | None = None):
     """Shapes and dtypes of :func:`create_train_state`'s state (nothing allocated)."""
-    return jax.eval_shape(lambda k: create_train_state(cfg, tc, k, total_steps),
-                          jax.random.key(0))
+    return jax.eval_shape(lambda k: create_train_state(cfg, tc, k, total_steps), jax.random.key(0))

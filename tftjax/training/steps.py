@@ -7,41 +7,58 @@ the last batch) and the windows are gathered on the device inside the step.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tftjax.stats import losses
-from tftjax.quant import core as qt
 from tftjax.config import TFTConfig
 from tftjax.data import DeviceData, gather
-from tftjax.models.tft import apply_fn, compute_params, kernel_mode, quant_spec
+from tftjax.models.compute import compute_params, kernel_mode, quant_spec
 from tftjax.models.kernels import multi_tensor
+from tftjax.models.tft import apply_fn
+from tftjax.quant import core as qt
+from tftjax.stats import losses
 from tftjax.training.state import TrainState, member_keys
 
 Array = jax.Array
 
 
-def _loss_fn(params, quant_stats, apply_fn, batch, mask, quantiles, dropout_key, denom=None,
-             cfg: TFTConfig | None = None):
+def _loss_fn(
+    params,
+    quant_stats,
+    apply_fn,
+    batch,
+    mask,
+    quantiles,
+    dropout_key,
+    denom=None,
+    cfg: TFTConfig | None = None,
+):
     # quant_batch is mutable: the forward records each observed tensor's range in this
     # (micro-)batch (once: a rematerialised block's recomputation only rebuilds residuals);
     # the step merges them and moves every observer once (tftjax.quant.core.update_observers).
-    (pred, _), recorded = apply_fn({"params": params, "quant_stats": quant_stats},
-                                   batch.static, batch.historical, batch.known, False,
-                                   batch.instrument, rngs={"dropout": dropout_key},
-                                   mutable=["quant_batch"])
+    (pred, _), recorded = apply_fn(
+        {"params": params, "quant_stats": quant_stats},
+        batch.static,
+        batch.historical,
+        batch.known,
+        False,
+        batch.instrument,
+        rngs={"dropout": dropout_key},
+        mutable=["quant_batch"],
+    )
     pred = forecast(pred, batch, cfg)
     target = batch.target
     if cfg is not None and cfg.head.anchor != "none" and cfg.head.anchor_loss == "vol":
         # pinball(y/σ, q/σ) = pinball(y, q)/σ: each window and step in units of the anchor
         target, pred = target / batch.anchor, pred / batch.anchor[..., None]
-    return (losses.quantile_loss(target, pred, quantiles, mask, denom),
-            recorded.get("quant_batch", {}))
+    return (
+        losses.quantile_loss(target, pred, quantiles, mask, denom),
+        recorded.get("quant_batch", {}),
+    )
 
 
 def at_matmul_precision(cfg: TFTConfig, fn: Callable) -> Callable:
@@ -83,6 +100,7 @@ def anchored(raw: Array, sigma: Array, z: Array, cfg: TFTConfig) -> Array:
 def no_ranges(quant_stats):
     """An empty :func:`tftjax.quant.core.batch_range` for every observer (``[..., 2]`` of
     ``+inf, -inf``): the start of the micro-batches' merge."""
+
     def one(st):
         return jnp.stack([jnp.full(st.min.shape, jnp.inf), jnp.full(st.min.shape, -jnp.inf)], -1)
 
@@ -93,16 +111,25 @@ def _gather_fn(cfg: TFTConfig, par):
     if par is not None and par.feature_rows_sharded:
         from tftjax.runner.mesh import gather_rows_sharded
 
-        g = lambda data, idx: gather_rows_sharded(par, data, idx, cfg.data.encoder_steps,  # noqa: E731
-                                                  cfg.data.decoder_steps)
+        gather_fn = functools.partial(gather_rows_sharded, par)
     else:
-        g = lambda data, idx: gather(data, idx, cfg.data.encoder_steps, cfg.data.decoder_steps)  # noqa: E731
-    return g  # (--target cumulative: the device targets are the k-bar returns already)
+        gather_fn = gather
+
+    def take(data, idx):  # (--target cumulative: the device targets are the k-bar returns)
+        return gather_fn(data, idx, cfg.data.encoder_steps, cfg.data.decoder_steps)
+
+    return take
 
 
 @functools.lru_cache(maxsize=None)
-def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
-                    accumulate: int = 1, ema: float = 0.0) -> Callable:
+def make_train_step(
+    cfg: TFTConfig,
+    *,
+    max_traces: int | None = None,
+    par=None,
+    accumulate: int = 1,
+    ema: float = 0.0,
+) -> Callable:
     """The jitted ``step(state, data, batch_idx, key) -> (state, metrics)``, state donated.
 
     ``par`` (a :class:`tftjax.runner.mesh.Parallel`): compiled for its mesh, the batch sharded
@@ -125,10 +152,12 @@ def make_train_step(cfg: TFTConfig, *, max_traces: int | None = None, par=None,
         step = chex.assert_max_traces(step, n=max_traces)
     if par is None:
         return jax.jit(step, donate_argnums=(0,))
-    return jax.jit(step, donate_argnums=(0,),
-                   in_shardings=(par.replicated, par.data_shardings(), par.batch_sharding,
-                                 par.replicated),
-                   out_shardings=(par.replicated, par.replicated))
+    return jax.jit(
+        step,
+        donate_argnums=(0,),
+        in_shardings=(par.replicated, par.data_shardings(), par.batch_sharding, par.replicated),
+        out_shardings=(par.replicated, par.replicated),
+    )
 
 
 def ensemble_step(step: Callable, n: int) -> Callable:
@@ -136,11 +165,16 @@ def ensemble_step(step: Callable, n: int) -> Callable:
     dropout keys (:func:`~tftjax.training.state.member_keys`), on the same batch: each member
     takes its own gradient and optimizer step, exactly as its own run would. Metrics: the
     members' mean loss and gradient norm."""
+
     def run(state, data, batch_idx, key):
-        new, m = jax.vmap(step, in_axes=(0, None, None, 0))(state, data, batch_idx,
-                                                           member_keys(key, n))
-        return new, {"loss": m["loss"].mean(), "grad_norm": m["grad_norm"].mean(),
-                     "count": m["count"][0]}
+        new, m = jax.vmap(step, in_axes=(0, None, None, 0))(
+            state, data, batch_idx, member_keys(key, n)
+        )
+        return new, {
+            "loss": m["loss"].mean(),
+            "grad_norm": m["grad_norm"].mean(),
+            "count": m["count"][0],
+        }
 
     return run
 
@@ -153,15 +187,19 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
     # gradients come back in their dtype: what the cast's transpose would convert leaf by
     # leaf, the optimizer converts), cast in a few launches under the Pallas optimizer
     opt_k = kernel_mode(cfg, "optimizer")
-    cast_leaves = None if not opt_k.pallas else functools.partial(
-        multi_tensor.cast, dtype=jnp.bfloat16, interpret=opt_k.interpret)
+    cast_leaves = (
+        None
+        if not opt_k.pallas
+        else functools.partial(multi_tensor.cast, dtype=jnp.bfloat16, interpret=opt_k.interpret)
+    )
 
     def grads_of(params, stats, apply_fn, data, idx, fill, dropout_key, denom):
         # a padded row (-1: the last batch of an epoch) is masked out of the loss and gathered
         # as the batch's first window, so that QAT's observers see only real windows
         batch = take(data, jnp.where(idx >= 0, idx, fill))
         return jax.value_and_grad(_loss_fn, has_aux=True)(
-            params, stats, apply_fn, batch, idx >= 0, quantiles, dropout_key, denom, cfg)
+            params, stats, apply_fn, batch, idx >= 0, quantiles, dropout_key, denom, cfg
+        )
 
     def step(state: TrainState, data: DeviceData, batch_idx: Array, key: Array):
         mask = batch_idx >= 0
@@ -169,8 +207,9 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
         dropout_key = jax.random.fold_in(key, state.step)
         params = compute_params(cfg, state.params, cast_leaves)
         if k_acc == 1:
-            (loss, ranges), grads = grads_of(params, state.quant_stats, state.apply_fn,
-                                             data, batch_idx, fill, dropout_key, None)
+            (loss, ranges), grads = grads_of(
+                params, state.quant_stats, state.apply_fn, data, batch_idx, fill, dropout_key, None
+            )
         else:
             denom = jnp.maximum(mask.sum(), 1).astype(jnp.float32)
             micro = batch_idx.reshape(-1, k_acc).T  # [K, B/K]
@@ -180,27 +219,43 @@ def _train_step_fn(cfg: TFTConfig, par, k_acc: int, ema: float = 0.0) -> Callabl
             def body(carry, xs):
                 g_sum, l_sum, seen = carry
                 idx, k = xs
-                (l, ranges), g = grads_of(params, state.quant_stats, state.apply_fn, data,
-                                          idx, fill, jax.random.fold_in(dropout_key, k), denom)
+                (loss_k, ranges), g = grads_of(
+                    params,
+                    state.quant_stats,
+                    state.apply_fn,
+                    data,
+                    idx,
+                    fill,
+                    jax.random.fold_in(dropout_key, k),
+                    denom,
+                )
                 g_sum = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g)
-                return (g_sum, l_sum + l, jax.tree.map(qt.merge_ranges, seen, ranges)), None
+                return (g_sum, l_sum + loss_k, jax.tree.map(qt.merge_ranges, seen, ranges)), None
 
             zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
             (grads, loss, ranges), _ = jax.lax.scan(
-                body, (zeros, jnp.zeros((), jnp.float32), no_ranges(state.quant_stats)),
-                (micro, jnp.arange(k_acc)))
+                body,
+                (zeros, jnp.zeros((), jnp.float32), no_ranges(state.quant_stats)),
+                (micro, jnp.arange(k_acc)),
+            )
         # every observer moves once, by the whole batch's range, whatever the micro-batches
-        stats = (qt.update_observers(state.quant_stats, ranges, spec) if spec is not None
-                 else state.quant_stats)
+        stats = (
+            qt.update_observers(state.quant_stats, ranges, spec)
+            if spec is not None
+            else state.quant_stats
+        )
         # the optimizer's fused step (optax's per leaf, a flat buffer or Pallas kernels)
         params, opt_state, grad_norm = state.tx.step(state.params, grads, state.opt_state)
-        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                                  quant_stats=stats)
+        new_state = state.replace(
+            step=state.step + 1, params=params, opt_state=opt_state, quant_stats=stats
+        )
         if ema > 0:  # --ema: the average moves after the optimizer step
-            new_state = new_state.replace(ema_params=jax.tree.map(
-                lambda e, p: ema * e + (1.0 - ema) * p, state.ema_params, new_state.params))
-        return new_state, {"loss": loss, "grad_norm": grad_norm,
-                           "count": mask.sum()}
+            new_state = new_state.replace(
+                ema_params=jax.tree.map(
+                    lambda e, p: ema * e + (1.0 - ema) * p, state.ema_params, new_state.params
+                )
+            )
+        return new_state, {"loss": loss, "grad_norm": grad_norm, "count": mask.sum()}
 
     return step
 
@@ -218,8 +273,10 @@ def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callabl
     def step(variables, data: DeviceData, batch_idx: Array):
         mask = batch_idx >= 0
         batch = take(data, jnp.maximum(batch_idx, 0))
-        run = lambda v: apply(v, batch.static, batch.historical, batch.known, True,  # noqa: E731
-                              batch.instrument)
+
+        def run(v):
+            return apply(v, batch.static, batch.historical, batch.known, True, batch.instrument)
+
         if cfg.model.ensemble == 1:
             pred, interp = run(variables)
             pred = forecast(pred, batch, cfg)
@@ -231,6 +288,8 @@ def make_eval_step(cfg: TFTConfig, mode: str | None = None, par=None) -> Callabl
 
     if par is None:
         return jax.jit(step)
-    return jax.jit(step, in_shardings=(par.replicated, par.data_shardings(), par.batch_sharding),
-                   out_shardings=par.replicated)
-
+    return jax.jit(
+        step,
+        in_shardings=(par.replicated, par.data_shardings(), par.batch_sharding),
+        out_shardings=par.replicated,
+    )

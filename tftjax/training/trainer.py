@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tftjax.stats import losses
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import Dataset, DeviceData, epoch_batches, to_device
-from tftjax.models.tft import quant_spec
+from tftjax.models.compute import quant_spec
 from tftjax.quant.tree import int8_variables, unobserved
+from tftjax.stats import losses
 from tftjax.training.state import TrainState, create_train_state
 from tftjax.training.steps import make_eval_step, make_train_step
 
@@ -30,18 +30,29 @@ class Trainer:
     what the loop uses; tests call them directly.
     """
 
-    def __init__(self, cfg: TFTConfig, tc: TrainConfig, data: DeviceData,
-                 max_traces: int | None = None, par=None):
+    def __init__(
+        self,
+        cfg: TFTConfig,
+        tc: TrainConfig,
+        data: DeviceData,
+        max_traces: int | None = None,
+        par=None,
+    ):
         self.cfg, self.tc, self.data, self.par = cfg, tc, data, par
         check_instruments(cfg, data)
         if par is not None:
             from tftjax.runner.mesh import check_divisible
 
-            check_divisible(tc.batch_size // tc.accumulate, par.size,
-                            "--batch-size" if tc.accumulate == 1 else
-                            f"--batch-size / --accumulate {tc.accumulate} =")
-        self._train = make_train_step(cfg, max_traces=max_traces, par=par,
-                                      accumulate=tc.accumulate, ema=tc.ema)
+            check_divisible(
+                tc.batch_size // tc.accumulate,
+                par.size,
+                "--batch-size"
+                if tc.accumulate == 1
+                else f"--batch-size / --accumulate {tc.accumulate} =",
+            )
+        self._train = make_train_step(
+            cfg, max_traces=max_traces, par=par, accumulate=tc.accumulate, ema=tc.ema
+        )
         # an eval batch is padded anyway: round it up to a multiple of the devices
         n = par.size if par is not None else 1
         self.eval_batch_size = -(-tc.eval_batch_size // n) * n
@@ -62,17 +73,28 @@ class Trainer:
         for idx in _eval_batches(starts, self.eval_batch_size):
             sums, _, _ = step(variables, self.data, self._batch(idx))
             total = sums if total is None else losses.add(total, sums)
+        if total is None:
+            raise ValueError("no windows to evaluate")
         return losses.finalize(total)
 
     def predict(self, variables, starts: np.ndarray, mode: str | None = None):
         """Predictions ``[n, T_d, Q]`` and interpretation for windows at ``starts``."""
-        return predict_windows(self.cfg, self.tc, self.data, variables, starts, mode,
-                               par=self.par, interpretation=True)
+        return predict_windows(
+            self.cfg, self.tc, self.data, variables, starts, mode, par=self.par, interpretation=True
+        )
 
 
-def predict_windows(cfg: TFTConfig, tc: TrainConfig, data: DeviceData, variables,
-                    starts: np.ndarray, mode: str | None = None, *, par=None,
-                    interpretation: bool = False):
+def predict_windows(
+    cfg: TFTConfig,
+    tc: TrainConfig,
+    data: DeviceData,
+    variables,
+    starts: np.ndarray,
+    mode: str | None = None,
+    *,
+    par=None,
+    interpretation: bool = False,
+):
     """Predictions ``[n, T_d, Q]`` (and with ``interpretation`` the attention and variable
     weights) of the windows at ``starts``, in batches of ``tc.eval_batch_size`` through one
     compiled eval step. Builds no train step: what forecasts use."""
@@ -83,13 +105,16 @@ def predict_windows(cfg: TFTConfig, tc: TrainConfig, data: DeviceData, variables
     size = -(-tc.eval_batch_size // n) * n
     preds, interps = [], []
     for idx in _eval_batches(starts, size):
-        batch = par.batch(np.asarray(idx, np.int32)) if par is not None else jnp.asarray(
-            np.asarray(idx, np.int32))
+        batch = (
+            par.batch(np.asarray(idx, np.int32))
+            if par is not None
+            else jnp.asarray(np.asarray(idx, np.int32))
+        )
         _, pred, interp = step(variables, data, batch)
         keep = np.asarray(idx) >= 0
         preds.append(np.asarray(pred)[keep])
         if interpretation:
-            interps.append(jax.tree.map(lambda x: np.asarray(x)[keep], interp))
+            interps.append(jax.tree.map(lambda x, keep=keep: np.asarray(x)[keep], interp))
     pred = np.concatenate(preds)
     if not interpretation:
         return pred
@@ -105,7 +130,6 @@ def inference_config(cfg: TFTConfig) -> TFTConfig:
     only), the model's own tier."""
     if cfg.quant.qat or jax.default_backend() != "cpu":
         return cfg
-    import dataclasses
 
     return cfg.override(remat="full")
 
@@ -124,9 +148,11 @@ def check_instruments(cfg: TFTConfig, data: DeviceData) -> None:
         return
     lo, hi = (int(x) for x in _min_max(data.instrument))
     if lo < 0 or hi > cfg.model.instruments:
-        raise ConfigError(f"instrument index {lo if lo < 0 else hi} is outside this model's "
-                          f"vocabulary (rows 0..{cfg.model.instruments}: {cfg.model.instruments} "
-                          "instruments and the unknown one)")
+        raise ConfigError(
+            f"instrument index {lo if lo < 0 else hi} is outside this model's "
+            f"vocabulary (rows 0..{cfg.model.instruments}: {cfg.model.instruments} "
+            "instruments and the unknown one)"
+        )
 
 
 def steps_per_epoch(tc: TrainConfig, train_windows: int) -> int:
@@ -141,8 +167,9 @@ def epoch_indices(tc: TrainConfig, starts: np.ndarray, epoch: int) -> np.ndarray
     return np.where(mask, idx, -1).astype(np.int32)[: tc.max_steps_per_epoch]
 
 
-def train_epochs(cfg: TFTConfig, tc: TrainConfig, ds: Dataset, epochs: int | None = None,
-                 par=None) -> tuple[TrainState, list[float]]:
+def train_epochs(
+    cfg: TFTConfig, tc: TrainConfig, ds: Dataset, epochs: int | None = None, par=None
+) -> tuple[TrainState, list[float]]:
     """``epochs`` (default ``tc.epochs``) epochs of the run loop's training steps (the same
     batches, initial weights and dropout key from ``tc.seed``) without checkpoints or
     evaluation: the final state and each epoch's mean training loss. For comparisons of
@@ -170,11 +197,11 @@ def leaf_differences(params, reference) -> dict[str, float]:
     """Per parameter leaf: ``max |p - r| / max |r|`` (the largest difference relative to the
     leaf's scale), keyed by the leaf's path."""
     out = {}
-    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(params)[0],
-                            jax.tree.leaves(reference)):
+    for (path, a), b in zip(
+        jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(reference)
+    ):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        out[jax.tree_util.keystr(path)] = float(np.abs(a - b).max() / max(np.abs(b).max(),
-                                                                          1e-30))
+        out[jax.tree_util.keystr(path)] = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
     return out
 
 
@@ -194,8 +221,10 @@ def model_variables(cfg: TFTConfig, variables: dict, mode: str | None = None) ->
         return {"params": variables["params"]}
     stats = variables.get("quant_stats")
     if stats is None or unobserved(stats):
-        raise ConfigError(f"{spec.mode} inference needs observed activation ranges: train with "
-                          "--qat, or calibrate a float model (--calibrate N)")
+        raise ConfigError(
+            f"{spec.mode} inference needs observed activation ranges: train with "
+            "--qat, or calibrate a float model (--calibrate N)"
+        )
     if spec.mode == "int8" and "weight_scale" not in variables:
         variables = {**to_int8(variables["params"], spec), "quant_stats": stats}
     return variables

@@ -10,8 +10,8 @@ test. :mod:`tftjax.stats.verdict` pools the folds into the table.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -38,15 +38,15 @@ class WalkForward:
 
     def __post_init__(self) -> None:
         if self.folds < 2:
-            raise ConfigError(f"--folds must be >= 2 (a walk-forward needs several), got "
-                              f"{self.folds}")
+            raise ConfigError(
+                f"--folds must be >= 2 (a walk-forward needs several), got {self.folds}"
+            )
         if self.bootstrap < 1:
             raise ConfigError(f"--bootstrap must be >= 1 resample, got {self.bootstrap}")
         if not 0 < self.test_fraction < 1:
             raise ConfigError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
         if self.tune_trials < 0:
-            raise ConfigError(f"--tune-trials must be >= 0 (0: no tuning), got "
-                              f"{self.tune_trials}")
+            raise ConfigError(f"--tune-trials must be >= 0 (0: no tuning), got {self.tune_trials}")
         if self.tune_trials and self.tune_epochs < 1:
             raise ConfigError(f"--tune-epochs must be >= 1, got {self.tune_epochs}")
 
@@ -61,10 +61,18 @@ class Tally:
     by_series: dict = dataclasses.field(default_factory=dict)
 
 
-def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path,
-             plan: WalkForward = WalkForward(), *, progress: bool = False,
-             log: Callable = print, tune_fn: Callable | None = None,
-             tensorboard: bool = True) -> dict:
+def backtest(
+    cfg: TFTConfig,
+    tc: TrainConfig,
+    paths,
+    workdir: Path,
+    plan: WalkForward = WalkForward(),
+    *,
+    progress: bool = False,
+    log: Callable = print,
+    tune_fn: Callable | None = None,
+    tensorboard: bool = True,
+) -> dict:
     """Train and score every fold; the stitched comparison (see the module docstring).
     ``paths``: the bars (one file, several, or None: the bundled ES bars); ``tune_fn``: the
     search run inside each fold (default :func:`tftjax.training.search.tune`)."""
@@ -76,8 +84,7 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path,
     files = files or [default_parquet()]
     ts = [b.ts for p in files for b in read_series(p)]
     tally = Tally()
-    for k, fold in enumerate(walk_forward_times(ts, cfg.data, plan.folds, plan.test_fraction),
-                             1):
+    for k, fold in enumerate(walk_forward_times(ts, cfg.data, plan.folds, plan.test_fraction), 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
         chosen, ck = train_fold(cfg, tc, ds, workdir, k, plan, tune_fn, progress, tensorboard)
         entry = score_fold(ck, tc, ds, fold, tally, panel=len(files) > 1)
@@ -87,8 +94,17 @@ def backtest(cfg: TFTConfig, tc: TrainConfig, paths, workdir: Path,
     return summarize(tally, cfg, plan.bootstrap)
 
 
-def train_fold(cfg: TFTConfig, tc: TrainConfig, ds: Dataset, workdir: Path, k: int,
-               plan: WalkForward, tune_fn, progress: bool, tensorboard: bool):
+def train_fold(
+    cfg: TFTConfig,
+    tc: TrainConfig,
+    ds: Dataset,
+    workdir: Path,
+    k: int,
+    plan: WalkForward,
+    tune_fn,
+    progress: bool,
+    tensorboard: bool,
+):
     """Fold ``k``'s model, trained from scratch on ``ds`` (its settings first tuned on its
     own training and validation stretches when ``plan.tune_trials``): ``(the settings the
     tuning chose or None, its checkpoint)``."""
@@ -100,14 +116,31 @@ def train_fold(cfg: TFTConfig, tc: TrainConfig, ds: Dataset, workdir: Path, k: i
         from tftjax.training.search import tune
 
         tune_tc = dataclasses.replace(tc, epochs=plan.tune_epochs, patience=min(tc.patience, 2))
-        t = (tune_fn or tune)(cfg, tune_tc, None, workdir / f"tune_{k}", plan.tune_trials,
-                              seed=k - 1, progress=False, log=lambda *a: None, dataset=ds,
-                              tensorboard=tensorboard)
+        t = (tune_fn or tune)(
+            cfg,
+            tune_tc,
+            None,
+            workdir / f"tune_{k}",
+            plan.tune_trials,
+            seed=k - 1,
+            progress=False,
+            log=lambda *a: None,
+            dataset=ds,
+            tensorboard=tensorboard,
+        )
         chosen = t["settings"]
         cfg, tc = apply_settings(cfg, tc, chosen, "tuning")
     run = workdir / f"fold_{k}"
-    train_and_evaluate(cfg, tc, run, dataset=ds, progress=progress, log=lambda *a: None,
-                       plots=False, tensorboard=tensorboard)
+    train_and_evaluate(
+        cfg,
+        tc,
+        run,
+        data=ds,
+        progress=progress,
+        log=lambda *a: None,
+        plots=False,
+        tensorboard=tensorboard,
+    )
     return chosen, open_checkpoint(run)
 
 
@@ -129,9 +162,12 @@ def score_fold(ck, tc: TrainConfig, ds: Dataset, fold, tally: Tally, panel: bool
         starts = getattr(ds.splits, split)
         preds, y = split_forecasts(trainer, variables, ds, starts, qs)
         if split == "val":  # the combination's weight, with the fold's own choice
-            chosen = verdict.choose(verdict.Fold({n: scoring.window_sums(y, p, qs)
-                                                  for n, p in preds.items()}, {}, None, {}),
-                                    [n for n in preds if n != "tft"])
+            chosen = verdict.choose(
+                verdict.Fold(
+                    {n: scoring.window_sums(y, p, qs) for n, p in preds.items()}, {}, None, {}
+                ),
+                [n for n in preds if n != "tft"],
+            )
             weight = verdict.combine(y, preds["tft"], preds[chosen], qs)
         preds[verdict.COMBO] = weight * preds["tft"] + (1 - weight) * preds[chosen]
         for name, p in preds.items():
@@ -152,37 +188,44 @@ def split_forecasts(trainer, variables, ds: Dataset, starts: np.ndarray, qs):
     """``({"tft": ..., baseline: ...}, targets)`` for the windows at ``starts``."""
     from tftjax.training.evaluation import baselines_forecasts, window_targets
 
-    preds = {"tft": trainer.predict(variables, starts)[0],
-             **baselines_forecasts(ds, qs, starts)}
+    preds = {"tft": trainer.predict(variables, starts)[0], **baselines_forecasts(ds, qs, starts)}
     return preds, window_targets(ds, starts)
 
 
 def fold_record(ck, ds: Dataset, fold, f, test_series: np.ndarray, weight: float) -> dict:
     """What ``backtest.json`` keeps of a fold."""
     return {
-        "weights_epoch": ck.meta.get("weights_epoch"), "anchor": ck.cfg.head.anchor,
+        "weights_epoch": ck.meta.get("weights_epoch"),
+        "anchor": ck.cfg.head.anchor,
         "train_rows": [list(s.splits.train_rows) for s in ds.series],
         "test_from": str(np.datetime64(fold[1], "ns")),
         "windows": {s: int(getattr(ds.splits, s).size) for s in ("train", "val", "test")},
         "series": [ds.names[i] for i in np.unique(test_series)],  # scored on its test
         "sat_out": list(ds.absent),  # too little history before this fold
-        "test": {name: {m: float(v) for m, v in scoring.from_sums(r).items()}
-                 for name, r in f.test.items()},
-        "val_q_risk_90": {name: float(scoring.from_sums(r)["q_risk_90"])
-                          for name, r in f.val.items()},
+        "test": {
+            name: {m: float(v) for m, v in scoring.from_sums(r).items()}
+            for name, r in f.test.items()
+        },
+        "val_q_risk_90": {
+            name: float(scoring.from_sums(r)["q_risk_90"]) for name, r in f.val.items()
+        },
         "chosen": verdict.choose(f, [n for n in f.val if n not in verdict.MODELS]),
         "combination_weight": weight,  # of the TFT, with the chosen baseline
     }
 
 
 def fold_line(entry: dict, k: int, folds: int, ds: Dataset) -> str:
-    who = (f" of {len(entry['series'])} series" + (f" ({len(ds.absent)} sat out)"
-                                                      if ds.absent else "")
-           if len(ds.series) > 1 or ds.absent else "")
-    return (f"fold {k}/{folds}: test from {entry['test_from'][:16]}, "
-            f"{entry['windows']['test']} windows{who}, epoch {entry['weights_epoch']}: TFT P90 "
-            f"{entry['test']['tft']['q_risk_90']:.4f}, {entry['chosen']} (chosen on its "
-            f"validation) {entry['test'][entry['chosen']]['q_risk_90']:.4f}")
+    who = (
+        f" of {len(entry['series'])} series" + (f" ({len(ds.absent)} sat out)" if ds.absent else "")
+        if len(ds.series) > 1 or ds.absent
+        else ""
+    )
+    return (
+        f"fold {k}/{folds}: test from {entry['test_from'][:16]}, "
+        f"{entry['windows']['test']} windows{who}, epoch {entry['weights_epoch']}: TFT P90 "
+        f"{entry['test']['tft']['q_risk_90']:.4f}, {entry['chosen']} (chosen on its "
+        f"validation) {entry['test'][entry['chosen']]['q_risk_90']:.4f}"
+    )
 
 
 def summarize(tally: Tally, cfg: TFTConfig, reps: int) -> dict:
@@ -190,14 +233,19 @@ def summarize(tally: Tally, cfg: TFTConfig, reps: int) -> dict:
     qs, d = cfg.head.quantiles, cfg.data.decoder_steps
     out = verdict.summarize(tally.scored, qs, d, reps)
     out["folds"] = tally.folds
-    out["combination"] = {**verdict.brief(verdict.summarize(tally.scored, qs, d, reps,
-                                                            model=verdict.COMBO),
-                                          verdict.COMBO),
-                          "weights": [f["combination_weight"] for f in tally.folds]}
+    out["combination"] = {
+        **verdict.brief(
+            verdict.summarize(tally.scored, qs, d, reps, model=verdict.COMBO), verdict.COMBO
+        ),
+        "weights": [f["combination_weight"] for f in tally.folds],
+    }
     if tally.by_series:  # each series over the folds it was scored in, its own choice
         out["by_series"] = verdict.holm_rows(
-            {n: verdict.brief(verdict.summarize(fs, qs, d, reps))
-             for n, fs in sorted(tally.by_series.items())})
+            {
+                n: verdict.brief(verdict.summarize(fs, qs, d, reps))
+                for n, fs in sorted(tally.by_series.items())
+            }
+        )
     for name, parts in tally.steps.items():  # P90 q-risk per forecast step, over the folds
         tot = np.concatenate(parts).sum(axis=0)  # [D, 2]
         row = out["pooled"].get(name) or out["combination"]
@@ -213,11 +261,12 @@ def format_table(out: dict) -> str:
     c = out.get("combination")
     if c:
         ci = c["vs"]["p90_diff_ci95"]
-        table += (f"\n\ncombination w·TFT + (1-w)·the chosen baseline, w per fold on its "
-                  f"validation ({', '.join(f'{w:g}' for w in c['weights'])}): P90 "
-                  f"{c[verdict.COMBO]['q_risk_90']:.4f} against "
-                  f"{c[verdict.CHOSEN]['q_risk_90']:.4f}, diff {c['vs']['p90_diff']:+.4f} "
-                  f"[{ci[0]:+.4f}, {ci[1]:+.4f}], DM P90 {c['vs']['dm_p90']['stat']:+.2f} "
-                  f"(p {c['vs']['dm_p90']['p']:.3g}): {c['verdict']}")
-    return table + ("\n\n" + verdict.format_series(out["by_series"]) if "by_series" in out
-                    else "")
+        table += (
+            f"\n\ncombination w·TFT + (1-w)·the chosen baseline, w per fold on its "
+            f"validation ({', '.join(f'{w:g}' for w in c['weights'])}): P90 "
+            f"{c[verdict.COMBO]['q_risk_90']:.4f} against "
+            f"{c[verdict.CHOSEN]['q_risk_90']:.4f}, diff {c['vs']['p90_diff']:+.4f} "
+            f"[{ci[0]:+.4f}, {ci[1]:+.4f}], DM P90 {c['vs']['dm_p90']['stat']:+.2f} "
+            f"(p {c['vs']['dm_p90']['p']:.3g}): {c['verdict']}"
+        )
+    return table + ("\n\n" + verdict.format_series(out["by_series"]) if "by_series" in out else "")

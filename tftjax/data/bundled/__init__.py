@@ -47,11 +47,14 @@ def bundled_path(name: str) -> Path:
             raise ConfigError(
                 f"--dataset {name}: {PANELS[name]} is kept in the repository's data/ folder, "
                 f"not in the installed package, and is not at {path}: run from a clone of "
-                "tftjax, or set TFTJAX_DATA_DIR to the folder that holds it")
+                "tftjax, or set TFTJAX_DATA_DIR to the folder that holds it"
+            )
         return path
     if name not in DATASETS:
-        raise ConfigError(f"--dataset {name!r} is not bundled; choose one of: "
-                          f"{', '.join((*DATASETS, *PANELS))} (or pass --parquet-file)")
+        raise ConfigError(
+            f"--dataset {name!r} is not bundled; choose one of: "
+            f"{', '.join((*DATASETS, *PANELS))} (or pass --parquet-file)"
+        )
     return Path(__file__).resolve().parent / DATASETS[name]
 
 

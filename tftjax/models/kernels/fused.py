@@ -32,7 +32,6 @@ per row)::
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -70,14 +69,21 @@ def fold(p: dict) -> Folded:
     Plain jnp: autodiff carries the kernel's parameter gradients back to ``p``.
     """
     d = p["skip_k"].shape[-1]
-    f = lambda v, k: jnp.einsum("mv,mvo->mo", v, k)  # noqa: E731
+    f = lambda v, k: jnp.einsum("mv,mvo->mo", v, k)
     return Folded(
-        fk=f(p["emb_k"], p["fc2_k"]), fb=f(p["emb_b"], p["fc2_k"]) + p["fc2_b"],
-        w1=p["fc1_k"], b1=p["fc1_b"],
-        vk=p["glu_k"][..., :d], vb=p["glu_b"][..., :d],
-        gk=p["glu_k"][..., d:], gb=p["glu_b"][..., d:],
-        sk=f(p["emb_k"], p["skip_k"]), sb=f(p["emb_b"], p["skip_k"]) + p["skip_b"],
-        ln_g=p["ln_scale"], ln_b=p["ln_bias"])
+        fk=f(p["emb_k"], p["fc2_k"]),
+        fb=f(p["emb_b"], p["fc2_k"]) + p["fc2_b"],
+        w1=p["fc1_k"],
+        b1=p["fc1_b"],
+        vk=p["glu_k"][..., :d],
+        vb=p["glu_b"][..., :d],
+        gk=p["glu_k"][..., d:],
+        gb=p["glu_b"][..., d:],
+        sk=f(p["emb_k"], p["skip_k"]),
+        sb=f(p["emb_b"], p["skip_k"]) + p["skip_b"],
+        ln_g=p["ln_scale"],
+        ln_b=p["ln_bias"],
+    )
 
 
 def _forward(q: Folded, x: Array, keep: Array | None):
@@ -147,13 +153,24 @@ def _bwd_one(q: Folded, x: Array, w: Array, keep: Array | None, gout: Array):
     d_f = jnp.dot(xo, da)  # [2, d_v]
     dx = jnp.sum(dy * q.sk, axis=-1) + jnp.sum(da * q.fk, axis=-1)
     del d
-    grads = Folded(fk=d_f[0], fb=d_f[1], w1=d_w1, b1=d_b1, vk=d_vk, vb=d_vb, gk=d_gk, gb=d_gb,
-                   sk=d_s[0], sb=d_s[1], ln_g=d_lng, ln_b=d_lnb)
+    grads = Folded(
+        fk=d_f[0],
+        fb=d_f[1],
+        w1=d_w1,
+        b1=d_b1,
+        vk=d_vk,
+        vb=d_vb,
+        gk=d_gk,
+        gb=d_gb,
+        sk=d_s[0],
+        sb=d_s[1],
+        ln_g=d_lng,
+        ln_b=d_lnb,
+    )
     return grads, dx, dw
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _vsn_sum(q: Folded, x: Array, w: Array, keep: Array | None, unroll: int) -> Array:
+def _vsn_sum_impl(q: Folded, x: Array, w: Array, keep: Array | None, unroll: int) -> Array:
     return _fwd_sum(q, x, w, keep, unroll)
 
 
@@ -165,17 +182,26 @@ def _vsn_sum_bwd(unroll, res, gout):
     q, x, w, keep = res
 
     def body(_, inp):
-        return None, _bwd_one(*inp, gout)
+        q_j, x_j, w_j, keep_j = inp
+        return None, _bwd_one(q_j, x_j, w_j, keep_j, gout)
 
     _, (gq, dx, dw) = lax.scan(body, None, (q, x, w, keep), unroll=unroll)
     return gq, dx, dw, None if keep is None else jnp.zeros_like(keep)
 
 
+_vsn_sum = jax.custom_vjp(_vsn_sum_impl, nondiff_argnums=(4,))
 _vsn_sum.defvjp(_vsn_sum_fwd, _vsn_sum_bwd)
 
 
-def weighted_grn_sum(p: dict, x: Array, w: Array, keep: Array | None, rate: float,
-                     unroll: int = 1, row_block: int = ROW_BLOCK) -> Array:
+def weighted_grn_sum(
+    p: dict,
+    x: Array,
+    w: Array,
+    keep: Array | None,
+    rate: float,
+    unroll: int = 1,
+    row_block: int = ROW_BLOCK,
+) -> Array:
     """``Σ_j w_j GRN_j(x_j)`` ``[N, d]`` for stacked float parameters ``p`` (as in
     ``VariableSelection``), inputs ``x`` and weights ``w`` ``[m, N]``, dropout
     keep-mask ``keep`` ``[m, N, d_v]`` (bool) or None, as a scan over variables
@@ -199,6 +225,5 @@ def weighted_grn_sum(p: dict, x: Array, w: Array, keep: Array | None, rate: floa
         return jnp.moveaxis(a.reshape((a.shape[0], nb, r) + a.shape[2:]), 1, 0)
 
     kb = None if keep_f is None else blocks(keep_f)
-    out = lax.map(lambda a: _vsn_sum(q, a[0], a[1], a[2], int(unroll)),
-                  (blocks(x), blocks(w), kb))
+    out = lax.map(lambda a: _vsn_sum(q, a[0], a[1], a[2], int(unroll)), (blocks(x), blocks(w), kb))
     return out.reshape(nb * r, -1)[:n]

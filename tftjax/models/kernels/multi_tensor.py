@@ -70,11 +70,13 @@ def mine(i, leaf: Leaf):
 def load(ref, sl, mask):
     """A masked load: the elements past the array's end read as 0 (the last block's tail)."""
     from jax.experimental.pallas import triton as plt
+
     return plt.load(ref.at[sl], mask=mask, other=0.0)
 
 
 def store(ref, sl, val, mask):
     from jax.experimental.pallas import triton as plt
+
     plt.store(ref.at[sl], val, mask=mask)
 
 
@@ -82,6 +84,7 @@ def _cast_kernel(*refs, leaves: tuple[Leaf, ...]):
     n = len(leaves)
     pid = pl.program_id(0)  # read here: the interpreter cannot read it inside a branch
     for leaf, x_ref, o_ref in zip(leaves, refs[:n], refs[n:]):
+
         @pl.when(mine(pid, leaf))
         def _(leaf=leaf, x_ref=x_ref, o_ref=o_ref):
             sl, mask = block(pid, leaf)
@@ -92,6 +95,7 @@ def _sum_kernel(*refs, leaves: tuple[Leaf, ...], splits: tuple[int, ...]):
     n = len(leaves)
     pid = pl.program_id(0)
     for leaf, s, x_ref, o_ref in zip(leaves, splits, refs[:n], refs[n:]):
+
         @pl.when(mine(pid, leaf))
         def _(leaf=leaf, s=s, x_ref=x_ref, o_ref=o_ref):
             sl, mask = block(pid, leaf)
@@ -104,20 +108,31 @@ def _sum_kernel(*refs, leaves: tuple[Leaf, ...], splits: tuple[int, ...]):
             store(o_ref, sl, total.astype(o_ref.dtype), mask)
 
 
-def _grouped(name: str, kernel, xs: list[Array], outs: list[jax.ShapeDtypeStruct],
-             sizes: list[int], interpret: bool, **kw) -> list[Array]:
+def _grouped(
+    name: str,
+    kernel,
+    xs: list[Array],
+    outs: list[jax.ShapeDtypeStruct],
+    sizes: list[int],
+    interpret: bool,
+    **kw,
+) -> list[Array]:
     res = []
     for lo in range(0, len(xs), GROUP):
-        flat = [a.reshape(-1) for a in xs[lo:lo + GROUP]]
-        shapes = outs[lo:lo + GROUP]
-        leaves, total = layout(sizes[lo:lo + GROUP])
-        part = {k: v[lo:lo + GROUP] for k, v in kw.items()}
+        flat = [a.reshape(-1) for a in xs[lo : lo + GROUP]]
+        shapes = outs[lo : lo + GROUP]
+        leaves, total = layout(sizes[lo : lo + GROUP])
+        part = {k: v[lo : lo + GROUP] for k, v in kw.items()}
         got = pl.pallas_call(
             functools.partial(kernel, leaves=leaves, **part),
             out_shape=[jax.ShapeDtypeStruct((math.prod(o.shape),), o.dtype) for o in shapes],
-            grid=(total,), in_specs=[pl.no_block_spec] * len(flat),
-            out_specs=[pl.no_block_spec] * len(flat), interpret=interpret,
-            compiler_params=triton_params(interpret), name=name)(*flat)
+            grid=(total,),
+            in_specs=[pl.no_block_spec] * len(flat),
+            out_specs=[pl.no_block_spec] * len(flat),
+            interpret=interpret,
+            compiler_params=triton_params(interpret),
+            name=name,
+        )(*flat)
         res.extend(g.reshape(o.shape) for g, o in zip(got, shapes))
     return res
 
@@ -133,6 +148,12 @@ def sum_splits(parts: list[Array], dtypes: list, *, interpret: bool) -> list[Arr
     ...]``, summed in float32 in the order of its splits) in one launch per :data:`GROUP`
     arrays."""
     outs = [jax.ShapeDtypeStruct(p.shape[1:], dt) for p, dt in zip(parts, dtypes)]
-    return _grouped("sum_splits", _sum_kernel, parts, outs,
-                    [math.prod(o.shape) for o in outs], interpret,
-                    splits=tuple(p.shape[0] for p in parts))
+    return _grouped(
+        "sum_splits",
+        _sum_kernel,
+        parts,
+        outs,
+        [math.prod(o.shape) for o in outs],
+        interpret,
+        splits=tuple(p.shape[0] for p in parts),
+    )

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +69,7 @@ def _norm_kernel(*refs, leaves: tuple[mt.Leaf, ...]):
     *g_refs, out_ref = refs
     i = pl.program_id(0)  # read here: the interpreter cannot read it inside a branch
     for leaf, g_ref in zip(leaves, g_refs):
+
         @pl.when(mt.mine(i, leaf))
         def _(leaf=leaf, g_ref=g_ref):
             sl, mask = mt.block(i, leaf)
@@ -78,10 +80,11 @@ def _norm_kernel(*refs, leaves: tuple[mt.Leaf, ...]):
 def _update_kernel(*refs, leaves: tuple[mt.Leaf, ...], h: AdamW):
     n = len(leaves)
     s_ref = refs[0]
-    p_in, g_in, mu_in, nu_in = (refs[1 + k * n:1 + (k + 1) * n] for k in range(4))
-    p_out, mu_out, nu_out = (refs[1 + 4 * n + k * n:1 + 4 * n + (k + 1) * n] for k in range(3))
+    p_in, g_in, mu_in, nu_in = (refs[1 + k * n : 1 + (k + 1) * n] for k in range(4))
+    p_out, mu_out, nu_out = (refs[1 + 4 * n + k * n : 1 + 4 * n + (k + 1) * n] for k in range(3))
     pid = pl.program_id(0)  # read here: the interpreter cannot read it inside a branch
     for i, leaf in enumerate(leaves):
+
         @pl.when(mt.mine(pid, leaf))
         def _(i=i, leaf=leaf):
             g_norm, trigger, bc1, bc2, step_size = (s_ref[k] for k in range(5))
@@ -117,10 +120,14 @@ def global_norm(grads, *, interpret: bool) -> Array:
     leaves, total = mt.layout([g.size for g in flat], [False] * len(flat))
     partial = pl.pallas_call(
         functools.partial(_norm_kernel, leaves=leaves),
-        out_shape=jax.ShapeDtypeStruct((total,), jnp.float32), grid=(total,),
-        in_specs=[pl.no_block_spec] * len(flat), out_specs=pl.no_block_spec,
-        interpret=interpret, compiler_params=triton_params(interpret),
-        name="adamw_grad_norm")(*flat)
+        out_shape=jax.ShapeDtypeStruct((total,), jnp.float32),
+        grid=(total,),
+        in_specs=[pl.no_block_spec] * len(flat),
+        out_specs=pl.no_block_spec,
+        interpret=interpret,
+        compiler_params=triton_params(interpret),
+        name="adamw_grad_norm",
+    )(*flat)
     return jnp.sqrt(jnp.sum(partial))
 
 
@@ -130,13 +137,14 @@ def adam_state(opt_state):
     clip_state, inner = opt_state
     adam = inner[0]
     if not isinstance(adam, optax.ScaleByAdamState) or len(inner) != 3:
-        raise TypeError("pallas_adamw.step expects the optimizer state of "
-                        "tftjax.training.optimizer.make_optimizer (clip, then adamw)")
+        raise TypeError(
+            "pallas_adamw.step expects the optimizer state of "
+            "tftjax.training.optimizer.make_optimizer (clip, then adamw)"
+        )
     return clip_state, adam, inner[1], inner[2]
 
 
-def step(h: AdamW, params, grads, opt_state, *, interpret: bool
-         ) -> tuple[Any, Any, Array]:
+def step(h: AdamW, params, grads, opt_state, *, interpret: bool) -> tuple[Any, Any, Array]:
     """One optimizer step: ``(new params, new optimizer state, the gradients' global norm
     before clipping)``, as optax's chain and ``apply_updates`` would give."""
     clip_state, adam, mask_state, sched_state = adam_state(opt_state)
@@ -152,33 +160,45 @@ def step(h: AdamW, params, grads, opt_state, *, interpret: bool
     g_norm = global_norm(leaves_g, interpret=interpret)
     trigger = g_norm < h.clip
     count_inc = optax.safe_increment(adam.count)
-    bc1 = 1 - h.b1 ** count_inc
-    bc2 = 1 - h.b2 ** count_inc
+    bc1 = 1 - h.b1**count_inc
+    bc2 = 1 - h.b2**count_inc
     if callable(h.rate):
         step_size = -1 * h.rate(sched_state.count)
         sched_state = sched_state._replace(count=optax.safe_increment(sched_state.count))
     else:
         step_size = -1 * h.rate
-    scalars = jnp.stack([g_norm, trigger.astype(jnp.float32), jnp.asarray(bc1, jnp.float32),
-                         jnp.asarray(bc2, jnp.float32), jnp.asarray(step_size, jnp.float32)])
+    scalars = jnp.stack(
+        [
+            g_norm,
+            trigger.astype(jnp.float32),
+            jnp.asarray(bc1, jnp.float32),
+            jnp.asarray(bc2, jnp.float32),
+            jnp.asarray(step_size, jnp.float32),
+        ]
+    )
     decays_ = decays(h, params)
     new_p, new_mu, new_nu = [], [], []
     for lo in range(0, len(leaves_p), GROUP):
         sl = slice(lo, lo + GROUP)
-        flat = [[a.reshape(-1) for a in xs[sl]]
-                for xs in (leaves_p, leaves_g, leaves_mu, leaves_nu)]
+        flat = [
+            [a.reshape(-1) for a in xs[sl]] for xs in (leaves_p, leaves_g, leaves_mu, leaves_nu)
+        ]
         leaves, total = mt.layout([a.size for a in flat[0]], decays_[sl])
         n = len(leaves)
         outs = pl.pallas_call(
             functools.partial(_update_kernel, leaves=leaves, h=h),
             out_shape=[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in flat[0] * 3],
-            grid=(total,), in_specs=[pl.no_block_spec] * (1 + 4 * n),
+            grid=(total,),
+            in_specs=[pl.no_block_spec] * (1 + 4 * n),
             out_specs=[pl.no_block_spec] * (3 * n),
-            input_output_aliases={1 + k * n + i: k2 * n + i
-                                  for k, k2 in ((0, 0), (2, 1), (3, 2)) for i in range(n)},
-            interpret=interpret, compiler_params=triton_params(interpret),
-            name="adamw_update")(scalars, *flat[0], *flat[1], *flat[2], *flat[3])
-        for xs, out in zip((new_p, new_mu, new_nu), (outs[:n], outs[n:2 * n], outs[2 * n:])):
+            input_output_aliases={
+                1 + k * n + i: k2 * n + i for k, k2 in ((0, 0), (2, 1), (3, 2)) for i in range(n)
+            },
+            interpret=interpret,
+            compiler_params=triton_params(interpret),
+            name="adamw_update",
+        )(scalars, *flat[0], *flat[1], *flat[2], *flat[3])
+        for xs, out in zip((new_p, new_mu, new_nu), (outs[:n], outs[n : 2 * n], outs[2 * n :])):
             xs.extend(o.reshape(a.shape) for o, a in zip(out, leaves_p[sl]))
     unflat = functools.partial(jax.tree.unflatten, tree)
     adam = optax.ScaleByAdamState(count=count_inc, mu=unflat(new_mu), nu=unflat(new_nu))

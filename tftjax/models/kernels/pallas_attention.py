@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 from jax.experimental import pallas as pl
 
 from tftjax.models.dropout import keep_prob
@@ -61,8 +63,7 @@ class _Static:
 
 def _masks(st: _Static):
     """Real queries, keys and head columns of the padded tiles."""
-    return (jnp.arange(st.pq) < st.tq, jnp.arange(st.pk) < st.tk,
-            jnp.arange(st.pd) < st.dh)
+    return (jnp.arange(st.pq) < st.tq, jnp.arange(st.pk) < st.tk, jnp.arange(st.pd) < st.dh)
 
 
 def _load(ref, rows_mask, *idx):
@@ -100,14 +101,17 @@ def _fwd_kernel(*refs, st: _Static, has_keep: bool):
     for h in range(st.heads):
         _, _, p, pd = _weights(b, h, q_ref, k_ref, mask_ref, keep_ref, st)
         acc += dot(p if pd is None else pd, v, 1, 0, jnp.dtype(st.cd))
-    plt().store(out_ref.at[b, pl.ds(0, st.pq), pl.ds(0, st.pd)],
-                 (acc / st.heads).astype(out_ref.dtype), mask=rq[:, None] & rc[None, :])
+    plt().store(
+        out_ref.at[b, pl.ds(0, st.pq), pl.ds(0, st.pd)],
+        (acc / st.heads).astype(out_ref.dtype),
+        mask=rq[:, None] & rc[None, :],
+    )
 
 
 def _bwd_kernel(*refs, st: _Static, has_keep: bool):
     q_ref, k_ref, v_ref, mask_ref = refs[:4]
     keep_ref = refs[4] if has_keep else None
-    go_ref, dq_ref, dk_ref, dv_ref = refs[4 + has_keep:]
+    go_ref, dq_ref, dk_ref, dv_ref = refs[4 + has_keep :]
     b = pl.program_id(0)
     rq, rk, rc = _masks(st)
     cd = jnp.dtype(st.cd)
@@ -125,12 +129,17 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool):
         ds = p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True))
         ds = ds / np.sqrt(st.dh).astype(np.float32)
         cols = pl.ds(start(h * st.dh), st.pd)  # dynamic: padded past the end, masked
-        plt().store(dq_ref.at[b, pl.ds(0, st.pq), cols], dot(ds, kh, 1, 0, cd).astype(
-            dq_ref.dtype), mask=qmask)
-        plt().store(dk_ref.at[b, pl.ds(0, st.pk), cols], dot(ds, qh, 0, 0, cd).astype(
-            dk_ref.dtype), mask=kmask)
-    plt().store(dv_ref.at[b, pl.ds(0, st.pk), pl.ds(0, st.pd)], dv.astype(dv_ref.dtype),
-                 mask=kmask)
+        plt().store(
+            dq_ref.at[b, pl.ds(0, st.pq), cols],
+            dot(ds, kh, 1, 0, cd).astype(dq_ref.dtype),
+            mask=qmask,
+        )
+        plt().store(
+            dk_ref.at[b, pl.ds(0, st.pk), cols],
+            dot(ds, qh, 0, 0, cd).astype(dk_ref.dtype),
+            mask=kmask,
+        )
+    plt().store(dv_ref.at[b, pl.ds(0, st.pk), pl.ds(0, st.pd)], dv.astype(dv_ref.dtype), mask=kmask)
 
 
 def matmul_flops(batch: int, st: _Static) -> int:
@@ -141,22 +150,35 @@ def matmul_flops(batch: int, st: _Static) -> int:
 
 def _call(kernel, name, args, outs, batch, flops, st, has_keep):
     return pl.pallas_call(
-        functools.partial(kernel, st=st, has_keep=has_keep), out_shape=outs, grid=(batch,),
-        in_specs=[pl.no_block_spec] * len(args), out_specs=[pl.no_block_spec] * len(outs),
-        interpret=st.interpret, compiler_params=triton_params(st.interpret, 4), name=name,
-        metadata=meta(flops))(*args)
+        functools.partial(kernel, st=st, has_keep=has_keep),
+        out_shape=outs,
+        grid=(batch,),
+        in_specs=[pl.no_block_spec] * len(args),
+        out_specs=[pl.no_block_spec] * len(outs),
+        interpret=st.interpret,
+        compiler_params=triton_params(st.interpret, 4),
+        name=name,
+        metadata=meta(flops),
+    )(*args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attend(q, k, v, mask, keep, st):
+def _attend_impl(q, k, v, mask, keep, st):
     return _fwd(q, k, v, mask, keep, st)
 
 
 def _fwd(q, k, v, mask, keep, st):
     args = (q, k, v, mask) + ((keep,) if keep is not None else ())
     out = jax.ShapeDtypeStruct((q.shape[0], st.tq, st.dh), v.dtype)
-    return _call(_fwd_kernel, "attention_fwd", args, [out], q.shape[0],
-                 matmul_flops(q.shape[0], st), st, keep is not None)[0]
+    return _call(
+        _fwd_kernel,
+        "attention_fwd",
+        args,
+        [out],
+        q.shape[0],
+        matmul_flops(q.shape[0], st),
+        st,
+        keep is not None,
+    )[0]
 
 
 def _attend_fwd(q, k, v, mask, keep, st):
@@ -167,17 +189,35 @@ def _attend_bwd(st, res, g):
     q, k, v, mask, keep = res
     args = (q, k, v, mask) + ((keep,) if keep is not None else ()) + (g,)
     outs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (q, k, v)]
-    dq, dk, dv = _call(_bwd_kernel, "attention_bwd", args, outs, q.shape[0],
-                       3 * matmul_flops(q.shape[0], st), st, keep is not None)
-    zero = lambda a: None if a is None else np.zeros(a.shape, jax.dtypes.float0)  # noqa: E731
+    dq, dk, dv = _call(
+        _bwd_kernel,
+        "attention_bwd",
+        args,
+        outs,
+        q.shape[0],
+        3 * matmul_flops(q.shape[0], st),
+        st,
+        keep is not None,
+    )
+    zero = lambda a: None if a is None else np.zeros(a.shape, jax.dtypes.float0)
     return dq, dk, dv, zero(mask), zero(keep)
 
 
+_attend = jax.custom_vjp(_attend_impl, nondiff_argnums=(5,))
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
-def attend(q: Array, k: Array, v: Array, mask: Array, keep: Array | None, rate: float, *,
-           heads: int, interpret: bool) -> Array:
+def attend(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array,
+    keep: Array | None,
+    rate: float,
+    *,
+    heads: int,
+    interpret: bool,
+) -> Array:
     """``(1/H) Σ_h dropout(softmax(Q_h K_hᵀ / √d_h, masked)) V`` ``[B, T_q, d_h]`` in ``v``'s
     dtype: queries ``q`` ``[B, T_q, H·d_h]``, keys ``k`` ``[B, T, H·d_h]`` (head h in columns
     ``h·d_h …``), values ``v`` ``[B, T, d_h]`` shared by the heads, ``mask`` ``[T_q, T]``
@@ -185,12 +225,21 @@ def attend(q: Array, k: Array, v: Array, mask: Array, keep: Array | None, rate: 
     weights' dropout keep mask at ``rate`` (None: none)."""
     dh = v.shape[-1]
     if q.shape[-1] != heads * dh or k.shape[-1] != heads * dh:
-        raise ValueError(f"pallas_attention: queries and keys of {heads} heads of {dh} "
-                         f"columns, got {q.shape[-1]} and {k.shape[-1]}")
-    st = _Static(heads=heads, dh=dh, tq=q.shape[1], tk=k.shape[1],
-                 keep_prob=keep_prob(rate) if keep is not None else 1.0,
-                 cd=jnp.dtype(v.dtype).name, interpret=bool(interpret))
+        raise ValueError(
+            f"pallas_attention: queries and keys of {heads} heads of {dh} "
+            f"columns, got {q.shape[-1]} and {k.shape[-1]}"
+        )
+    st = _Static(
+        heads=heads,
+        dh=dh,
+        tq=q.shape[1],
+        tk=k.shape[1],
+        keep_prob=keep_prob(rate) if keep is not None else 1.0,
+        cd=jnp.dtype(v.dtype).name,
+        interpret=bool(interpret),
+    )
     keep = None if keep is None else keep.astype(jnp.int8)
-    mask = (np.asarray(mask).astype(np.int8) if not isinstance(mask, jax.core.Tracer)
-            else mask.astype(jnp.int8))  # a constant mask stays a constant
-    return _attend(q, k, v, mask, keep, st)
+    mask_i8: Any = (
+        np.asarray(mask).astype(np.int8) if not isinstance(mask, Tracer) else mask.astype(jnp.int8)
+    )  # a constant mask stays a constant
+    return _attend(q, k, v, mask_i8, keep, st)

@@ -1,3 +1,8 @@
+# pyright: reportOptionalSubscript=false, reportOptionalMemberAccess=false
+# pyright: reportOptionalOperand=false, reportArgumentType=false, reportCallIssue=false
+# pyright: reportOperatorIssue=false
+# (a kernel's optional refs, b and keep, exist exactly where its static flags say; the
+# checker cannot follow the flags)
 """The TFT's row-wise gated blocks as Pallas kernels (GPU, Triton): the gated add & norms
 ``LayerNorm(a + GLU(b))`` and the temporal GRNs ``LayerNorm(a + GLU(W_1 ELU(W_2 a + b_2 +
 c) + b_1))`` (the static enrichment with its context projection ``c``; the position-wise
@@ -31,10 +36,17 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
+from tftjax.models.dropout import keep_prob
 from tftjax.models.kernels import multi_tensor
 from tftjax.models.kernels.fused import EPS
-from tftjax.models.dropout import keep_prob
-from tftjax.models.kernels.triton_util import MIN_DOT, dot, dot_size, meta, row_splits, triton_params
+from tftjax.models.kernels.triton_util import (
+    MIN_DOT,
+    dot,
+    dot_size,
+    meta,
+    row_splits,
+    triton_params,
+)
 
 Array = jax.Array
 MLP_NAMES = ("fc2_k", "fc2_b", "fc1_k", "fc1_b")
@@ -54,8 +66,11 @@ TARGET_PROGRAMS = 128
 def fits(kind: str, d: int, dtype) -> bool:
     """Whether one kernel takes a ``kind`` block of width ``d`` with matmuls in ``dtype``:
     Triton's dots want a power of two ≥ 16, and the weights must fit :data:`MAX_WEIGHTS`."""
-    return (d >= MIN_DOT and dot_size(d) == d
-            and PARTS[kind] * d * d * jnp.dtype(dtype).itemsize <= MAX_WEIGHTS)
+    return (
+        d >= MIN_DOT
+        and dot_size(d) == d
+        and PARTS[kind] * d * d * jnp.dtype(dtype).itemsize <= MAX_WEIGHTS
+    )
 
 
 def supported(d: int, dtype) -> bool:
@@ -142,8 +157,8 @@ def _split(refs, st: _Static, has_b: bool, has_keep: bool, fwd: bool):
     b_ref = refs[1] if has_b else None
     keep_ref = refs[1 + has_b] if has_keep else None
     if fwd:
-        return refs[0], b_ref, keep_ref, refs[at:at + len(st.names)], refs[at + len(st.names):]
-    return refs[0], b_ref, keep_ref, refs[at], refs[at + 1:]
+        return refs[0], b_ref, keep_ref, refs[at : at + len(st.names)], refs[at + len(st.names) :]
+    return refs[0], b_ref, keep_ref, refs[at], refs[at + 1 :]
 
 
 def _bwd_kernel(*refs, st: _Static, has_b: bool, has_keep: bool):
@@ -174,8 +189,12 @@ def _bwd_kernel(*refs, st: _Static, has_b: bool, has_keep: bool):
             if p == 0 and st.kind == "gate":  # the value half, the inputs, the LayerNorm
                 da_ref[rows, :] = dy
                 db_ref[rows, :] = _glu_input_grad(dv, dy * v * s * (1.0 - s), keep)
-                return (acc[0] + dot(g_in, dv, 0, 0, cd), acc[1] + jnp.sum(dv, axis=0),
-                        acc[2] + ln[0], acc[3] + ln[1])
+                return (
+                    acc[0] + dot(g_in, dv, 0, 0, cd),
+                    acc[1] + jnp.sum(dv, axis=0),
+                    acc[2] + ln[0],
+                    acc[3] + ln[1],
+                )
             if p == (2 if st.kind == "grn" else None):
                 return acc[0] + dot(g_in, dv, 0, 0, cd), acc[1] + jnp.sum(dv, axis=0)
             dg = dy * v * s * (1.0 - s)
@@ -183,8 +202,12 @@ def _bwd_kernel(*refs, st: _Static, has_b: bool, has_keep: bool):
                 return acc[0] + dot(g_in, dg, 0, 0, cd), acc[1] + jnp.sum(dg, axis=0)
             dh1 = _glu_input_grad(dv, dg, keep)
             if p == 1:
-                return (acc[0] + dot(e, dh1, 0, 0, cd), acc[1] + jnp.sum(dh1, axis=0),
-                        acc[2] + ln[0], acc[3] + ln[1])
+                return (
+                    acc[0] + dot(e, dh1, 0, 0, cd),
+                    acc[1] + jnp.sum(dh1, axis=0),
+                    acc[2] + ln[0],
+                    acc[3] + ln[1],
+                )
             return _w2_part(dy, a, e, h2, dh1, rows, acc)
 
         def _w2_part(dy, a, e, h2, dh1, rows, acc):
@@ -239,10 +262,15 @@ def _fwd(prm, a, b, keep, st: _Static):
     n_p = a.shape[0]
     return pl.pallas_call(
         functools.partial(_fwd_kernel, st=st, has_b=b is not None, has_keep=keep is not None),
-        out_shape=[jax.ShapeDtypeStruct(a.shape, a.dtype)], grid=(n_p // st.bn,),
-        in_specs=[pl.no_block_spec] * len(args), out_specs=[pl.no_block_spec],
-        interpret=st.interpret, compiler_params=triton_params(st.interpret, 8),
-        name="gated_rows_fwd", metadata=meta(matmul_flops(st.kind, n_p, st.d)))(*args)[0]
+        out_shape=[jax.ShapeDtypeStruct(a.shape, a.dtype)],
+        grid=(n_p // st.bn,),
+        in_specs=[pl.no_block_spec] * len(args),
+        out_specs=[pl.no_block_spec],
+        interpret=st.interpret,
+        compiler_params=triton_params(st.interpret, 8),
+        name="gated_rows_fwd",
+        metadata=meta(matmul_flops(st.kind, n_p, st.d)),
+    )(*args)[0]
 
 
 def _bwd(prm, a, b, keep, go, st: _Static):
@@ -253,12 +281,16 @@ def _bwd(prm, a, b, keep, go, st: _Static):
     # each part recomputes the forward pass; the input and weight gradients about twice more
     out = pl.pallas_call(
         functools.partial(_bwd_kernel, st=st, has_b=b is not None, has_keep=keep is not None),
-        out_shape=rows + parts, grid=(st.splits, st.parts),
-        in_specs=[pl.no_block_spec] * len(args), out_specs=[pl.no_block_spec] * len(rows + parts),
-        interpret=st.interpret, compiler_params=triton_params(st.interpret, 8),
+        out_shape=rows + parts,
+        grid=(st.splits, st.parts),
+        in_specs=[pl.no_block_spec] * len(args),
+        out_specs=[pl.no_block_spec] * len(rows + parts),
+        interpret=st.interpret,
+        compiler_params=triton_params(st.interpret, 8),
         name="gated_rows_bwd",
-        metadata=meta((st.parts + 2) * matmul_flops(st.kind, n_p, st.d)))(*args)
-    da, db, partial = out[0], out[1] if b is not None else None, out[len(rows):]
+        metadata=meta((st.parts + 2) * matmul_flops(st.kind, n_p, st.d)),
+    )(*args)
+    da, db, partial = out[0], out[1] if b is not None else None, out[len(rows) :]
     grads = multi_tensor.sum_splits(partial, [p.dtype for p in prm], interpret=st.interpret)
     return tuple(grads), da.astype(a.dtype), None if b is None else db.astype(b.dtype)
 
@@ -272,13 +304,23 @@ def _gated_bwd(st, res, go):
     return *_bwd(prm, a, b, keep, go, st), dkeep
 
 
-_gated.defvjp(lambda prm, a, b, keep, st: (_fwd(prm, a, b, keep, st), (prm, a, b, keep)),
-              _gated_bwd)
+_gated.defvjp(
+    lambda prm, a, b, keep, st: (_fwd(prm, a, b, keep, st), (prm, a, b, keep)), _gated_bwd
+)
 
 
-def gated_rows(params: dict, a: Array, b: Array | None, keep: Array | None, rate: float, *,
-               grn: bool, interpret: bool, block_rows: int = BLOCK_ROWS,
-               target_programs: int = TARGET_PROGRAMS) -> Array:
+def gated_rows(
+    params: dict,
+    a: Array,
+    b: Array | None,
+    keep: Array | None,
+    rate: float,
+    *,
+    grn: bool,
+    interpret: bool,
+    block_rows: int = BLOCK_ROWS,
+    target_programs: int = TARGET_PROGRAMS,
+) -> Array:
     """A gate ``LayerNorm(a + GLU(b))`` (``grn=False``; ``params``: :data:`GATE_NAMES`) or a
     GRN ``LayerNorm(a + GLU(W_1 ELU(W_2 a + b_2 + b) + b_1))`` (``grn=True``; ``b``: its
     context's projection per row, or None; ``params``: :data:`GRN_NAMES`) over rows ``a``
@@ -287,9 +329,11 @@ def gated_rows(params: dict, a: Array, b: Array | None, keep: Array | None, rate
     (:data:`MAX_WEIGHTS`) runs as its MLP's kernels, then the gate's."""
     d = a.shape[-1]
     if not supported(d, a.dtype):
-        raise ValueError(f"pallas_gated: width {d} in {jnp.dtype(a.dtype).name} is not a "
-                         f"power of two of at least {MIN_DOT} whose two d × d weights fit "
-                         f"{MAX_WEIGHTS // 1024} KB")
+        raise ValueError(
+            f"pallas_gated: width {d} in {jnp.dtype(a.dtype).name} is not a "
+            f"power of two of at least {MIN_DOT} whose two d × d weights fit "
+            f"{MAX_WEIGHTS // 1024} KB"
+        )
     if not grn and b is None:
         raise ValueError("pallas_gated: a gate needs its GLU input b")
     kw = dict(interpret=interpret, block_rows=block_rows, target_programs=target_programs)
@@ -301,7 +345,7 @@ def gated_rows(params: dict, a: Array, b: Array | None, keep: Array | None, rate
 
 def _rows(kind, params, a, b, keep, rate, *, interpret, block_rows, target_programs):
     lead, d = a.shape[:-1], a.shape[-1]
-    flat = lambda x: None if x is None else x.reshape(-1, d)  # noqa: E731
+    flat = lambda x: None if x is None else x.reshape(-1, d)
     a2, b2, k2 = flat(a), flat(b), flat(keep)
     n = a2.shape[0]
     bn = min(dot_size(block_rows), dot_size(n))
@@ -309,12 +353,19 @@ def _rows(kind, params, a, b, keep, rate, *, interpret, block_rows, target_progr
     splits = row_splits(tiles, max(1, target_programs // PARTS[kind]))
     per = -(-tiles // splits)
     n_p = splits * per * bn
-    pad = lambda x: x if x is None or n_p == n else jnp.pad(x, [(0, n_p - n), (0, 0)])  # noqa: E731
+    pad = lambda x: x if x is None or n_p == n else jnp.pad(x, [(0, n_p - n), (0, 0)])
     if k2 is not None:
         k2 = k2.astype(jnp.int8)
-    st = _Static(kind=kind, d=d, bn=bn, splits=splits, per=per,
-                 keep_prob=keep_prob(rate) if keep is not None else 1.0,
-                 cd=jnp.dtype(a.dtype).name, interpret=bool(interpret))
+    st = _Static(
+        kind=kind,
+        d=d,
+        bn=bn,
+        splits=splits,
+        per=per,
+        keep_prob=keep_prob(rate) if keep is not None else 1.0,
+        cd=jnp.dtype(a.dtype).name,
+        interpret=bool(interpret),
+    )
     prm = tuple(params[k] for k in st.names)
     out = _gated(prm, pad(a2), pad(b2), pad(k2), st)
     return out[:n].reshape(lead + (d,))

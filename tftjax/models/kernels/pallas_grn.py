@@ -1,3 +1,8 @@
+# pyright: reportOptionalSubscript=false, reportOptionalMemberAccess=false
+# pyright: reportOptionalOperand=false, reportArgumentType=false, reportCallIssue=false
+# pyright: reportOperatorIssue=false
+# (a kernel's optional refs, b and keep, exist exactly where its static flags say; the
+# checker cannot follow the flags)
 """K gated residual networks on one input as two Pallas kernels (GPU, Triton): the TFT's four
 static context GRNs (``c_s``, ``c_e``, ``c_h``, ``c_c`` from the static embedding ``ζ``).
 
@@ -35,8 +40,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from tftjax.models.kernels.fused import EPS
 from tftjax.models.dropout import keep_prob
+from tftjax.models.kernels.fused import EPS
 from tftjax.models.kernels.triton_util import MIN_DOT, dot, dot_size, meta, triton_params
 
 Array = jax.Array
@@ -57,8 +62,9 @@ def supported(d: int, dtype=jnp.bfloat16) -> bool:
     """Whether the kernels take GRNs of width ``d`` with matmuls in ``dtype``: Triton's dots
     want a power of two ≥ 16, and a weight must fit :data:`MAX_WEIGHT_BYTES` (float32: d
     ≤ 64; bfloat16: d ≤ 128)."""
-    return (d >= MIN_DOT and dot_size(d) == d
-            and d * d * jnp.dtype(dtype).itemsize <= MAX_WEIGHT_BYTES)
+    return (
+        d >= MIN_DOT and dot_size(d) == d and d * d * jnp.dtype(dtype).itemsize <= MAX_WEIGHT_BYTES
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,13 +118,13 @@ def _forward(x, keep, q: _Refs, st: _Static):
 def _fwd_kernel(*refs, st: _Static, has_keep: bool):
     x_ref = refs[0]
     keep_ref = refs[1] if has_keep else None
-    prm = refs[1 + has_keep:1 + has_keep + 8 * st.k]
-    outs = refs[1 + has_keep + 8 * st.k:]
+    prm = refs[1 + has_keep : 1 + has_keep + 8 * st.k]
+    outs = refs[1 + has_keep + 8 * st.k :]
     cd = jnp.dtype(st.cd)
     rows = pl.ds(pl.program_id(0) * st.bn, st.bn)
     x = x_ref[rows, :].astype(jnp.float32)
     for i in range(st.k):
-        q = _Refs(prm[8 * i:8 * i + 8], cd)
+        q = _Refs(prm[8 * i : 8 * i + 8], cd)
         keep = keep_ref[i, rows, :] if has_keep else None
         outs[i][rows, :] = _forward(x, keep, q, st)[-1].astype(outs[i].dtype)
 
@@ -126,18 +132,18 @@ def _fwd_kernel(*refs, st: _Static, has_keep: bool):
 def _bwd_kernel(*refs, st: _Static, has_keep: bool):
     x_ref = refs[0]
     keep_ref = refs[1] if has_keep else None
-    go_refs = refs[1 + has_keep:1 + has_keep + st.k]
+    go_refs = refs[1 + has_keep : 1 + has_keep + st.k]
     at = 1 + has_keep + st.k
-    prm = refs[at:at + 8 * st.k]
-    dx_ref, *grads = refs[at + 8 * st.k:]
+    prm = refs[at : at + 8 * st.k]
+    dx_ref, *grads = refs[at + 8 * st.k :]
     cd = jnp.dtype(st.cd)
     gi, part = pl.program_id(0), pl.program_id(1)  # read here: not inside a branch
     d = st.d
 
     def run(i, p):
-        g_w2, g_b2, g_w1, g_b1, g_wp, g_bp, g_sc, g_bi = grads[8 * i:8 * i + 8]
+        g_w2, g_b2, g_w1, g_b1, g_wp, g_bp, g_sc, g_bi = grads[8 * i : 8 * i + 8]
 
-        q = _Refs(prm[8 * i:8 * i + 8], cd)
+        q = _Refs(prm[8 * i : 8 * i + 8], cd)
 
         def body(t, acc):
             rows = pl.ds(t * st.bn, st.bn)
@@ -159,8 +165,12 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool):
             if keep is not None:
                 dh1 = jnp.where(keep != 0, dh1 / st.keep_prob, 0.0)
             if p == 1:
-                return (acc[0] + dot(e, dh1, 0, 0, cd), acc[1] + jnp.sum(dh1, axis=0),
-                        acc[2] + jnp.sum(go * yh, axis=0), acc[3] + jnp.sum(go, axis=0))
+                return (
+                    acc[0] + dot(e, dh1, 0, 0, cd),
+                    acc[1] + jnp.sum(dh1, axis=0),
+                    acc[2] + jnp.sum(go * yh, axis=0),
+                    acc[3] + jnp.sum(go, axis=0),
+                )
             dh2 = dot(dh1, q.w("fc1_k"), 1, 1, cd) * jnp.where(h2 > 0, 1.0, e + 1.0)
             dx_ref[i, rows, :] = dy + dot(dh2, q.w("fc2_k"), 1, 1, cd)
             return (acc[0] + dot(x, dh2, 0, 0, cd), acc[1] + jnp.sum(dh2, axis=0))
@@ -172,7 +182,8 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool):
             g_w2[...], g_b2[...] = (a.astype(o.dtype) for a, o in zip(acc, (g_w2, g_b2)))
         elif p == 1:
             g_w1[...], g_b1[...], g_sc[...], g_bi[...] = (
-                a.astype(o.dtype) for a, o in zip(acc, (g_w1, g_b1, g_sc, g_bi)))
+                a.astype(o.dtype) for a, o in zip(acc, (g_w1, g_b1, g_sc, g_bi))
+            )
         else:
             cols = pl.ds(0 if p == 2 else d, d)
             g_wp[:, cols] = acc[0].astype(g_wp.dtype)
@@ -192,33 +203,48 @@ def matmul_flops(k: int, rows: int, d: int) -> int:
 def _fwd(qs, x, keep, st: _Static):
     args = (x,) + ((keep,) if keep is not None else ()) + tuple(a for q in qs for a in q)
     n_p = x.shape[0]
-    return tuple(pl.pallas_call(
-        functools.partial(_fwd_kernel, st=st, has_keep=keep is not None),
-        out_shape=[jax.ShapeDtypeStruct((n_p, st.d), x.dtype)] * st.k,
-        grid=(st.tiles,), in_specs=[pl.no_block_spec] * len(args),
-        out_specs=[pl.no_block_spec] * st.k, interpret=st.interpret,
-        compiler_params=triton_params(st.interpret, 8), name="grn_stack_fwd",
-        metadata=meta(matmul_flops(st.k, n_p, st.d)))(*args))
+    return tuple(
+        pl.pallas_call(
+            functools.partial(_fwd_kernel, st=st, has_keep=keep is not None),
+            out_shape=[jax.ShapeDtypeStruct((n_p, st.d), x.dtype)] * st.k,
+            grid=(st.tiles,),
+            in_specs=[pl.no_block_spec] * len(args),
+            out_specs=[pl.no_block_spec] * st.k,
+            interpret=st.interpret,
+            compiler_params=triton_params(st.interpret, 8),
+            name="grn_stack_fwd",
+            metadata=meta(matmul_flops(st.k, n_p, st.d)),
+        )(*args)
+    )
 
 
 def _bwd(qs, x, keep, gouts, st: _Static):
-    args = ((x,) + ((keep,) if keep is not None else ()) + tuple(gouts)
-            + tuple(a for q in qs for a in q))
+    args = (
+        (x,)
+        + ((keep,) if keep is not None else ())
+        + tuple(gouts)
+        + tuple(a for q in qs for a in q)
+    )
     n_p = x.shape[0]
     outs = [jax.ShapeDtypeStruct((st.k, n_p, st.d), jnp.float32)] + [
-        jax.ShapeDtypeStruct(a.shape, a.dtype) for q in qs for a in q]
+        jax.ShapeDtypeStruct(a.shape, a.dtype) for q in qs for a in q
+    ]
     dx, *g = pl.pallas_call(
         functools.partial(_bwd_kernel, st=st, has_keep=keep is not None),
-        out_shape=outs, grid=(st.k, PARTS), in_specs=[pl.no_block_spec] * len(args),
-        out_specs=[pl.no_block_spec] * len(outs), interpret=st.interpret,
-        compiler_params=triton_params(st.interpret, 8), name="grn_stack_bwd",
-        metadata=meta(12 * matmul_flops(st.k, n_p, st.d)))(*args)
-    gq = tuple(tuple(g[8 * i:8 * i + 8]) for i in range(st.k))
+        out_shape=outs,
+        grid=(st.k, PARTS),
+        in_specs=[pl.no_block_spec] * len(args),
+        out_specs=[pl.no_block_spec] * len(outs),
+        interpret=st.interpret,
+        compiler_params=triton_params(st.interpret, 8),
+        name="grn_stack_bwd",
+        metadata=meta(12 * matmul_flops(st.k, n_p, st.d)),
+    )(*args)
+    gq = tuple(tuple(g[8 * i : 8 * i + 8]) for i in range(st.k))
     return gq, jnp.sum(dx, axis=0).astype(x.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _grn_stack(qs, x, keep, st):
+def _grn_stack_impl(qs, x, keep, st):
     return _fwd(qs, x, keep, st)
 
 
@@ -233,20 +259,30 @@ def _grn_stack_bwd(st, res, gouts):
     return gq, dx, dkeep
 
 
+_grn_stack = jax.custom_vjp(_grn_stack_impl, nondiff_argnums=(3,))
 _grn_stack.defvjp(_grn_stack_fwd, _grn_stack_bwd)
 
 
-def grn_stack(params: list[dict], x: Array, keeps: list[Array] | None, rate: float, *,
-              interpret: bool, block_rows: int = BLOCK_ROWS) -> list[Array]:
+def grn_stack(
+    params: list[dict],
+    x: Array,
+    keeps: list[Array] | None,
+    rate: float,
+    *,
+    interpret: bool,
+    block_rows: int = BLOCK_ROWS,
+) -> list[Array]:
     """The K GRNs of ``params`` (each a dict of :data:`NAMES`: the ``GRN`` layer's
     ``fc2``/``fc1`` kernels and biases, ``glu/proj``'s, ``norm``'s scale and bias) on
     ``x`` ``[N, d]``; ``keeps``: per GRN the ``[N, d]`` keep mask of the GLU's input
     dropout at ``rate`` (None: no dropout). Returns K ``[N, d]`` outputs in ``x``'s dtype."""
     n, d = x.shape
     if not supported(d, x.dtype):
-        raise ValueError(f"pallas_grn: width {d} in {jnp.dtype(x.dtype).name} is not a power "
-                         f"of two of at least {MIN_DOT} whose d × d weight fits "
-                         f"{MAX_WEIGHT_BYTES // 1024} KB")
+        raise ValueError(
+            f"pallas_grn: width {d} in {jnp.dtype(x.dtype).name} is not a power "
+            f"of two of at least {MIN_DOT} whose d × d weight fits "
+            f"{MAX_WEIGHT_BYTES // 1024} KB"
+        )
     bn = min(dot_size(block_rows), dot_size(n))
     tiles = -(-n // bn)
     n_p = tiles * bn
@@ -256,9 +292,15 @@ def grn_stack(params: list[dict], x: Array, keeps: list[Array] | None, rate: flo
         keep = jnp.stack([k.astype(jnp.int8) for k in keeps])
         if n_p != n:
             keep = jnp.pad(keep, [(0, 0), (0, n_p - n), (0, 0)])
-    st = _Static(k=len(params), d=d, bn=bn, tiles=tiles,
-                 keep_prob=keep_prob(rate) if keeps is not None else 1.0,
-                 cd=jnp.dtype(x.dtype).name, interpret=bool(interpret))
+    st = _Static(
+        k=len(params),
+        d=d,
+        bn=bn,
+        tiles=tiles,
+        keep_prob=keep_prob(rate) if keeps is not None else 1.0,
+        cd=jnp.dtype(x.dtype).name,
+        interpret=bool(interpret),
+    )
     qs = tuple(tuple(p[name] for name in NAMES) for p in params)
     outs = _grn_stack(qs, x_p, keep, st)
     return [o[:n] for o in outs]

@@ -67,8 +67,22 @@ def _fwd_kernel(xp_ref, wh_ref, c0_ref, h0_ref, g_ref, cs_ref, hs_ref, *, steps,
     lax.fori_loop(0, steps, body, (c0_ref[rows, :].astype(F32), h0_ref[rows, :]))
 
 
-def _bwd_kernel(g_ref, cs_ref, c0_ref, dhs_ref, dc_ref, dh_ref, wh_ref, dg_ref, dc0_ref,
-                dh0_ref, *, steps, bn, d):
+def _bwd_kernel(
+    g_ref,
+    cs_ref,
+    c0_ref,
+    dhs_ref,
+    dc_ref,
+    dh_ref,
+    wh_ref,
+    dg_ref,
+    dc0_ref,
+    dh0_ref,
+    *,
+    steps,
+    bn,
+    d,
+):
     rows = pl.ds(pl.program_id(0) * bn, bn)
     cd = dg_ref.dtype
     c0 = c0_ref[rows, :]
@@ -83,8 +97,12 @@ def _bwd_kernel(g_ref, cs_ref, c0_ref, dhs_ref, dc_ref, dh_ref, wh_ref, dg_ref, 
         cp = jnp.where(t > 0, cs_ref[jnp.maximum(t - 1, 0), rows, :], c0)
         tc = jnp.tanh(ct)
         dc = dc + dh * so * (1.0 - tc * tc)
-        dgs = (dc * tg * si * (1.0 - si), dc * cp * sf * (1.0 - sf),
-               dc * si * (1.0 - tg * tg), dh * tc * so * (1.0 - so))
+        dgs = (
+            dc * tg * si * (1.0 - si),
+            dc * cp * sf * (1.0 - sf),
+            dc * si * (1.0 - tg * tg),
+            dh * tc * so * (1.0 - so),
+        )
         dh_prev = jnp.zeros_like(dh)
         for k, dgk in enumerate(dgs):
             cols = pl.ds(k * d, d)
@@ -115,8 +133,9 @@ def _shape(b: int, d: int, block_rows: int):
     return bn, -(-b // bn) * bn, dot_size(d)
 
 
-def forward(xp: Array, w_h: Array, c0: Array, h0: Array, *, interpret: bool,
-            block_rows: int = BLOCK_ROWS):
+def forward(
+    xp: Array, w_h: Array, c0: Array, h0: Array, *, interpret: bool, block_rows: int = BLOCK_ROWS
+):
     """``(gates, cs, hs)`` ``[T, B, ·]`` of the recurrence over ``xp`` ``[T, B, 4d]`` (the
     compute dtype, bias included), ``w_h`` ``[d, 4d]`` (in the compute dtype), ``c0``
     float32 and ``h0`` ``[B, d]``: what ``recurrence._scan`` returns, from one kernel."""
@@ -126,21 +145,37 @@ def forward(xp: Array, w_h: Array, c0: Array, h0: Array, *, interpret: bool,
     bn, bp, dp = _shape(b, d, block_rows)
     xp_p = jnp.pad(_pad_gates(xp, d, dp), [(0, 0), (0, bp - b), (0, 0)])
     wh_p = jnp.pad(_pad_gates(w_h.astype(cd), d, dp), [(0, dp - d), (0, 0)])
-    rows = lambda a: jnp.pad(a, [(0, bp - b), (0, dp - d)])  # noqa: E731
+    rows = lambda a: jnp.pad(a, [(0, bp - b), (0, dp - d)])
     gates, cs, hs = pl.pallas_call(
         functools.partial(_fwd_kernel, steps=steps, bn=bn, d=dp),
-        out_shape=(jax.ShapeDtypeStruct((steps, bp, 4 * dp), cd),
-                   jax.ShapeDtypeStruct((steps, bp, dp), F32),
-                   jax.ShapeDtypeStruct((steps, bp, dp), cd)),
-        grid=(bp // bn,), in_specs=[pl.no_block_spec] * 4, out_specs=[pl.no_block_spec] * 3,
-        interpret=interpret, compiler_params=triton_params(interpret), name="lstm_fwd",
+        out_shape=(
+            jax.ShapeDtypeStruct((steps, bp, 4 * dp), cd),
+            jax.ShapeDtypeStruct((steps, bp, dp), F32),
+            jax.ShapeDtypeStruct((steps, bp, dp), cd),
+        ),
+        grid=(bp // bn,),
+        in_specs=[pl.no_block_spec] * 4,
+        out_specs=[pl.no_block_spec] * 3,
+        interpret=interpret,
+        compiler_params=triton_params(interpret),
+        name="lstm_fwd",
         metadata={"matmul_flops": str(2 * steps * bp * dp * 4 * dp)},
     )(xp_p, wh_p, rows(c0.astype(F32)), rows(h0.astype(cd)))
     return (_unpad_gates(gates[:, :b], d, dp), cs[:, :b, :d], hs[:, :b, :d])
 
 
-def backward(gates: Array, cs: Array, c0: Array, dhs: Array, dc: Array, dh: Array,
-             w_h: Array, *, interpret: bool, block_rows: int = BLOCK_ROWS):
+def backward(
+    gates: Array,
+    cs: Array,
+    c0: Array,
+    dhs: Array,
+    dc: Array,
+    dh: Array,
+    w_h: Array,
+    *,
+    interpret: bool,
+    block_rows: int = BLOCK_ROWS,
+):
     """``(dgates [T, B, 4d] compute dtype, dc0, dh0 [B, d] float32)``: the backward
     recurrence of ``recurrence._bwd`` from the saved ``gates`` and cell states ``cs``, the
     outputs' cotangents ``dhs`` and the final carry's ``dc``, ``dh``."""
@@ -148,16 +183,23 @@ def backward(gates: Array, cs: Array, c0: Array, dhs: Array, dc: Array, dh: Arra
     d = g4 // 4
     cd = gates.dtype
     bn, bp, dp = _shape(b, d, block_rows)
-    seq = lambda a: jnp.pad(a, [(0, 0), (0, bp - b), (0, dp - d)])  # noqa: E731
-    rows = lambda a: jnp.pad(a.astype(F32), [(0, bp - b), (0, dp - d)])  # noqa: E731
+    seq = lambda a: jnp.pad(a, [(0, 0), (0, bp - b), (0, dp - d)])
+    rows = lambda a: jnp.pad(a.astype(F32), [(0, bp - b), (0, dp - d)])
     g_p = jnp.pad(_pad_gates(gates, d, dp), [(0, 0), (0, bp - b), (0, 0)])
     wh_p = jnp.pad(_pad_gates(w_h.astype(cd), d, dp), [(0, dp - d), (0, 0)])
     dg, dc0, dh0 = pl.pallas_call(
         functools.partial(_bwd_kernel, steps=steps, bn=bn, d=dp),
-        out_shape=(jax.ShapeDtypeStruct((steps, bp, 4 * dp), cd),
-                   jax.ShapeDtypeStruct((bp, dp), F32), jax.ShapeDtypeStruct((bp, dp), F32)),
-        grid=(bp // bn,), in_specs=[pl.no_block_spec] * 7, out_specs=[pl.no_block_spec] * 3,
-        interpret=interpret, compiler_params=triton_params(interpret), name="lstm_bwd",
+        out_shape=(
+            jax.ShapeDtypeStruct((steps, bp, 4 * dp), cd),
+            jax.ShapeDtypeStruct((bp, dp), F32),
+            jax.ShapeDtypeStruct((bp, dp), F32),
+        ),
+        grid=(bp // bn,),
+        in_specs=[pl.no_block_spec] * 7,
+        out_specs=[pl.no_block_spec] * 3,
+        interpret=interpret,
+        compiler_params=triton_params(interpret),
+        name="lstm_bwd",
         metadata={"matmul_flops": str(2 * steps * bp * dp * 4 * dp)},
     )(g_p, seq(cs.astype(F32)), rows(c0), seq(dhs), rows(dc), rows(dh), wh_p)
     return _unpad_gates(dg[:, :b], d, dp), dc0[:b, :d], dh0[:b, :d]

@@ -41,11 +41,18 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from tftjax.models.kernels import multi_tensor
-from tftjax.models.kernels.triton_util import (dot, dot_size, meta, plt, row_splits, start,
-                                       triton_params)
 from tftjax.models.dropout import keep_prob
+from tftjax.models.kernels import multi_tensor
 from tftjax.models.kernels.fused import EPS, Folded
+from tftjax.models.kernels.triton_util import (
+    dot,
+    dot_size,
+    meta,
+    plt,
+    row_splits,
+    start,
+    triton_params,
+)
 from tftjax.models.kernels.vsn_tiles import PARAMS, ParamTiles
 
 Array = jax.Array
@@ -103,14 +110,13 @@ def _grn(q: Folded, x: Array, keep: Array | None, st: _Static, cd):
 
 def _keep(keep_ref, j, rows, st: _Static):
     mask = jnp.arange(st.dvp) < st.dv
-    return plt().load(keep_ref.at[j, rows, pl.ds(start(), st.dvp)], mask=mask[None, :],
-                       other=0)
+    return plt().load(keep_ref.at[j, rows, pl.ds(start(), st.dvp)], mask=mask[None, :], other=0)
 
 
 def _fwd_kernel(*refs, st: _Static, has_keep: bool):
     x_ref, w_ref = refs[:2]
     keep_ref = refs[2] if has_keep else None
-    prm = refs[2 + has_keep:-1]
+    prm = refs[2 + has_keep : -1]
     out_ref = refs[-1]
     cd = jnp.dtype(st.cd)
     rows = pl.ds(pl.program_id(0) * st.bn, st.bn)
@@ -125,8 +131,9 @@ def _fwd_kernel(*refs, st: _Static, has_keep: bool):
         return acc + w_ref[j, rows].astype(jnp.float32)[:, None] * o
 
     acc = lax.fori_loop(0, st.m, body, jnp.zeros((st.bn, st.dp), jnp.float32))
-    plt().store(out_ref.at[rows, pl.ds(start(), st.dp)], acc,
-                 mask=(jnp.arange(st.dp) < st.d)[None, :])
+    plt().store(
+        out_ref.at[rows, pl.ds(start(), st.dp)], acc, mask=(jnp.arange(st.dp) < st.d)[None, :]
+    )
 
 
 def _bwd_kernel(*refs, st: _Static, has_keep: bool):
@@ -134,8 +141,8 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool):
     keep_ref = refs[2] if has_keep else None
     go_ref = refs[2 + has_keep]
     n = len(PARAMS)
-    prm = refs[3 + has_keep:3 + has_keep + n]
-    dx_ref, dw_ref, *g_refs = refs[3 + has_keep + n:]
+    prm = refs[3 + has_keep : 3 + has_keep + n]
+    dx_ref, dw_ref, *g_refs = refs[3 + has_keep + n :]
     cd = jnp.dtype(st.cd)
     j, r_ = pl.program_id(0), pl.program_id(1)
     raw = ParamTiles(prm, j, st.dv, st.d)
@@ -147,8 +154,11 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool):
         x = x_ref[j, rows].astype(jnp.float32)
         w = w_ref[j, rows].astype(jnp.float32)
         keep = _keep(keep_ref, j, rows, st) if has_keep else None
-        go = plt().load(go_ref.at[rows, pl.ds(start(), st.dp)], mask=hmask[None, :],
-                         other=0).astype(jnp.float32)  # [bn, d]
+        go = (
+            plt()
+            .load(go_ref.at[rows, pl.ds(start(), st.dp)], mask=hmask[None, :], other=0)
+            .astype(jnp.float32)
+        )  # [bn, d]
         a, h, eta, v, s, yh, r, mask = _grn(q, x, keep, st, cd)
         o = yh * q.ln_g[None, :] + q.ln_b[None, :]
         dw_ref[j, rows] = jnp.sum(go * o, axis=-1).astype(dw_ref.dtype)
@@ -169,12 +179,19 @@ def _bwd_kernel(*refs, st: _Static, has_keep: bool):
         dx_ref[j, rows] = dx.astype(dx_ref.dtype)
         xs = x[:, None]
         return Folded(
-            fk=g.fk + jnp.sum(xs * da, axis=0), fb=g.fb + jnp.sum(da, axis=0),
-            w1=g.w1 + dot(h, deta, 0, 0, cd), b1=g.b1 + jnp.sum(deta, axis=0),
-            vk=g.vk + dot(eta, dv, 0, 0, cd), vb=g.vb + jnp.sum(dv, axis=0),
-            gk=g.gk + dot(eta, dg, 0, 0, cd), gb=g.gb + jnp.sum(dg, axis=0),
-            sk=g.sk + jnp.sum(xs * dy, axis=0), sb=g.sb + jnp.sum(dy, axis=0),
-            ln_g=g.ln_g + jnp.sum(wg * yh, axis=0), ln_b=g.ln_b + jnp.sum(wg, axis=0))
+            fk=g.fk + jnp.sum(xs * da, axis=0),
+            fb=g.fb + jnp.sum(da, axis=0),
+            w1=g.w1 + dot(h, deta, 0, 0, cd),
+            b1=g.b1 + jnp.sum(deta, axis=0),
+            vk=g.vk + dot(eta, dv, 0, 0, cd),
+            vb=g.vb + jnp.sum(dv, axis=0),
+            gk=g.gk + dot(eta, dg, 0, 0, cd),
+            gb=g.gb + jnp.sum(dg, axis=0),
+            sk=g.sk + jnp.sum(xs * dy, axis=0),
+            sb=g.sb + jnp.sum(dy, axis=0),
+            ln_g=g.ln_g + jnp.sum(wg * yh, axis=0),
+            ln_b=g.ln_b + jnp.sum(wg, axis=0),
+        )
 
     g = lax.fori_loop(0, st.per, body, Folded(*(jnp.zeros_like(a) for a in q)))
     raw.store_grads(g_refs, r_, raw.unfold(g))
@@ -197,30 +214,39 @@ def _fwd(prm: tuple, x: Array, w: Array, keep: Array | None, st: _Static) -> Arr
     return pl.pallas_call(
         functools.partial(_fwd_kernel, st=st, has_keep=keep is not None),
         out_shape=jax.ShapeDtypeStruct((n_p, st.d), jnp.float32),
-        grid=(n_p // st.bn,), in_specs=_specs(len(args)), out_specs=pl.no_block_spec,
-        interpret=st.interpret, compiler_params=_compiler_params(st),
+        grid=(n_p // st.bn,),
+        in_specs=_specs(len(args)),
+        out_specs=pl.no_block_spec,
+        interpret=st.interpret,
+        compiler_params=_compiler_params(st),
         name="vsn_grn_sum_fwd",
-        metadata=meta(matmul_flops(st.m, n_p, st.dvp, st.dp)))(*args)
+        metadata=meta(matmul_flops(st.m, n_p, st.dvp, st.dp)),
+    )(*args)
 
 
 def _bwd(prm: tuple, x: Array, w: Array, keep: Array | None, gout: Array, st: _Static):
     m, n_p = x.shape
     args = (x, w) + ((keep,) if keep is not None else ()) + (gout,) + tuple(prm)
-    outs = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(w.shape, w.dtype)
-            ) + tuple(jax.ShapeDtypeStruct((st.splits,) + a.shape, jnp.float32) for a in prm)
+    outs = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(w.shape, w.dtype)) + tuple(
+        jax.ShapeDtypeStruct((st.splits,) + a.shape, jnp.float32) for a in prm
+    )
     dx, dw, *partial = pl.pallas_call(
         functools.partial(_bwd_kernel, st=st, has_keep=keep is not None),
-        out_shape=outs, grid=(m, st.splits), in_specs=_specs(len(args)),
-        out_specs=_specs(len(outs)), interpret=st.interpret,
-        compiler_params=_compiler_params(st), name="vsn_grn_sum_bwd",
-        metadata=meta(3 * matmul_flops(m, n_p, st.dvp, st.dp)))(*args)
+        out_shape=outs,
+        grid=(m, st.splits),
+        in_specs=_specs(len(args)),
+        out_specs=_specs(len(outs)),
+        interpret=st.interpret,
+        compiler_params=_compiler_params(st),
+        name="vsn_grn_sum_bwd",
+        metadata=meta(3 * matmul_flops(m, n_p, st.dvp, st.dp)),
+    )(*args)
     # the splits' partial gradients summed in one launch (XLA: one reduction each)
     grads = multi_tensor.sum_splits(partial, [a.dtype for a in prm], interpret=st.interpret)
     return tuple(grads), dx, dw
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _vsn_sum(prm: tuple, x: Array, w: Array, keep: Array | None, st: _Static) -> Array:
+def _vsn_sum_impl(prm: tuple, x: Array, w: Array, keep: Array | None, st: _Static) -> Array:
     return _fwd(prm, x, w, keep, st)
 
 
@@ -235,12 +261,22 @@ def _vsn_sum_bwd(st, res, gout):
     return gp, dx, dw, dkeep
 
 
+_vsn_sum = jax.custom_vjp(_vsn_sum_impl, nondiff_argnums=(4,))
 _vsn_sum.defvjp(_vsn_sum_fwd, _vsn_sum_bwd)
 
 
-def weighted_grn_sum(p: dict, x: Array, w: Array, keep: Array | None, rate: float, *,
-                     block_rows: int = BLOCK_ROWS, interpret: bool | None = None,
-                     num_warps: int = 4, target_programs: int = TARGET_PROGRAMS) -> Array:
+def weighted_grn_sum(
+    p: dict,
+    x: Array,
+    w: Array,
+    keep: Array | None,
+    rate: float,
+    *,
+    block_rows: int = BLOCK_ROWS,
+    interpret: bool | None = None,
+    num_warps: int = 4,
+    target_programs: int = TARGET_PROGRAMS,
+) -> Array:
     """``Σ_j w_j GRN_j(x_j)`` ``[N, d]`` float32 through the Pallas kernels.
 
     Same arguments as :func:`tftjax.models.kernels.fused.weighted_grn_sum`: stacked float
@@ -264,11 +300,22 @@ def weighted_grn_sum(p: dict, x: Array, w: Array, keep: Array | None, rate: floa
     splits = row_splits(tiles, max(1, -(-target_programs // m)))
     per = -(-tiles // splits)
     n_p = splits * per * bn
-    rows = lambda a: a if n_p == n else jnp.pad(  # noqa: E731
-        a, [(0, 0), (0, n_p - n)] + [(0, 0)] * (a.ndim - 2))
+
+    def rows(a):  # padded to n_p rows (axis 1)
+        return a if n_p == n else jnp.pad(a, [(0, 0), (0, n_p - n)] + [(0, 0)] * (a.ndim - 2))
+
     keep_p = None if keep is None else rows(keep.astype(jnp.int8))
-    st = _Static(m=m, dv=dv, d=d, bn=bn, splits=splits, per=per,
-                 scale=1.0 / keep_prob(rate) if keep is not None else 1.0,
-                 cd=jnp.dtype(cd).name, interpret=bool(interpret), num_warps=num_warps)
+    st = _Static(
+        m=m,
+        dv=dv,
+        d=d,
+        bn=bn,
+        splits=splits,
+        per=per,
+        scale=1.0 / keep_prob(rate) if keep is not None else 1.0,
+        cd=jnp.dtype(cd).name,
+        interpret=bool(interpret),
+        num_warps=num_warps,
+    )
     out = _vsn_sum(tuple(p[k] for k in PARAMS), rows(x), rows(w), keep_p, st)
     return out if n_p == n else out[:n]

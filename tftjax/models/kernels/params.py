@@ -39,8 +39,9 @@ class _GLUParams(nn.Module):
 
     @nn.compact
     def __call__(self, shape: tuple, deterministic: bool):
-        keep = Dropout(self.dropout)(jax.ShapeDtypeStruct(shape, jnp.float32), deterministic,
-                                     mask_only=True)
+        keep = Dropout(self.dropout)(
+            jax.ShapeDtypeStruct(shape, jnp.float32), deterministic, mask_only=True
+        )
         return (*_DenseParams(2 * self.features, name="proj")(shape[-1]), keep)
 
 
@@ -61,11 +62,21 @@ class GRNParams(nn.Module):
         if self.context:
             ctx["ctx_k"] = _DenseParams(d, use_bias=False, name="context")(d)[0]
         fc1_k, fc1_b = _DenseParams(d, name="fc1")(d)
-        glu_k, glu_b, keep = _GLUParams(d, self.dropout, name="glu")(a.shape[:-1] + (d,),
-                                                                      deterministic)
+        glu_k, glu_b, keep = _GLUParams(d, self.dropout, name="glu")(
+            a.shape[:-1] + (d,), deterministic
+        )
         scale, bias = _LayerNormParams(name="norm")(d)
-        return dict(fc2_k=fc2_k, fc2_b=fc2_b, fc1_k=fc1_k, fc1_b=fc1_b, glu_k=glu_k,
-                    glu_b=glu_b, ln_scale=scale, ln_bias=bias, **ctx), keep
+        return dict(
+            fc2_k=fc2_k,
+            fc2_b=fc2_b,
+            fc1_k=fc1_k,
+            fc1_b=fc1_b,
+            glu_k=glu_k,
+            glu_b=glu_b,
+            ln_scale=scale,
+            ln_bias=bias,
+            **ctx,
+        ), keep
 
 
 class GateParams(nn.Module):
@@ -78,7 +89,8 @@ class GateParams(nn.Module):
     @nn.compact
     def __call__(self, b: Array, deterministic: bool = True):
         glu_k, glu_b, keep = _GLUParams(self.hidden, self.dropout, name="glu")(
-            b.shape, deterministic)
+            b.shape, deterministic
+        )
         scale, bias = _LayerNormParams(name="norm")(self.hidden)
         return dict(glu_k=glu_k, glu_b=glu_b, ln_scale=scale, ln_bias=bias), keep
 
@@ -88,5 +100,7 @@ class _LayerNormParams(nn.Module):
 
     @nn.compact
     def __call__(self, d: int) -> tuple[Array, Array]:
-        return (self.param("scale", nn.initializers.ones, (d,)),
-                self.param("bias", nn.initializers.zeros, (d,)))
+        return (
+            self.param("scale", nn.initializers.ones, (d,)),
+            self.param("bias", nn.initializers.zeros, (d,)),
+        )

@@ -23,13 +23,15 @@ def triton_params(interpret: bool, num_warps: int = 4):
     if interpret:
         return None
     from jax.experimental.pallas import triton as plt
+
     return plt.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
 def dot(a: Array, b: Array, ca: int, cb: int, cd) -> Array:
     """``a`` contracted on axis ``ca`` with ``b`` on ``cb``: operands in ``cd``, float32 sum."""
-    return lax.dot_general(a.astype(cd), b.astype(cd), (((ca,), (cb,)), ((), ())),
-                           preferred_element_type=jnp.float32)
+    return lax.dot_general(
+        a.astype(cd), b.astype(cd), (((ca,), (cb,)), ((), ())), preferred_element_type=jnp.float32
+    )
 
 
 def meta(flops: int) -> dict:
@@ -41,6 +43,7 @@ def meta(flops: int) -> dict:
 def plt():
     """Pallas' Triton module (masked loads and stores)."""
     from jax.experimental.pallas import triton as plt
+
     return plt
 
 

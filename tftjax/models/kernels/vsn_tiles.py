@@ -13,8 +13,20 @@ from jax.experimental import pallas as pl
 from tftjax.models.kernels.fused import Folded
 from tftjax.models.kernels.triton_util import dot_size, plt, start
 
-PARAMS = ("emb_k", "emb_b", "fc2_k", "fc2_b", "fc1_k", "fc1_b", "glu_k", "glu_b", "skip_k",
-          "skip_b", "ln_scale", "ln_bias")
+PARAMS = (
+    "emb_k",
+    "emb_b",
+    "fc2_k",
+    "fc2_b",
+    "fc1_k",
+    "fc1_b",
+    "glu_k",
+    "glu_b",
+    "skip_k",
+    "skip_b",
+    "ln_scale",
+    "ln_bias",
+)
 """The stacked parameters the kernels read (``VariableSelection``'s), in their order."""
 
 
@@ -35,54 +47,80 @@ class ParamTiles:
     def vec(self, name, mask, first=0):
         ref = self.r[name]
         at = start(first)
-        return plt().load(ref.at[self.j, pl.ds(at, mask.shape[0])], mask=mask,
-                           other=0).astype(jnp.float32)
+        return (
+            plt()
+            .load(ref.at[self.j, pl.ds(at, mask.shape[0])], mask=mask, other=0)
+            .astype(jnp.float32)
+        )
 
     def mat(self, name, mask, cols, first=0):
         ref = self.r[name]
         at = start(first)
-        return plt().load(ref.at[self.j, pl.ds(start(), self.dvp), pl.ds(at, cols)],
-                           mask=mask, other=0).astype(jnp.float32)
+        return (
+            plt()
+            .load(ref.at[self.j, pl.ds(start(), self.dvp), pl.ds(at, cols)], mask=mask, other=0)
+            .astype(jnp.float32)
+        )
 
     def folded(self) -> Folded:
         st, v, h = self, self.mv, self.mh
         vh = v[:, None] & h[None, :]
-        fold = lambda e, k: jnp.sum(e[:, None] * k, axis=0)  # noqa: E731
+        fold = lambda e, k: jnp.sum(e[:, None] * k, axis=0)
         return Folded(
-            fk=fold(self.ek, self.f2), fb=fold(self.eb, self.f2) + self.vec("fc2_b", v),
-            w1=self.mat("fc1_k", v[:, None] & v[None, :], st.dvp), b1=self.vec("fc1_b", v),
-            vk=self.mat("glu_k", vh, st.dp), vb=self.vec("glu_b", h),
-            gk=self.mat("glu_k", vh, st.dp, st.d), gb=self.vec("glu_b", h, st.d),
-            sk=fold(self.ek, self.sk2), sb=fold(self.eb, self.sk2) + self.vec("skip_b", h),
-            ln_g=self.vec("ln_scale", h), ln_b=self.vec("ln_bias", h))
+            fk=fold(self.ek, self.f2),
+            fb=fold(self.eb, self.f2) + self.vec("fc2_b", v),
+            w1=self.mat("fc1_k", v[:, None] & v[None, :], st.dvp),
+            b1=self.vec("fc1_b", v),
+            vk=self.mat("glu_k", vh, st.dp),
+            vb=self.vec("glu_b", h),
+            gk=self.mat("glu_k", vh, st.dp, st.d),
+            gb=self.vec("glu_b", h, st.d),
+            sk=fold(self.ek, self.sk2),
+            sb=fold(self.eb, self.sk2) + self.vec("skip_b", h),
+            ln_g=self.vec("ln_scale", h),
+            ln_b=self.vec("ln_bias", h),
+        )
 
     def unfold(self, g: Folded) -> dict:
         """The stacked parameters' gradients from the folded ones' (the fold is linear in
         each factor)."""
-        outer = lambda e, gv: e[:, None] * gv[None, :]  # noqa: E731
-        back = lambda k, gv: jnp.sum(k * gv[None, :], axis=1)  # noqa: E731
-        return {"emb_k": back(self.f2, g.fk) + back(self.sk2, g.sk),
-                "emb_b": back(self.f2, g.fb) + back(self.sk2, g.sb),
-                "fc2_k": outer(self.ek, g.fk) + outer(self.eb, g.fb), "fc2_b": g.fb,
-                "fc1_k": g.w1, "fc1_b": g.b1, "glu_k": (g.vk, g.gk), "glu_b": (g.vb, g.gb),
-                "skip_k": outer(self.ek, g.sk) + outer(self.eb, g.sb), "skip_b": g.sb,
-                "ln_scale": g.ln_g, "ln_bias": g.ln_b}
+        outer = lambda e, gv: e[:, None] * gv[None, :]
+        back = lambda k, gv: jnp.sum(k * gv[None, :], axis=1)
+        return {
+            "emb_k": back(self.f2, g.fk) + back(self.sk2, g.sk),
+            "emb_b": back(self.f2, g.fb) + back(self.sk2, g.sb),
+            "fc2_k": outer(self.ek, g.fk) + outer(self.eb, g.fb),
+            "fc2_b": g.fb,
+            "fc1_k": g.w1,
+            "fc1_b": g.b1,
+            "glu_k": (g.vk, g.gk),
+            "glu_b": (g.vb, g.gb),
+            "skip_k": outer(self.ek, g.sk) + outer(self.eb, g.sb),
+            "skip_b": g.sb,
+            "ln_scale": g.ln_g,
+            "ln_bias": g.ln_b,
+        }
 
     def store_grads(self, g_refs, split, grads: dict) -> None:
         """One split's gradients (:meth:`unfold`) into the ``[splits, m, ...]`` refs, each
         masked to its real rows and columns."""
         v, h = self.mv, self.mh
         for name, ref in zip(PARAMS, g_refs):
-            cols = h if name in ("skip_k", "skip_b", "glu_k", "glu_b", "ln_scale",
-                                 "ln_bias") else v
+            cols = h if name in ("skip_k", "skip_b", "glu_k", "glu_b", "ln_scale", "ln_bias") else v
             rows = v if name.endswith("_k") and name != "emb_k" else None
-            for half, val in enumerate(grads[name] if name.startswith("glu")
-                                       else [grads[name]]):
+            for half, val in enumerate(grads[name] if name.startswith("glu") else [grads[name]]):
                 at = start(half * self.d)
                 if rows is None:
-                    plt().store(ref.at[split, self.j, pl.ds(at, val.shape[0])],
-                                val.astype(ref.dtype), mask=cols)
+                    plt().store(
+                        ref.at[split, self.j, pl.ds(at, val.shape[0])],
+                        val.astype(ref.dtype),
+                        mask=cols,
+                    )
                 else:
-                    plt().store(ref.at[split, self.j, pl.ds(start(), val.shape[0]),
-                                       pl.ds(at, val.shape[1])],
-                                val.astype(ref.dtype), mask=rows[:, None] & cols[None, :])
+                    plt().store(
+                        ref.at[
+                            split, self.j, pl.ds(start(), val.shape[0]), pl.ds(at, val.shape[1])
+                        ],
+                        val.astype(ref.dtype),
+                        mask=rows[:, None] & cols[None, :],
+                    )
