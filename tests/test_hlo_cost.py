@@ -190,6 +190,50 @@ def test_cost_reports_every_tier_on_a_target_and_the_tiers_keep_their_order(tmp_
         assert r["hbm_bytes"] > 0 and r["flops"] > 0 and r["estimated_samples_per_s"] > 0
 
 
+# The census of 4458bed's five per-family flags (--vsn-kernel pallas --lstm-kernel pallas
+# --grn-kernel pallas --attention-kernel pallas --optimizer-kernel pallas), tiny, bf16, off, batch
+# 64, compiled for the H100 with jax 0.10.2: `python -m tftjax.memory --preset tiny --target h100
+# --cost --tiers off --batch-sizes 64 --precision bf16` and the five flags, at 4458bed.
+FIVE_FLAGS_AT_4458BED = {
+    "kernels": 248,
+    "hbm_bytes": 84_694_300,
+    "flops": 2_149_297_280,
+    "temp_bytes": 10_140_544,
+}
+
+
+@pytest.mark.slow  # a GPU compile of the tiny model with every kernel: ~50 s
+@pytest.mark.skipif(
+    not targets.available(), reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')"
+)
+@pytest.mark.skipif(jax.__version__ != "0.10.2", reason="the record is of jax 0.10.2's compiler")
+def test_one_kernel_switch_compiles_the_program_of_the_five_flags(tmp_path, capsys):
+    # the same launches, HBM bytes, FLOPs and temp bytes: the same program (the program is a
+    # function of the config, and the five old flags, still accepted, give the same config:
+    # tests/test_runloop.py::test_flags_come_from_the_config_dataclasses)
+    rc = call(
+        memory_cli.main,
+        "--preset",
+        "tiny",
+        "--target",
+        "h100",
+        "--cost",
+        "--tiers",
+        "off",
+        "--batch-sizes",
+        "64",
+        "--precision",
+        "bf16",
+        "--kernels",
+        "pallas",
+        "--out",
+        tmp_path,
+    )
+    assert rc == 0, capsys.readouterr().out
+    (point,) = json.loads((tmp_path / "cost.json").read_text())["points"]
+    assert {k: point[k] for k in FIVE_FLAGS_AT_4458BED} == FIVE_FLAGS_AT_4458BED
+
+
 @pytest.mark.slow  # a GPU compile of the kernels alone: ~10 s; .ci/run's full tier has the plugin
 @pytest.mark.skipif(
     not targets.available(), reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')"
