@@ -8,7 +8,7 @@ that runs out is killed whole, grandchildren too, and recorded as such; the next
 starts). After every row ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` are rewritten, and
 each row's own output is ``OUT/rows/NAME.json``:
 
-1. ``tests``: the GPU-marked tests first (``tests/test_gpu.py``), then the equality,
+1. ``tests``: the GPU-marked tests first (``tests/models/kernels/test_on_gpu.py``), then the equality,
    precision and fused-kernel tests on the GPU;
 2. ``throughput``: TFT-225 samples/s, one row per point in the order of the targets: bf16
    ``off`` at batch 256 (target 40,000 samples/s on an H200); f32 ``off`` at 64 and 256;
@@ -30,7 +30,7 @@ autotune cache (``OUT/autotune``), so a rerun after a timeout recompiles nothing
 few steps, compiled as the quick test tier compiles, the throughput rows two at a time
 (compile-bound on the CPU), each row's box ``DRY_BOX`` times its GPU box (a loaded CPU
 compiling, not a GPU running: the dry run checks that a row runs, not how fast), and writes
-the same files: the check of the check (tests/test_gpu_check.py). ``--rows A,B``: only
+the same files: the check of the check (tests/experiments/test_gpu_check.py). ``--rows A,B``: only
 those rows (by name, in the plan's order).
 """
 
@@ -61,21 +61,21 @@ def rows(out: Path, dry: bool) -> list[tuple[str, str, int, list[str]]]:
     steps = "2" if dry else "10"
     r = out / "rows"
     tests = (
-        ["tests/test_gpu.py"]
+        ["tests/models/kernels/test_on_gpu.py"]
         if dry
         else [
-            "tests/test_gpu.py",
-            "tests/test_bf16_census.py",
-            "tests/test_precision.py",
-            "tests/test_remat.py",
-            "tests/test_fused.py",
-            "tests/test_pallas_vsn.py",
-            "tests/test_pallas_adamw.py",
-            "tests/test_pallas_grn.py",
-            "tests/test_pallas_gated.py",
-            "tests/test_pallas_attention.py",
-            "tests/test_multi_tensor.py",
-            "tests/test_recurrence.py",
+            "tests/models/kernels/test_on_gpu.py",
+            "tests/models/test_bf16_census.py",
+            "tests/models/test_precision.py",
+            "tests/models/test_remat.py",
+            "tests/models/kernels/test_fused.py",
+            "tests/models/kernels/test_pallas_vsn.py",
+            "tests/models/kernels/test_pallas_adamw.py",
+            "tests/models/kernels/test_pallas_grn.py",
+            "tests/models/kernels/test_pallas_gated.py",
+            "tests/models/kernels/test_pallas_attention.py",
+            "tests/models/kernels/test_multi_tensor.py",
+            "tests/models/test_recurrence.py",
         ]
     )
     plan = [

@@ -4,6 +4,11 @@ import os
 import tempfile
 from pathlib import Path
 
+TESTS = Path(__file__).resolve().parent
+"""This folder: the tests, in one folder per package, and their fixtures."""
+REPO = TESTS.parent
+"""The clone's root (experiments/, data/, README.md)."""
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiles dominate the suite's time: share them between this process and the
 # CLI subprocesses through a persistent compilation cache (fresh per session).
@@ -130,7 +135,7 @@ def predict_run(tmp_path_factory):
     series is named ``bars``), in ``ROOT/run``: what the forecast tests ask."""
     import shutil
 
-    from test_runloop import TINY_TRAIN
+    from tiny import TINY_TRAIN
 
     root = tmp_path_factory.mktemp("predict")
     shutil.copy(short_es(), root / "bars.parquet")

@@ -15,7 +15,7 @@ The packages, one job each, from the ground up (``docs/architecture.md`` draws t
   dqn/       the DQN trader: environment, agent, jitted training, walk-forward
 
 The map, module by module in that order. Each module imports only what stands above it
-here: ``tests/test_structure.py`` checks that, that there are no import circles, and that
+here: ``tests/project/test_structure.py`` checks that, that there are no import circles, and that
 this map names every module::
 
   errors                   the error types every layer raises (DataError, ConfigError, ...)

@@ -132,7 +132,7 @@ def analysis_only():
     """Compile inside this block for the memory analysis only, with XLA's
     ``jax_disable_most_optimizations`` (LLVM at -O0, no expensive passes). The buffer
     assignment is made on the HLO, before the back end's LLVM work, so the analysis is the
-    optimised program's (checked: tests/test_memory.py compares the two) and the compile
+    optimised program's (checked: tests/memory/test_memory.py compares the two) and the compile
     takes about half the time. (A JAX flag read at each compile: not for threads compiling
     programs to run meanwhile.)"""
     if _TARGET[0] is not None:  # checked on XLA:CPU only: a GPU target compiles as it would run

@@ -1,0 +1,287 @@
+"""Walk-forward evaluation (``python -m tftjax.backtest``): folds that keep training,
+validation and test apart and tile the test region, choices made on validation only, one
+tiny run end to end, and the refusals."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import call, short_es
+from tiny import TINY_TFT
+
+from tftjax import backtest
+from tftjax.config import preset
+from tftjax.data import bundled_path, load_dataset, read_bars
+from tftjax.data.windows import walk_forward_times
+from tftjax.stats import scoring, verdict
+
+CFG = preset("tiny")
+
+
+def test_folds_keep_train_val_and_test_apart_and_tile_the_test_region():
+    bars = read_bars(bundled_path("spx"))
+    cfg = CFG.data
+    W, E, enc = cfg.window, cfg.embargo_rows, cfg.encoder_steps
+    times = walk_forward_times([bars.ts], cfg, 5, 0.4)
+    covered = []
+    for fold in times:
+        ds = load_dataset(bundled_path("spx"), cfg, fold=fold)
+        sp, st = ds.splits, ds.series[0].features.stats
+        t0, t1 = sp.test_rows
+        assert bars.ts[t0] == fold[1]  # the test stretch starts at the fold's time
+        last_train_row = sp.train.max() + W - 1
+        assert last_train_row < sp.val_rows[0] - E + 1  # an embargo before validation
+        assert sp.val.max() + W - 1 < t0 - E + 1  # and before the test stretch
+        assert st.train_rows[1] <= sp.val_rows[0] - E  # statistics from the training rows
+        targets = sp.test[:, None] + enc + np.arange(W - enc)
+        assert targets.min() == t0 and targets.max() == t1 - 1  # targets inside the stretch
+        assert last_train_row < targets.min()
+        covered.append((t0, t1))
+    # consecutive folds: each one's test stretch starts where the previous one's ended; and
+    # every fold trains on more than the one before (an expanding window)
+    for (_, a1), (b0, _) in zip(covered, covered[1:]):
+        assert a1 == b0
+    assert covered[-1][1] == len(bars)
+
+
+def _sums(rng, q90, n=200):
+    """Per-window sums whose P90 q-risk is about ``q90``."""
+    s = np.zeros((n, 6))
+    s[:, 0] = rng.uniform(0.9, 1.1, n) * q90
+    s[:, 2] = s[:, 0] * 5
+    s[:, 3] = 10.0
+    s[:, 4], s[:, 5] = 8, 10
+    return s
+
+
+def _fold(rng, val: dict, test: dict, n=200):
+    y = rng.normal(size=(n, 2))
+    pred = {m: np.sort(rng.normal(size=(n, 2, 3)), axis=-1) for m in val}
+    return verdict.Fold(
+        {m: _sums(rng, q) for m, q in val.items()},
+        {m: _sums(rng, q) for m, q in test.items()},
+        y,
+        pred,
+    )
+
+
+def test_the_baseline_is_chosen_per_fold_on_its_own_validation_never_on_test():
+    rng = np.random.default_rng(0)
+    folds = [  # fold 1: "a" best on validation, "b" on test; fold 2 the other way round
+        _fold(rng, {"tft": 0.5, "a": 0.40, "b": 0.45}, {"tft": 0.5, "a": 0.60, "b": 0.30}),
+        _fold(rng, {"tft": 0.5, "a": 0.45, "b": 0.40}, {"tft": 0.5, "a": 0.30, "b": 0.60}),
+    ]
+    out = verdict.summarize(folds, (0.1, 0.5, 0.9), 2, 200)
+    assert out["chosen_per_fold"] == ["a", "b"]
+    # the stitched choice is fold 1's "a" then fold 2's "b", window for window
+    np.testing.assert_allclose(
+        out["pooled"]["chosen"]["test"]["q_risk_90"],
+        scoring.from_sums(np.concatenate([folds[0].test["a"], folds[1].test["b"]]))["q_risk_90"],
+    )
+    assert out["comparisons"] == 2  # Holm over the baselines a and b (side comparisons)
+    assert set(out["pooled"]) == {"tft", "a", "b", "chosen"}
+    for n in ("a", "b", "chosen"):  # every model calibrated alike; the TFT compared with each
+        assert {"crps", "interval_score_80", "hits", "pit"} <= set(out["pooled"][n]["calibration"])
+        v = out["pooled"][n]["vs"]
+        assert v["dm_p90"].get("p_holm", v["dm_p90"]["p"]) >= v["dm_p90"]["p"]
+        assert v["p90_diff_ci95"][0] <= v["p90_diff"] <= v["p90_diff_ci95"][1]
+    assert "p_holm" not in out["pooled"]["chosen"]["vs"]["dm_p90"]  # the verdict's one test
+    # a fold's choice reads no target of its own test stretch, nor of any later fold's:
+    # rewrite every test row (and the later fold's validation) and the first pick stands
+    changed = [
+        verdict.Fold(
+            f.val if k == 0 else {m: _sums(rng, 0.1 if m == "b" else 0.9) for m in f.val},
+            {m: _sums(rng, 0.01 if m == "b" else 0.99) for m in f.test},
+            f.y,
+            f.pred,
+        )
+        for k, f in enumerate(folds)
+    ]
+    assert verdict.summarize(changed, (0.1, 0.5, 0.9), 2, 50)["chosen_per_fold"][0] == "a"
+
+
+def test_dm_bandwidth_is_never_shorter_than_the_bootstrap_block():
+    # an AR(1) loss differential with phi 0.95: Politis-White asks for a block of tens of
+    # windows, Newey-West's rule of thumb gives 5 lags for 1,000
+    rng = np.random.default_rng(3)
+    e = rng.normal(size=1000)
+    d = np.empty(1000)
+    d[0] = e[0]
+    for t in range(1, 1000):
+        d[t] = 0.95 * d[t - 1] + e[t]
+    r = verdict.dm(d + 1.0, np.ones(1000), horizon=1)
+    assert r["block"] == scoring.block_length(d) and r["block"] > scoring.default_lags(1000, 1)
+    assert r["lags"] >= r["block"]
+    # and the statistic is Diebold-Mariano's with those lags (numpy by hand: Bartlett
+    # weights, the HLN factor for h = 1 is sqrt((n - 1) / n))
+    n, L, x = 1000, r["lags"], d - d.mean()
+    v = x @ x / n + 2 * sum((1 - k / (L + 1)) * (x[:-k] @ x[k:]) / n for k in range(1, L + 1))
+    assert r["stat"] == pytest.approx(d.mean() / np.sqrt(v / n) * np.sqrt((n - 1) / n), rel=1e-9)
+
+
+def test_verdict_words():
+    better, worse = (-0.02, -0.01), (0.01, 0.02)  # paired intervals of the P90 difference
+    assert verdict.verdict({"stat": -3.0, "p": 0.001}, better) == "beats"
+    assert verdict.verdict({"stat": 3.0, "p": 0.001}, worse) == "behind"
+    assert verdict.verdict({"stat": -3.0, "p": 0.01, "p_holm": 0.06}, better, "p_holm") == "level"
+    assert verdict.verdict({"stat": float("nan"), "p": float("nan")}, better) == "level"
+    # significant by DM, but the interval straddles 0 (a model that kept the anchor's weights
+    # differs from it by float32 rounding): level
+    assert verdict.verdict({"stat": -3.0, "p": 0.001}, (-1e-7, 1e-7)) == "level"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("runloop_base")
+def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
+    # tuning inside each fold: the search (tested in test_tune.py) stands in here, to show
+    # what each fold's search is given and that the fold trains with what it chose
+    import tftjax.training.search
+    from tftjax.training import open_checkpoint
+
+    seen = []
+
+    def search(
+        cfg,
+        tc,
+        paths,
+        workdir,
+        trials,
+        seed=0,
+        progress=False,
+        log=print,
+        dataset=None,
+        tensorboard=True,
+    ):
+        sp = dataset.splits
+        seen.append((sp.train_rows, sp.val_rows, sp.test_rows, trials, tc.epochs))
+        return {"settings": {"model": {"dropout": 0.05 * (seed + 1)}, "train": {}}}
+
+    monkeypatch.setattr(tftjax.training.search, "tune", search)
+    assert (
+        call(
+            backtest.main,
+            *TINY_TFT,
+            "--folds",
+            "2",
+            "--epochs",
+            "1",
+            "--parquet-file",
+            short_es(),
+            "--workdir",
+            tmp_path / "bt",
+            "--bootstrap",
+            "100",
+            "--tune-trials",
+            "3",
+            "--tune-epochs",
+            "2",
+        )
+        == 0
+    )
+    out = json.loads((tmp_path / "bt" / "backtest.json").read_text())
+    assert [f["fold"] for f in out["folds"]] == [1, 2]
+    assert out["settings"]["tuned"] == "in each fold"
+    assert len(seen) == 2 and all(t[3:] == (3, 2) for t in seen)
+    for k, (tr, va, te, *_) in enumerate(seen, 1):  # each fold's search: its own stretches
+        assert tr[1] <= va[0] and va[1] <= te[0]
+        assert out["folds"][k - 1]["tuned"] == {"model": {"dropout": 0.05 * k}, "train": {}}
+        assert open_checkpoint(tmp_path / "bt" / f"fold_{k}").cfg.model.dropout == pytest.approx(
+            0.05 * k
+        )
+    assert seen[0][2][0] < seen[1][2][0]  # the second fold's search reaches further
+    assert out["folds"][0]["train_rows"][0][1] < out["folds"][1]["train_rows"][0][1]
+    assert len(out["chosen_per_fold"]) == 2
+    assert [f["chosen"] for f in out["folds"]] == out["chosen_per_fold"]
+    for f in out["folds"]:  # each fold's pick is the lowest validation P90 of its baselines
+        val = {n: v for n, v in f["val_q_risk_90"].items() if n != "tft"}
+        assert val[f["chosen"]] == min(val.values())
+    lo, hi = out["pooled"]["tft"]["ci95"]["q_risk_90"]
+    assert lo <= out["pooled"]["tft"]["test"]["q_risk_90"] <= hi
+    assert out["verdict"] in ("beats", "level", "behind")
+    assert set(out["pooled"]["tft"]["calibration"]["hits"]) == {"0.1", "0.9"}
+    assert len(out["pooled"]["tft"]["q_risk_90_by_step"]) == 5  # one per forecast step
+    # the combination: its weight chosen per fold on validation (the lowest validation P90
+    # of the grid), against the same stitched choice
+    c = out["combination"]
+    assert len(c["weights"]) == 2 and all(w in verdict.WEIGHTS for w in c["weights"])
+    assert c["chosen_per_fold"] == out["chosen_per_fold"]
+    for f in out["folds"]:  # never worse on validation than both ends it chose between
+        v = f["val_q_risk_90"]
+        assert v["combination"] <= min(v["tft"], v[f["chosen"]]) + 1e-12
+    assert c["verdict"] in ("beats", "level", "behind") and "combination" not in out["pooled"]
+    assert "| TFT |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--folds", "1"], "--folds must be >= 2"),
+        (["--folds", "40"], "leave 5 bars a fold, fewer than one 25-bar window"),
+        (["--test-fraction", "1.5"], "--test-fraction must be in (0, 1)"),
+        (["--tune-trials", "-1"], "--tune-trials must be >= 0"),
+        (["--bootstrap", "-1"], "--bootstrap must be >= 1 resample, got -1"),
+        (["--anchor", "nonsense"], "--anchor must be one of none, auto"),
+        (["--anchor", "har"], "--anchor har needs daily or coarser bars"),
+        (["--target", "nonsense"], "--target must be one of"),
+    ],
+)
+def test_bad_backtest_input_exits_2_with_one_line(tmp_path, capsys, args, expect):
+    rc = call(
+        backtest.main, *TINY_TFT, "--parquet-file", short_es(), "--workdir", tmp_path / "bt", *args
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and expect in err and err.count("\n") == 1, err
+    assert not (tmp_path / "bt").exists()
+
+
+def test_holm_runs_over_every_row_of_the_table(tmp_path, capsys):
+    """experiments/verdicts.py: the rows of several walk-forwards, Holm over all of them."""
+    import importlib.util
+
+    from tftjax.cli import main as cli_main
+
+    spec = importlib.util.spec_from_file_location(
+        "verdicts", backtest.__file__.replace("tftjax/backtest.py", "experiments/verdicts.py")
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rng = np.random.default_rng(5)
+    paths = []
+    for i, tft in enumerate((0.30, 0.70, 0.505)):  # far better, far worse, level
+        folds = [_fold(rng, {"tft": 0.5, "a": 0.4}, {"tft": tft, "a": 0.5}) for _ in range(2)]
+        out = verdict.summarize(folds, (0.1, 0.5, 0.9), 2, 100)
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "backtest.json").write_text(json.dumps(out))
+        paths.append(f"{tmp_path / f'r{i}' / 'backtest.json'}:run {i}")
+    rows, text = mod.table([mod.load(p) for p in paths])
+    assert [r["run"] for r in rows] == ["run 0", "run 1", "run 2"]
+    by_hand = scoring.holm([r["p"] for r in rows])
+    np.testing.assert_allclose([r["p_holm_table"] for r in rows], by_hand)
+    assert [r["verdict"] for r in rows][:2] == ["beats", "behind"]
+    assert "| run 0 |" in text and "Holm over 3 rows" in text
+    bad = tmp_path / "old.json"
+    bad.write_text(json.dumps({"pooled": {}}))
+    assert cli_main(mod.main, [str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "from before the per-fold choice" in err and err.count("\n") == 1
+
+
+def test_the_combination_weight_is_the_validation_argmin_by_hand():
+    rng = np.random.default_rng(3)
+    qs = (0.1, 0.5, 0.9)
+    y = rng.standard_normal((400, 2)) * np.linspace(0.5, 2, 400)[:, None]  # changing scale
+    z = np.array([-1.2816, 0.0, 1.2816])
+    truth = np.linspace(0.5, 2, 400)[:, None, None] * z  # the right scale
+    flat = np.ones((400, 1, 1)) * 1.25 * z  # a constant one
+    noisy = truth * np.exp(0.6 * rng.standard_normal((400, 1, 1)))  # the right scale, noisy
+    model, base = np.broadcast_to(noisy, (400, 2, 3)), np.broadcast_to(flat, (400, 2, 3))
+
+    def p90(p):  # q-risk at 0.9 by hand: 2 Σ pinball / Σ |y|
+        e = y - p[..., 2]
+        return 2 * np.sum(np.maximum(0.9 * e, -0.1 * e)) / np.sum(np.abs(y))
+
+    scores = np.array([p90(w * model + (1 - w) * base) for w in verdict.WEIGHTS])
+    tie = scores <= scores.min() * (1 + 1e-9)  # the smallest weight among (near-)ties
+    assert verdict.combine(y, model, base, qs) == verdict.WEIGHTS[int(np.argmax(tie))]
+    assert 0 < verdict.combine(y, model, base, qs) < 1  # neither end: the test can fail
+    assert verdict.combine(y, base, base, qs) == 0.0  # a tie: the baseline
