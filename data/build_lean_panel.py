@@ -35,8 +35,9 @@ OUT = Path(__file__).with_name("lean_us_daily_1998-2021.parquet")
 
 
 def git_show(repo: Path, rev: str, path: str) -> bytes:
-    return subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{path}"], check=True,
-                          capture_output=True).stdout
+    return subprocess.run(
+        ["git", "-C", str(repo), "show", f"{rev}:{path}"], check=True, capture_output=True
+    ).stdout
 
 
 def factors(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -47,36 +48,47 @@ def factors(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def series(repo: Path, rev: str, ticker: str) -> dict[str, np.ndarray]:
     z = zipfile.ZipFile(io.BytesIO(git_show(repo, rev, f"Data/equity/usa/daily/{ticker}.zip")))
-    raw = np.loadtxt(io.StringIO(z.read(z.namelist()[0]).decode()), delimiter=",",
-                     dtype=str)
+    raw = np.loadtxt(io.StringIO(z.read(z.namelist()[0]).decode()), delimiter=",", dtype=str)
     day = np.array([int(s.split(" ")[0]) for s in raw[:, 0]])
     ohlc = raw[:, 1:5].astype(np.float64) / 10_000.0
     vol = raw[:, 5].astype(np.float64)
-    rows = [r.split(",") for r in git_show(repo, rev, f"Data/equity/usa/map_files/{ticker}.csv")
-            .decode().strip().splitlines()]
+    rows = [
+        r.split(",")
+        for r in git_show(repo, rev, f"Data/equity/usa/map_files/{ticker}.csv")
+        .decode()
+        .strip()
+        .splitlines()
+    ]
     other = [int(r[0]) for r in rows if r[1] != ticker]  # traded under another ticker up to it
     listed = max(other) + 1 if other else int(rows[0][0])
     keep = day >= listed
     day, ohlc, vol = day[keep], ohlc[keep], vol[keep]
-    dates = np.array([np.datetime64(f"{d // 10000:04d}-{d // 100 % 100:02d}-{d % 100:02d}")
-                      for d in day])
+    dates = np.array(
+        [np.datetime64(f"{d // 10000:04d}-{d // 100 % 100:02d}-{d % 100:02d}") for d in day]
+    )
     hole = np.flatnonzero(np.diff(dates).astype(int) > MAX_GAP_DAYS)
     if hole.size:  # e.g. QQQ traded as QQQQ 2004-12 to 2011-03, files absent: the last stretch
-        day, ohlc, vol, dates = (a[hole[-1] + 1:] for a in (day, ohlc, vol, dates))
-    fd, pf, sf = factors(git_show(repo, rev, f"Data/equity/usa/factor_files/{ticker}.csv")
-                         .decode())
+        day, ohlc, vol, dates = (a[hole[-1] + 1 :] for a in (day, ohlc, vol, dates))
+    fd, pf, sf = factors(git_show(repo, rev, f"Data/equity/usa/factor_files/{ticker}.csv").decode())
     i = np.minimum(np.searchsorted(fd, day, side="left"), fd.size - 1)
     i = np.where(day > fd[-1], fd.size - 1, i)
     ohlc = ohlc * (pf[i] * sf[i])[:, None]
     ts = dates.astype("datetime64[us]")
-    return {"ts": ts, "open": ohlc[:, 0], "high": ohlc[:, 1], "low": ohlc[:, 2],
-            "close": ohlc[:, 3], "volume": vol / sf[i]}
+    return {
+        "ts": ts,
+        "open": ohlc[:, 0],
+        "high": ohlc[:, 1],
+        "low": ohlc[:, 2],
+        "close": ohlc[:, 3],
+        "volume": vol / sf[i],
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("lean", type=Path, help="a git checkout (or bare repository) of "
-                    "QuantConnect/Lean")
+    ap.add_argument(
+        "lean", type=Path, help="a git checkout (or bare repository) of QuantConnect/Lean"
+    )
     ap.add_argument("--rev", default="HEAD")
     a = ap.parse_args()
     parts = []

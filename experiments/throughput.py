@@ -35,21 +35,15 @@ def measure(
     ds,
     data,
     precision: str = "f32",
-    vsn_kernel: str = "xla",
-    lstm_kernel: str = "xla",
-    optimizer_kernel: str = "xla",
-    grn_kernel: str = "xla",
-    attention_kernel: str = "xla",
+    kernels: str = "xla",
+    kernels_exclude: tuple[str, ...] = (),
 ) -> dict:
     cfg = preset(
         preset_name,
         remat=remat,
         precision=precision,
-        vsn_kernel=vsn_kernel,
-        lstm_kernel=lstm_kernel,
-        optimizer_kernel=optimizer_kernel,
-        grn_kernel=grn_kernel,
-        attention_kernel=attention_kernel,
+        kernels=kernels,
+        kernels_exclude=kernels_exclude,
     )
     tc = TrainConfig(batch_size=batch)
     state = create_train_state(cfg, tc, jax.random.key(0))
@@ -66,11 +60,9 @@ def measure(
     return {
         "preset": preset_name,
         "remat": remat,
-        "vsn_kernel": vsn_kernel,
-        "lstm_kernel": lstm_kernel,
-        "optimizer_kernel": optimizer_kernel,
-        "grn_kernel": grn_kernel,
-        "attention_kernel": attention_kernel,
+        "kernels": kernels,
+        "kernels_exclude": list(kernels_exclude),
+        "pallas_families": list(cfg.execution.pallas_families),
         "batch_size": batch,
         "compile_s": compile_s,
         "step_s_median": med,
@@ -90,30 +82,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--precision", default="f32", help="comma-separated: f32, bf16")
     ap.add_argument(
-        "--vsn-kernel",
+        "--kernels",
         default="xla",
-        help="the VSNs: xla, or pallas (tftjax.models.kernels.pallas_vsn; a GPU)",
+        choices=("xla", "pallas"),
+        help="xla, or pallas: every Pallas kernel family (tftjax.models.kernels; a GPU)",
     )
     ap.add_argument(
-        "--lstm-kernel",
-        default="xla",
-        help="the LSTMs: xla, or pallas (tftjax.models.kernels.pallas_lstm; a GPU)",
-    )
-    ap.add_argument(
-        "--grn-kernel",
-        default="xla",
-        help="the GRNs and gates outside the VSNs: xla, or pallas "
-        "(tftjax.models.kernels.pallas_grn and pallas_gated; a GPU)",
-    )
-    ap.add_argument(
-        "--attention-kernel",
-        default="xla",
-        help="the attention: xla, or pallas (tftjax.models.kernels.pallas_attention; a GPU)",
-    )
-    ap.add_argument(
-        "--optimizer-kernel",
-        default="xla",
-        help="the optimizer: xla, or pallas (tftjax.models.kernels.pallas_adamw; a GPU)",
+        "--kernels-exclude",
+        default="",
+        help="comma-separated families left to XLA under --kernels pallas "
+        "(vsn, lstm, grn, attention, optimizer)",
     )
     ap.add_argument("--out", type=Path, default=Path("experiments/results/throughput.json"))
     args = ap.parse_args()
@@ -142,11 +120,8 @@ def main() -> None:
             ds,
             data,
             prec,
-            args.vsn_kernel,
-            args.lstm_kernel,
-            args.optimizer_kernel,
-            args.grn_kernel,
-            args.attention_kernel,
+            args.kernels,
+            tuple(f for f in args.kernels_exclude.split(",") if f),
         )
         r["precision"] = prec
         rows.append(r)

@@ -12,8 +12,11 @@ REPO = TESTS.parent
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiles dominate the suite's time: share them between this process and the
 # CLI subprocesses through a persistent compilation cache (fresh per session).
+_OWN_CACHE = None  # the cache folder this process made (removed when its session ends)
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # xdist workers inherit the controller's
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="tftjax-jax-cache-")
+    _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(
+        prefix="tftjax-jax-cache-"
+    )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 # How the suite compiles (docs/testing.md lists which tests run where, and why):
 # - the quick tier (-m "not slow", the README's test command): little XLA optimisation work
@@ -78,6 +81,16 @@ def xla_optimised(on: bool = True):
 SHORT_ROWS = 700
 
 
+_OWN_FOLDERS: list[str] = []  # temporary folders of this process, removed at its end
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+
+    for folder in [*_OWN_FOLDERS, *([_OWN_CACHE] if _OWN_CACHE else [])]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @functools.lru_cache(maxsize=None)
 def short_es() -> str:
     """The first 700 bars of the bundled ES file as a parquet file of this process (train /
@@ -86,7 +99,9 @@ def short_es() -> str:
     them, so that they share compiled steps (the data arrays' rows are part of a program)."""
     from tftjax.data import default_parquet, read_bars, write_bars
 
-    path = Path(tempfile.mkdtemp(prefix="tftjax-es-")) / f"es_{SHORT_ROWS}.parquet"
+    folder = tempfile.mkdtemp(prefix="tftjax-es-")
+    _OWN_FOLDERS.append(folder)
+    path = Path(folder) / f"es_{SHORT_ROWS}.parquet"
     bars = read_bars(default_parquet())
     write_bars(bars.slice(0, SHORT_ROWS), path)
     return str(path)
@@ -242,3 +257,59 @@ def random_inputs(cfg, batch: int, seed: int = 0):
         jax.random.normal(ks[2], (batch, t, cfg.model.num_known)),
         jax.random.normal(ks[3], (batch, cfg.data.decoder_steps)),
     )
+
+
+# --- The compile ledger (opt in: TFTJAX_TEST_COMPILES=DIR) -------------------------------
+# Every test's tracing, lowering and XLA compile seconds, and the persistent cache's hits
+# and misses, one JSON line per test in DIR/<worker>.jsonl (experiments/suite_compiles.py
+# sums them). The CLI subprocesses do not load conftest: their compiles are not counted.
+_LEDGER_DIR = os.environ.get("TFTJAX_TEST_COMPILES")
+_ledger: dict = {}
+
+
+def _ledger_listeners() -> None:
+    import jax.monitoring as monitoring
+
+    seconds = {
+        "/jax/core/compile/jaxpr_trace_duration": "trace_s",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+        "/jax/core/compile/backend_compile_duration": "compile_s",
+        "/jax/compilation_cache/compile_time_saved_sec": "saved_s",
+    }
+    counts = {
+        "/jax/compilation_cache/cache_hits": "hits",
+        "/jax/compilation_cache/cache_misses": "misses",
+    }
+
+    def on_duration(event, duration, **kwargs):
+        if event in seconds:
+            _ledger[seconds[event]] = _ledger.get(seconds[event], 0.0) + duration
+        if event == "/jax/core/compile/backend_compile_duration":
+            name = str(kwargs.get("fun_name", "?"))
+            n, s = _ledger.setdefault("programs", {}).get(name, (0, 0.0))
+            _ledger["programs"][name] = (n + 1, s + duration)
+
+    def on_event(event, **kwargs):
+        if event in counts:
+            _ledger[counts[event]] = _ledger.get(counts[event], 0) + 1
+
+    monitoring.register_event_duration_secs_listener(on_duration)
+    monitoring.register_event_listener(on_event)
+
+
+if _LEDGER_DIR:
+    _ledger_listeners()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        import json
+        import time
+
+        _ledger.clear()
+        t0 = time.perf_counter()
+        yield
+        record = {"test": item.nodeid, "wall_s": time.perf_counter() - t0, **_ledger}
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        Path(_LEDGER_DIR).mkdir(parents=True, exist_ok=True)
+        with open(Path(_LEDGER_DIR) / f"{worker}.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")

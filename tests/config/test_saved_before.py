@@ -88,6 +88,7 @@ def test_the_old_config_is_read_into_the_typed_parts():
     assert two.execution.pallas_families == ("vsn", "lstm")
 
 
+@pytest.mark.slow  # a resumed run through the CLI
 def test_an_old_run_resumes(saved):
     from tftjax import train
 

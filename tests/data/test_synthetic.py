@@ -49,6 +49,7 @@ def test_calibrated_on_es(cal):
     assert np.corrcoef(a[:-1], a[1:])[0, 1] > 0.05
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_cli_writes_parquet(tmp_path):
     out = tmp_path / "syn.parquet"
     proc = subprocess.run(

@@ -494,6 +494,7 @@ def test_cli_bad_input_exit_2_through_python_m(tmp_path):
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
+@pytest.mark.slow  # a CLI run on another environment
 def test_cli_cartpole_through_the_same_loop(tmp_path, capsys):
     from tftjax.dqn import __main__ as dqn_cli
 

@@ -444,6 +444,7 @@ def test_a_tft_trained_too_late_or_no_tft_is_refused(early_tft, tmp_path):
         build_envs(dataclasses.replace(TINY, tft_checkpoint=str(dqn_run)), bundled_path("es"))
 
 
+@pytest.mark.slow  # a walk-forward of DQN runs
 def test_dqn_walk_forward_tiles_the_test_region_and_stitches_it(tmp_path, capsys):
     from tftjax.data.windows import walk_forward_times
     from tftjax.dqn.loop import data_config

@@ -262,6 +262,7 @@ def test_the_rule_chooses_on_validation_only(walk_file):
     assert not np.array_equal(out["net"], again["net"])
 
 
+@pytest.mark.slow  # an old run resumed through the CLI
 def test_a_run_from_before_these_settings_still_resumes(tmp_path):
     """A checkpoint written before --psr-gate, --action-augment and --decision-every existed
     resumes with them at their defaults (what it ran with)."""

@@ -156,12 +156,14 @@ def test_cost_without_the_cuda_plugin_names_the_extra(tmp_path, capsys):
     assert rc == 2 and "tftjax[cuda12]" in err and err.count("\n") == 1, err
 
 
-@pytest.mark.slow  # a GPU compile of the tiny model: ~30 s; .ci/run's full tier has the plugin
+@pytest.mark.slow  # two GPU compiles of the tiny model: ~35 s each; .ci/run's full tier has the plugin
 @pytest.mark.skipif(
     not targets.available(), reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')"
 )
-def test_cost_reports_every_tier_on_a_target_and_the_tiers_keep_their_order(tmp_path, capsys):
-    tiers = ("off", "minimal", "aggressive", "full")
+def test_cost_reports_each_tier_on_a_target_and_full_holds_less_than_off(tmp_path, capsys):
+    # the two ends of the ladder (every tier's order on CPU: models/test_remat.py's
+    # test_tiers_save_less_and_less; every tier's GPU plan: test_remat.py's gpu tiers)
+    tiers = ("off", "full")
     rc = call(
         memory_cli.main,
         "--cost",
@@ -180,10 +182,11 @@ def test_cost_reports_every_tier_on_a_target_and_the_tiers_keep_their_order(tmp_
     assert rc == 0, out
     rows = json.loads((tmp_path / "cost.json").read_text())["points"]
     assert [(r["tier"], r["batch_size"]) for r in rows] == [(t, 64) for t in tiers]
-    # every tier at most off's temp bytes, in order, each a real saving (measured at
-    # 9f5c0a0, tiny b64 on the H100 spec: full 0.36 of off)
+    # full a real saving on off's temp bytes (measured at 9f5c0a0, tiny b64 on the H100
+    # spec: full 0.36 of off). With every Pallas kernel it is not (at fe9e616, bf16: full
+    # 10,143,360 bytes against off's 10,140,544): the kernels keep only their inputs
     temp = [r["temp_bytes"] for r in rows]
-    assert temp[0] > temp[1] > temp[2] > temp[3] and temp[3] <= 0.5 * temp[0], temp
+    assert temp[1] <= 0.5 * temp[0], temp
     for r in rows:
         # two LSTM loops forward and two backward, each step launching kernels
         assert len(r["loops"]) >= 4 and r["kernels"] > sum(t for _, t, _ in r["loops"])
@@ -202,7 +205,7 @@ FIVE_FLAGS_AT_4458BED = {
 }
 
 
-@pytest.mark.slow  # a GPU compile of the tiny model with every kernel: ~50 s
+@pytest.mark.slow  # a GPU compile of the tiny model with every kernel: ~70 s
 @pytest.mark.skipif(
     not targets.available(), reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')"
 )

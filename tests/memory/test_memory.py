@@ -72,6 +72,7 @@ def test_analysis_only_gives_the_optimised_programs_buffers(analysed):
     assert optimised == analysed[16]
 
 
+@pytest.mark.slow  # the optimised programs' analysis (memory_analysed, with the slow tier's)
 @pytest.mark.xdist_group("memory_analysed")
 def test_full_tier_holds_less_temp_memory_than_off(analysed):
     full = memory.analyse(CFG.override(remat="full", vsn_chunk=20), 32, ROWS)
@@ -89,6 +90,7 @@ def test_auto_grows_the_batch_when_off_fits(analysed):
     assert memory.analyse(CFG, batch, ROWS).total_bytes <= budget
 
 
+@pytest.mark.slow  # the optimised programs' analysis (memory_analysed, with the slow tier's)
 @pytest.mark.xdist_group("memory_analysed")
 def test_eval_step_is_analysed_and_smaller_than_the_train_step(analysed):
     # the check --remat auto makes before it trains (it once crashed on the variables' form)
@@ -96,6 +98,7 @@ def test_eval_step_is_analysed_and_smaller_than_the_train_step(analysed):
     assert 0 < ev.temp_bytes < analysed[32].temp_bytes
 
 
+@pytest.mark.slow  # the optimised programs' analysis (memory_analysed, with the slow tier's)
 @pytest.mark.xdist_group("memory_analysed")
 def test_accumulated_micro_batches_take_the_memory_of_one(analysed):
     # batch 128 as 4 micro-batches of 32: the temporaries of batch 32 (plus the float32
@@ -290,6 +293,7 @@ def test_memory_cli_bad_tier_exit_2():
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.slow  # the optimised programs' analysis (memory_analysed, with the slow tier's)
 @pytest.mark.xdist_group("memory_analysed")
 def test_memory_cli_writes_report(tmp_path, analysed, capsys):
     # In-process (the points are the analysed fixture's: their compiles are in the cache).

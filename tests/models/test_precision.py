@@ -76,6 +76,7 @@ def rel_errors(grads, ref):
     return out
 
 
+@pytest.mark.slow  # with the slow tier's bf16 runs (one compiled pair)
 @GROUP
 def test_bf16_gradients_are_float32_and_within_bf16_tolerance_of_f32(params, inputs, bf16_off):
     loss32, g32 = loss_and_grads(small(), params, inputs)
@@ -114,6 +115,7 @@ def test_every_tier_under_bf16_equals_bf16_off(tier, params, inputs, bf16_off):
     within_bf16_tolerance(rel_errors(grads, bf16_off[1]), against_float32=False)
 
 
+@pytest.mark.slow  # with the slow tier's bf16 runs (one compiled pair)
 @GROUP
 def test_bf16_stores_bf16_activations(params, inputs):
     from jax._src.ad_checkpoint import saved_residuals

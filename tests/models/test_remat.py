@@ -77,6 +77,7 @@ def reference(inputs):
     return params, float(loss), grads
 
 
+@pytest.mark.slow  # every tier's gradients (remat_reference, with the slow tier's GPU plans)
 @pytest.mark.xdist_group("remat_reference")
 @pytest.mark.parametrize("tier", TIERS)
 def test_tier_gradients_equal_off_for_every_leaf(tier, inputs, reference):
@@ -118,6 +119,7 @@ def test_tier_gradients_at_the_default_matmul_precision(inputs, reference):
         )
 
 
+@pytest.mark.slow  # every tier's gradients (remat_reference, with the slow tier's GPU plans)
 @pytest.mark.xdist_group("remat_reference")
 def test_off_gradients_reach_every_leaf(reference):
     _, _, grads = reference
@@ -178,6 +180,7 @@ def saved_shapes(tier, params, inputs):
     )
 
 
+@pytest.mark.slow  # every tier's gradients (remat_reference, with the slow tier's GPU plans)
 @pytest.mark.xdist_group("remat_reference")
 @pytest.mark.parametrize("tier", remat.ORDER)
 def test_tier_saves_what_it_says(tier, inputs, reference):
@@ -210,6 +213,7 @@ def test_tier_saves_what_it_says(tier, inputs, reference):
     assert (vsn_per_variable >= 5) == (not p.vsn), (tier, vsn_per_variable)
 
 
+@pytest.mark.slow  # every tier's gradients (remat_reference, with the slow tier's GPU plans)
 @pytest.mark.xdist_group("remat_reference")
 def test_tiers_save_less_and_less(inputs, reference):
     sizes = [
@@ -220,6 +224,7 @@ def test_tiers_save_less_and_less(inputs, reference):
     assert sizes[-1] < sizes[0] / 4, sizes
 
 
+@pytest.mark.slow  # every tier's gradients (remat_reference, with the slow tier's GPU plans)
 @pytest.mark.xdist_group("remat_reference")
 def test_offload_moves_the_vsn_chunk_residuals_on_a_device_with_host_memory(inputs, reference):
     p = remat.plan("offload", backend="gpu")

@@ -71,6 +71,7 @@ def test_mse_records_each_candidates_error_against_numpy(x):
     assert want[int(np.argmin(got))] <= min(want) * (1 + 2e-3)
 
 
+@pytest.mark.slow  # compiles every method's reduction
 def test_calibrate_reduces_the_batches_as_its_method_says():
     from tftjax.data import load_dataset, to_device
     from tftjax.models.tft import init_variables

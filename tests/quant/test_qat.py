@@ -235,6 +235,7 @@ def test_observers_follow_the_moving_average_and_freeze(model):
     chex.assert_trees_all_equal(history[1], history[2])  # ... and none after the freeze
 
 
+@pytest.mark.slow  # the QAT model (qat_model, with the slow tier's)
 @MODEL
 def test_int8_matmuls_equal_the_dequantized_product():
     rng = np.random.default_rng(0)
@@ -296,6 +297,7 @@ def _module_cases():
 OPTIONS = dict(act_symmetric=True, weight_granularity="tensor", stacked_scales="variable")
 
 
+@pytest.mark.slow  # the QAT model (qat_model, with the slow tier's)
 @MODEL
 @pytest.mark.parametrize("name", ["dense", "lstm", "vsn", "vsn_options"])
 def test_int8_layer_within_one_step_of_fake_quant(name):
@@ -334,6 +336,7 @@ def test_int8_layer_within_one_step_of_fake_quant(name):
         assert diff.max() > 0 or name.startswith("dense")  # (really different code)
 
 
+@pytest.mark.slow  # the QAT model (qat_model, with the slow tier's)
 @MODEL
 def test_quant_options_against_numpy():
     # symmetric activations, per-tensor weights and per-variable stacked scales against
@@ -662,6 +665,7 @@ def test_a_qat_checkpoint_from_before_the_folded_layout_is_refused(qat_run, tmp_
     assert TFTTask.normalize_identity(read_meta(ck)["identity"])["quant_format"] == 2
 
 
+@pytest.mark.slow  # the QAT model (qat_model, with the slow tier's)
 @MODEL
 def test_layer_patterns_choose_what_is_quantized():
     cfg = small(qat_layers=("attention/*", "lstm_*/w_h", "*_vsn/glu_k"))

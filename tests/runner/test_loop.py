@@ -61,6 +61,7 @@ def base(tmp_path_factory):
     return root, root / "run"
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @pytest.mark.xdist_group("runloop_base")
 def test_resume_refuses_what_would_mix_runs(base, tmp_path, capsys):
     _, wd = base
@@ -274,6 +275,7 @@ def test_no_validation_windows_turns_early_stopping_off(tmp_path):
 
 
 # ----------------------------------------------------------------- DQN
+@pytest.mark.slow  # a DQN run through the CLI, killed and resumed
 def test_dqn_crash_before_the_final_save_resumes_to_a_final(tmp_path, capsys):
     cfg = DQNConfig(
         window=4,
@@ -316,6 +318,7 @@ def test_dqn_crash_before_the_final_save_resumes_to_a_final(tmp_path, capsys):
     assert json.loads((tmp_path / "summary.json").read_text())["weights_epoch"] == best
 
 
+@pytest.mark.slow  # a DQN run through the CLI, killed and resumed
 def test_dqn_resume_through_the_cli(tmp_path, capsys):
     wd, straight = tmp_path / "run", tmp_path / "straight"
     assert call(dqn_cli.main, *TINY_DQN, "--epochs", "2", "--workdir", wd) == 0

@@ -19,6 +19,7 @@ def test_tags_group_metrics_by_split():
     ]
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @GROUP
 def test_a_tiny_run_writes_its_scalars_and_config(predict_run):
     logdir = predict_run / "run" / "tensorboard"
@@ -49,6 +50,7 @@ def test_a_tiny_run_writes_its_scalars_and_config(predict_run):
     assert scalars["run/learning_rate"][0][1] == pytest.approx(tc.learning_rate, rel=1e-6)
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @GROUP
 def test_no_tensorboard_writes_none(tmp_path):
     assert (

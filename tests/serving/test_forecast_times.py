@@ -42,6 +42,7 @@ def restamped(bars, ts, tz=None):
     return dataclasses.replace(bars, ts=np.asarray(ts, np.int64), tz=tz)
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @pytest.mark.parametrize("zone,offset", [("America/New_York", "-04:00"), ("Asia/Tokyo", "+09:00")])
 @GROUP
 def test_as_of_is_read_in_the_data_zone_and_no_later_bar_is_read(
@@ -83,6 +84,7 @@ def test_as_of_is_read_in_the_data_zone_and_no_later_bar_is_read(
     assert t.schema.metadata[b"tftjax.time_zone"] == zone.encode()
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @GROUP
 def test_target_times_are_the_calendars_slots_across_a_dst_change(predict_run, tmp_path):
     pytest.importorskip("exchange_calendars")
@@ -111,6 +113,7 @@ def test_target_times_are_the_calendars_slots_across_a_dst_change(predict_run, t
     )
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @GROUP
 def test_daily_bars_without_a_calendar_forecast_weekdays(predict_run, tmp_path):
     bars = read_bars(predict_run / "bars.parquet")
@@ -142,6 +145,7 @@ def test_daily_bars_without_a_calendar_forecast_weekdays(predict_run, tmp_path):
             np.testing.assert_array_equal(f.table["bar_expected"], ~weekend)
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @GROUP
 def test_a_stale_last_bar_is_flagged_and_a_range_is_not(predict_run):
     saved = open_model(predict_run / "run")
@@ -160,6 +164,7 @@ def test_a_stale_last_bar_is_flagged_and_a_range_is_not(predict_run):
     )
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @GROUP
 def test_split_test_rows_are_evaluates_windows_and_losses(predict_run):
     saved = open_model(predict_run / "run")
@@ -188,6 +193,7 @@ def test_split_test_rows_are_evaluates_windows_and_losses(predict_run):
         assert q_risk == pytest.approx(m[f"q_risk_{level}"], rel=2e-5)
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @GROUP
 def test_the_api_and_the_cli_write_the_same_file(predict_run, tmp_path):
     run = predict_run / "run"
@@ -215,6 +221,7 @@ def test_the_api_and_the_cli_write_the_same_file(predict_run, tmp_path):
     np.testing.assert_array_equal(out["q50"].to_numpy(), a.column("q50").to_numpy()[-10:])
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @pytest.mark.parametrize(
     "args,expect",
     [

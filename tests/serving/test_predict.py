@@ -21,6 +21,7 @@ def run(predict_run):
     return predict_run
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @GROUP
 def test_a_forecast_is_the_scored_prediction_of_its_window(run):
     saved = open_model(run / "run")
@@ -45,6 +46,7 @@ def test_a_forecast_is_the_scored_prediction_of_its_window(run):
         )
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @GROUP
 def test_bars_after_the_origin_do_not_move_the_forecast(run, tmp_path):
     saved = open_model(run / "run")
@@ -66,6 +68,7 @@ def test_bars_after_the_origin_do_not_move_the_forecast(run, tmp_path):
     np.testing.assert_array_equal(a.pred, b.pred)
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @GROUP
 def test_predict_writes_the_documented_file(run, tmp_path, capsys):
     out = tmp_path / "f.parquet"
@@ -129,6 +132,7 @@ def test_predict_writes_the_documented_file(run, tmp_path, capsys):
     assert (tmp_path / "fan.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
 @pytest.mark.parametrize(
     "args,expect",
     [

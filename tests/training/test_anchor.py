@@ -55,7 +55,8 @@ def test_anchors_are_the_baselines_quantiles_by_hand(spx):
         )
 
 
-@pytest.mark.parametrize("median", ["learnt", "zero"])
+# "zero" compiles a second predict program (the full tier; "learnt" is the quick tier's)
+@pytest.mark.parametrize("median", ["learnt", pytest.param("zero", marks=pytest.mark.slow)])
 def test_the_untrained_model_forecasts_the_anchors_quantiles(spx, median):
     cfg = CFG.override(anchor="range_ewma", anchor_median=median)
     _, ds, _ = resolve_anchor(cfg, spx)
@@ -148,25 +149,26 @@ def test_bad_anchor_flags_exit_2_with_one_line(tmp_path, capsys, args, expect):
     assert not (tmp_path / "w").exists()
 
 
-def test_epoch_0_is_scored_and_kept_when_nothing_better_is_learnt(tmp_path):
-    # learning rate 0: epoch 1 has epoch 0's weights, so it is no better, and the run ships
-    # the anchor itself (weights of epoch 0)
-    wd = tmp_path / "run"
-    assert (
-        call(
-            train_cli.main,
-            *tiny_tft(
-                "--anchor", "range_ewma", "--epochs", "1", "--learning-rate", "0", "--workdir", wd
-            ),
-        )
-        == 0
-    )
+@pytest.fixture(scope="module")
+def anchored_run(tmp_path_factory):
+    """One tiny anchored run at learning rate 0 (epoch 1 has epoch 0's weights, so it is no
+    better, and the run ships the anchor itself: the weights of epoch 0)."""
+    wd = tmp_path_factory.mktemp("anchored") / "run"
+    args = ("--anchor", "ewma_empirical", "--epochs", "1", "--learning-rate", "0")
+    assert call(train_cli.main, *tiny_tft(*args, "--workdir", wd)) == 0
+    return wd
+
+
+@pytest.mark.slow  # a CLI run (its two tests share it: anchor_run)
+@pytest.mark.xdist_group("anchor_run")
+def test_epoch_0_is_scored_and_kept_when_nothing_better_is_learnt(anchored_run):
+    wd = anchored_run
     rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [0, 1]
     assert rows[0]["val_q_risk_90"] == rows[1]["val_q_risk_90"]  # the anchored score
     summary = json.loads((wd / "summary.json").read_text())
     assert summary["weights_epoch"] == 0
-    assert summary["identity"]["model"]["head"]["anchor"] == "range_ewma"
+    assert summary["identity"]["model"]["head"]["anchor"] == "ewma_empirical"
     # the shipped model's test forecasts are the anchor's (through the saved checkpoint)
     from tftjax.serving.saved import open_model
 
@@ -175,26 +177,21 @@ def test_epoch_0_is_scored_and_kept_when_nothing_better_is_learnt(tmp_path):
     starts = ds.splits.test[:50]
     pred, _ = Trainer(saved.cfg, saved.tc, to_device(ds.features)).predict(saved.variables, starts)
     np.testing.assert_allclose(
-        pred, anchor_forecasts(ds, "range_ewma", saved.cfg.head.quantiles, starts), rtol=1e-6
+        pred, anchor_forecasts(ds, "ewma_empirical", saved.cfg.head.quantiles, starts), rtol=1e-6
     )
-    assert baselines.NAMES["range_ewma"]  # the anchor is a baseline of the table
+    assert baselines.NAMES["ewma_empirical"]  # the anchor is a baseline of the table
 
 
-def test_the_anchor_fit_is_saved_and_reused_on_other_data(tmp_path):
+@pytest.mark.slow  # the CLI run above
+@pytest.mark.xdist_group("anchor_run")
+def test_the_anchor_fit_is_saved_and_reused_on_other_data(anchored_run, tmp_path):
     """An anchored model forecasts another file of its series (here its last 300 bars, fewer
     rows than it trained on) with the anchor fitted on its own training rows: the saved z,
     not a refit on the new file."""
     from tftjax.data import read_bars, write_bars
     from tftjax.serving.saved import open_model
 
-    wd = tmp_path / "run"
-    assert (
-        call(
-            train_cli.main,
-            *tiny_tft("--anchor", "ewma_empirical", "--epochs", "1", "--workdir", wd),
-        )
-        == 0
-    )
+    wd = anchored_run
     saved = open_model(wd)
     fit = saved.feature_stats.anchor_fit
     assert fit["name"] == "ewma_empirical" and len(fit["z"]) == len(saved.cfg.head.quantiles)

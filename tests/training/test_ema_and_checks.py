@@ -122,6 +122,7 @@ def test_checks_inside_an_epoch_split_its_batches(tmp_path):
     assert dataclasses.asdict(TrainConfig(ema=0.5))["ema"] == summary["identity"]["train"]["ema"]
 
 
+@pytest.mark.slow  # an old run's checkpoint restored and trained on
 def test_a_checkpoint_from_before_ema_restores(tmp_path):
     """A state written before ``ema_params`` existed (its top-level fields: step, params,
     opt_state, quant_stats) restores into today's state, the missing field empty."""

@@ -52,6 +52,7 @@ def signal_dataset(n=2264, seed=0) -> Dataset:
     return Dataset.single(bars, fs, make_splits(n, CFG.data), CFG.data)
 
 
+@pytest.mark.slow  # the bundled bars' run (train_es, with the slow tier's)
 @ES
 def test_train_step_traces_once(es):
     trainer = Trainer(CFG, TC, to_device(es.features), max_traces=1)
@@ -65,6 +66,7 @@ def test_train_step_traces_once(es):
     chex.clear_trace_counter()
 
 
+@pytest.mark.slow  # the bundled bars' run (train_es, with the slow tier's)
 @ES
 def test_padded_rows_do_not_count(es):
     data = to_device(es.features)
@@ -105,13 +107,11 @@ def test_checkpoint_names_full_run(tmp_path, es):
     assert got == {"tft_epoch_2", "tft_epoch_3", "tft_final_epoch3", f"tft_epoch_{best}"}
     for png in ("loss_curves.png", "quantile_fan.png", "variable_importance.png"):
         assert (tmp_path / png).stat().st_size > 1000
-
-
-@ES
-def test_refuses_to_overwrite_an_earlier_run(tmp_path, es):
-    train_and_evaluate(CFG, TC, tmp_path, data=es, **quiet)
+    # a second run into the same folder is refused, and leaves the first run's files as they were
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
     with pytest.raises(ConfigError, match="already holds checkpoints"):
         train_and_evaluate(CFG, TC, tmp_path, data=es, **quiet)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def run(*args, timeout=600):

@@ -117,6 +117,7 @@ def test_pallas_vsn_saves_only_its_inputs_and_states_its_flops():
     assert pallas_vsn.matmul_flops(m, n, dv, d) == 2 * m * n * (16 + 2 * 64)
 
 
+@pytest.mark.slow  # a CLI run with the kernels interpreted
 def test_train_runs_with_pallas_kernels_and_says_they_are_interpreted(tmp_path, capsys):
     # end to end through the CLI: one epoch of the tiny model with the LSTMs and the
     # attention as Pallas kernels (interpreted on CPU), a finite loss and a saved final
