@@ -27,8 +27,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 #   comparison is between programs compiled alike. The exception is QAT (xla_optimised):
 #   XLA:CPU without its passes gives NaN gradients for it where the optimised program, and
 #   the same program op by op, are finite.
-# - TFTJAX_TEST_XLA=users (what .ci/run sets for the full tier's slow tests): XLA's defaults,
-#   the programs users and experiments/ run; conftest changes nothing of the compiler.
+# - TFTJAX_TEST_XLA=users (opt in; before a release): XLA's defaults, the programs users and
+#   experiments/ run; conftest changes nothing of the compiler. Both tiers of .ci/run compile
+#   fast; the tests whose claim is the optimised program compile it (xla_optimised).
 COMPILE_AS_USERS = os.environ.get("TFTJAX_TEST_XLA", "fast") == "users"
 if os.environ.get("TFTJAX_TEST_XLA", "fast") not in ("fast", "users"):
     raise SystemExit(
@@ -84,6 +85,7 @@ SHORT_ROWS = 700
 _OWN_FOLDERS: list[str] = []  # temporary folders of this process, removed at its end
 
 
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
 def pytest_sessionfinish(session, exitstatus):
     import shutil
 

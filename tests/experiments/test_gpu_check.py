@@ -87,8 +87,8 @@ def test_bad_rows_exit_2(tmp_path, capsys):
 
 
 # one row of every stage: every distinct kind of command (the other throughput rows differ
-# from bf16_off_b16 in --remat, --precision and batch values only; the memory row runs every
-# tier, the peer's row float32)
+# from bf16_off_b16 in --remat, --precision and batch values only; the dry run's memory row
+# runs two tiers, a GPU's every tier; the peer's row skips without the bench extra)
 DRY_ROWS = ["tests", "bf16_off_b16", "peer_f32", "memory", "soak", "dqn"]
 
 

@@ -50,7 +50,7 @@ def test_a_tiny_run_writes_its_scalars_and_config(predict_run):
     assert scalars["run/learning_rate"][0][1] == pytest.approx(tc.learning_rate, rel=1e-6)
 
 
-@pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)
+@pytest.mark.slow  # a tiny CLI run of its own
 @GROUP
 def test_no_tensorboard_writes_none(tmp_path):
     assert (

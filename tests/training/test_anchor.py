@@ -55,6 +55,28 @@ def test_anchors_are_the_baselines_quantiles_by_hand(spx):
         )
 
 
+@pytest.mark.parametrize("name", ["ewma_empirical", "range_ewma", "har"])
+def test_an_anchors_saved_fit_gives_its_forecasts_again(spx, name):
+    """What a saved model keeps of its anchor (``Anchor.fit``: the starting variance, the
+    standardised quantiles, HAR's coefficients and floor) gives the anchor it was fitted as,
+    without the training rows: the path a saved model takes on new bars."""
+    s = spx.series[0]
+    qs, rows = np.asarray(CFG.head.quantiles), s.splits.train_rows
+    y = s.features.target.astype(np.float64)
+    rv = (
+        range_variance(s.bars.open, s.bars.high, s.bars.low, s.bars.close)
+        / s.features.stats.target_scale**2
+    )
+    kw = dict(ranges=rv, daily=True)
+    fitted = anchor(name, y, CFG.data.decoder_steps, qs, rows, **kw)
+    again = anchor(name, y, CFG.data.decoder_steps, qs, (0, 0), fit=fitted.fit, **kw)
+    np.testing.assert_array_equal(again.z, fitted.z)  # read back, not refitted
+    np.testing.assert_array_equal(again.sigma, fitted.sigma)  # the same recursion and start
+    with pytest.raises(ValueError, match="a fit of the"):
+        other = "har" if name != "har" else "range_ewma"
+        anchor(other, y, CFG.data.decoder_steps, qs, rows, fit=fitted.fit, **kw)
+
+
 # "zero" compiles a second predict program (the full tier; "learnt" is the quick tier's)
 @pytest.mark.parametrize("median", ["learnt", pytest.param("zero", marks=pytest.mark.slow)])
 def test_the_untrained_model_forecasts_the_anchors_quantiles(spx, median):
@@ -154,7 +176,7 @@ def anchored_run(tmp_path_factory):
     """One tiny anchored run at learning rate 0 (epoch 1 has epoch 0's weights, so it is no
     better, and the run ships the anchor itself: the weights of epoch 0)."""
     wd = tmp_path_factory.mktemp("anchored") / "run"
-    args = ("--anchor", "ewma_empirical", "--epochs", "1", "--learning-rate", "0")
+    args = ("--anchor", "range_ewma", "--epochs", "1", "--learning-rate", "0")
     assert call(train_cli.main, *tiny_tft(*args, "--workdir", wd)) == 0
     return wd
 
@@ -168,7 +190,7 @@ def test_epoch_0_is_scored_and_kept_when_nothing_better_is_learnt(anchored_run):
     assert rows[0]["val_q_risk_90"] == rows[1]["val_q_risk_90"]  # the anchored score
     summary = json.loads((wd / "summary.json").read_text())
     assert summary["weights_epoch"] == 0
-    assert summary["identity"]["model"]["head"]["anchor"] == "ewma_empirical"
+    assert summary["identity"]["model"]["head"]["anchor"] == "range_ewma"
     # the shipped model's test forecasts are the anchor's (through the saved checkpoint)
     from tftjax.serving.saved import open_model
 
@@ -177,9 +199,9 @@ def test_epoch_0_is_scored_and_kept_when_nothing_better_is_learnt(anchored_run):
     starts = ds.splits.test[:50]
     pred, _ = Trainer(saved.cfg, saved.tc, to_device(ds.features)).predict(saved.variables, starts)
     np.testing.assert_allclose(
-        pred, anchor_forecasts(ds, "ewma_empirical", saved.cfg.head.quantiles, starts), rtol=1e-6
+        pred, anchor_forecasts(ds, "range_ewma", saved.cfg.head.quantiles, starts), rtol=1e-6
     )
-    assert baselines.NAMES["ewma_empirical"]  # the anchor is a baseline of the table
+    assert baselines.NAMES["range_ewma"]  # the anchor is a baseline of the table
 
 
 @pytest.mark.slow  # the CLI run above
@@ -187,14 +209,14 @@ def test_epoch_0_is_scored_and_kept_when_nothing_better_is_learnt(anchored_run):
 def test_the_anchor_fit_is_saved_and_reused_on_other_data(anchored_run, tmp_path):
     """An anchored model forecasts another file of its series (here its last 300 bars, fewer
     rows than it trained on) with the anchor fitted on its own training rows: the saved z,
-    not a refit on the new file."""
+    not a refit on the new file (the range anchor rebuilt from the new file's OHLC)."""
     from tftjax.data import read_bars, write_bars
     from tftjax.serving.saved import open_model
 
     wd = anchored_run
     saved = open_model(wd)
     fit = saved.feature_stats.anchor_fit
-    assert fit["name"] == "ewma_empirical" and len(fit["z"]) == len(saved.cfg.head.quantiles)
+    assert fit["name"] == "range_ewma" and len(fit["z"]) == len(saved.cfg.head.quantiles)
     bars = read_bars(short_es())
     tail = tmp_path / "tail.parquet"
     write_bars(bars.slice(len(bars) - 300, len(bars)), tail)
