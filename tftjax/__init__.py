@@ -86,6 +86,7 @@ this map names every module::
   runner.mesh              device mesh, batch sharding, multi-host start-up
   runner                   (the package's face)
   cli.flags                command lines read from the config dataclasses
+  cli.options              each command's options beyond the configs (train, predict, ...)
   cli                      what every entry point shares: errors → exit codes, flags
   data.synthetic           ES-like synthetic bars (python -m tftjax.data.synthetic)
   training.optimizer       clip + AdamW as one optax transformation: optax, flat or Pallas
@@ -103,6 +104,7 @@ this map names every module::
   training.walkforward     the TFT's walk-forward against the baselines (backtest)
   serving.table            the forecast file: its tidy table, times, zones, losses, metadata
   serving.forecast         quantile forecasts of a saved TFT from chosen origins (no lookahead)
+  serving.report           a forecast on the terminal (each series' last origin) and as fans
   serving.int8             the int8 export's activation scales and zero points, sample windows
   serving.export           safetensors export (float32 and int8) and its loader
   serving.saved            any saved TFT (checkpoint, run folder, export) as one record

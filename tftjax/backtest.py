@@ -13,55 +13,15 @@ printed.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from pathlib import Path
 
 from tftjax.cli import data_files, first_paragraph, run_folder, tft_command_line, tft_configs
 from tftjax.cli import main as cli_main
+from tftjax.cli.options import BacktestOptions
 from tftjax.config import ConfigError
-from tftjax.config.presets import PresetName
 from tftjax.training.walkforward import WalkForward, backtest, format_table
 
 TRAIN_DEFAULTS = {"epochs": 30, "patience": 3}
-
-
-@dataclasses.dataclass(frozen=True)
-class BacktestOptions:
-    """The walk-forward: its data, folds, tuning and outputs."""
-
-    parquet_file: tuple[Path, ...] = ()
-    """OHLCV bars (one file, several, or a long file); default: the bundled ES bars."""
-    dataset: str | None = None
-    """Bundled sets instead of --parquet-file, comma-separated (spx, nasdaq, btc, es; the
-    us-daily panel from a clone's data/ folder)."""
-    preset: PresetName = "small"
-    """The model, how it runs and trains (tftjax.config.presets): small (d=32), compact (d=16,
-    anchored, with --ema 0.9, 4 checks an epoch, --smooth 3, batch 32), tft225, tiny; the
-    flags override single fields."""
-    config: Path | None = None
-    """A settings file (python -m tftjax.tune's best.json) applied over the preset; flags
-    still win. The table then says the settings were tuned (once, not inside each fold)."""
-    tune_trials: int = 0
-    """Tune inside each fold: that many Optuna trials (python -m tftjax.tune's search) on the
-    fold's own training and validation stretches before its training (0: no tuning)."""
-    tune_epochs: int = 8
-    """Epochs of each tuning trial (patience 2, median pruning)."""
-    folds: int = 5
-    """Walk-forward folds (at least 2)."""
-    test_fraction: float = 0.4
-    """Share of the bar times (after warm-up) cut into the folds' test stretches."""
-    workdir: Path | None = None
-    """Each fold's run (fold_1 …) and backtest.json go here (default: a new
-    runs/backtest/run_NNN)."""
-    bootstrap: int = 2000
-    """Circular block bootstrap resamples of the intervals (at least 1)."""
-    plot: bool = False
-    """Also draw the stitched forecasts' PIT histogram (WORKDIR/pit.png)."""
-    progress: bool = True
-    """Show the progress bars (--no-progress hides them)."""
-    tensorboard: bool = True
-    """Write a TensorBoard log per fold (RUN/tensorboard)."""
 
 
 COMMAND_LINE = tft_command_line(

@@ -17,8 +17,6 @@ flag that contradicts them is refused (only ``--epochs`` and how the model runs 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import Literal
 
 from tftjax.cli import (
     Parsed,
@@ -29,64 +27,8 @@ from tftjax.cli import (
     tft_configs,
 )
 from tftjax.cli import main as cli_main
+from tftjax.cli.options import TrainOptions
 from tftjax.config import AUTO, TFTConfig, TrainConfig
-from tftjax.config.presets import PresetName
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainOptions:
-    """Where the bars come from, where the run goes, and how it is run."""
-
-    parquet_file: tuple[Path, ...] = ()
-    """OHLCV bars (time column ts/timestamp/date, open, high, low, close, volume): one file, a
-    long file of several instruments (a symbol column), or several files (one model over all
-    their series); default: the bundled ES bars, or with --resume the run's own files."""
-    dataset: str | None = None
-    """Bundled sets instead of --parquet-file, comma-separated (spx,nasdaq): es (ES futures,
-    1 min), spx, nasdaq (daily), btc (hourly); sources in tftjax/data/bundled/SOURCES.md;
-    us-daily (12 US stocks and ETFs, daily, from a clone's data/ folder: data/SOURCES.md)."""
-    preset: PresetName = "tft225"
-    """The model, how it runs and how it trains (tftjax.config.presets): tft225, tft225-gpu
-    (bf16, the Pallas kernels, --remat auto), small, compact or tiny; flags override single
-    fields."""
-    workdir: Path | None = None
-    """Checkpoints, metrics.jsonl, summary.json and plots go here (default: a new
-    runs/tft/run_NNN; with --resume, the newest of them)."""
-    resume: bool = False
-    """Continue the latest complete checkpoint in --workdir with its own settings and data."""
-    config: Path | None = None
-    """A settings file ({"model": {...}, "train": {...}}, e.g. python -m tftjax.tune's
-    best.json) applied over the preset; flags still win."""
-    devices: int | None = None
-    """Data parallelism over this many local devices (default: all of them; one on a plain
-    CPU): the batch is sharded over them, parameters replicated. --batch-size (divided by
-    --accumulate) must be a multiple of the devices of the mesh."""
-    feature_layout: Literal["auto", "replicated", "rows"] = "auto"
-    """The feature arrays on a mesh: replicated on every device, or sharded by rows (windows
-    gathered with one reduce-scatter); auto: rows when a replica would take over 25% of a
-    device's memory limit (never on CPU)."""
-    coordinator: str | None = None
-    """Multi-host: HOST:PORT of process 0's coordinator (jax.distributed); or set
-    JAX_COORDINATOR_ADDRESS. Under SLURM or Open MPI JAX reads all three itself."""
-    num_processes: int | None = None
-    """Multi-host: the number of processes (or JAX_NUM_PROCESSES)."""
-    process_id: int | None = None
-    """Multi-host: this process's index, 0..num_processes-1 (or JAX_PROCESS_ID); process 0
-    writes the logs, metrics, summary and plots; all write their part of the checkpoints."""
-    profile: bool = False
-    """Write a jax.profiler trace of steps 2-6 into WORKDIR/tensorboard, beside the run's
-    scalars: one TensorBoard (its profile tab, or XProf) shows both."""
-    progress: bool = True
-    """Show the per-epoch progress bar (--no-progress hides it)."""
-    plots: bool = True
-    """Draw the PNG plots (loss curves, quantile fans, variable importance); --no-plots for
-    headless or scripted runs (the summary and checkpoints are the same). Per invocation (a
-    --resume draws them unless given it again); a multi-process run gives it to every
-    process."""
-    tensorboard: bool = True
-    """Write a TensorBoard log (RUN/tensorboard: each epoch's numbers, the config, the plots;
-    tensorboard --logdir runs/ shows every run)."""
-
 
 COMMAND_LINE = tft_command_line(
     "python -m tftjax.train", first_paragraph(__doc__), TrainOptions, "tft225"

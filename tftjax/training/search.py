@@ -226,3 +226,60 @@ def release_compiled() -> None:
     ):
         fn.cache_clear()
     jax.clear_caches()
+
+
+def data_digest(paths) -> list[str]:
+    """The bars a search reads, by content (sha256; a missing file by its name: reading it
+    fails with one line later): a resume that would read other bars is refused, under any
+    path spelling."""
+    from tftjax.data import default_parquet
+    from tftjax.data.identity import file_sha256
+
+    files = (
+        [default_parquet()]
+        if paths is None
+        else list(paths)
+        if isinstance(paths, (list, tuple))
+        else [paths]
+    )
+    return [file_sha256(p) if Path(p).is_file() else str(p) for p in files]
+
+
+def start_search(workdir: Path, search: dict, resume: bool) -> Path:
+    """The journal of the search ``search`` (its model and train settings, the bars' digest
+    and the sampler's seed) in ``workdir``: a new search writes ``search.json`` into an empty
+    folder; ``resume`` goes on with the one started there, refused where any setting differs.
+
+    Raises:
+      ConfigError: naming the settings that differ, or a folder that holds something else.
+    """
+    from tftjax.runner.resume import identity_diff
+
+    search = json.loads(json.dumps(search, default=str))
+    journal, started = workdir / "study.journal", workdir / "search.json"
+    if resume:
+        if not journal.is_file() or not started.is_file():
+            raise ConfigError(
+                f"--resume: {workdir} holds no search to go on with "
+                f"(no study.journal and search.json)"
+            )
+        was = json.loads(started.read_text())
+        was["model"] = TFTConfig.from_json(was["model"]).to_json()  # any schema
+        changed = [
+            path.split(":")[0].rsplit(".", 1)[-1]  # a field's name, as its flag
+            for path in identity_diff(was, search)
+        ]
+        if changed:
+            raise ConfigError(
+                f"--resume: {', '.join(changed)} differ from the search started in "
+                f"{workdir}; give the same settings, or a new --workdir"
+            )
+    elif workdir.exists() and any(p != started for p in workdir.iterdir()):
+        raise ConfigError(
+            f"--workdir {workdir} is not empty; choose a new folder, or "
+            f"--resume to go on with its search"
+        )
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        started.write_text(json.dumps(search, indent=1))
+    return journal
