@@ -140,6 +140,14 @@ def test_no_cli_imports_another_cli():
         assert not GRAPH[m] & (set(found) - {m}), (m, GRAPH[m] & set(found))
 
 
+def test_the_top_level_commands_are_thin():
+    # a command reads its command line and calls the library (issue 49: at most 120 lines);
+    # what it needs beyond that (options, reports, bookkeeping) lives in a package
+    for name in ("train", "evaluate", "predict", "backtest", "tune", "export"):
+        lines = MODULES[f"tftjax.{name}"].read_text().count("\n")
+        assert lines <= 120, (name, lines)
+
+
 def the_map() -> list[str]:
     """The module map of ``tftjax/__init__.py``'s docstring, in its order."""
     import tftjax
