@@ -11,6 +11,7 @@ forecast (the issue's "to 1e-6"); measured: 0 (bit for bit)."""
 import csv
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,15 @@ QUANTILES = ("q10", "q50", "q90")
 
 @pytest.fixture
 def saved(tmp_path) -> Path:
-    """A copy of the fixture (a resume writes into its run folder)."""
-    return Path(shutil.copytree(FIXTURE, tmp_path / "schema1"))
+    """A copy of the fixture (a resume writes into its run folder), its run folder unpacked
+    from ``run.tar.gz`` (kept packed: the repository tracks no checkpoint folders)."""
+    out = Path(shutil.copytree(FIXTURE, tmp_path / "schema1"))
+    with tarfile.open(out / "run.tar.gz") as tar:
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: no links or paths out
+            tar.extractall(out, filter="data")
+        else:
+            tar.extractall(out)  # the repository's own archive
+    return out
 
 
 def read(path: Path) -> list[dict]:
@@ -67,10 +75,10 @@ def test_a_model_saved_by_the_old_code_forecasts_as_it_did(saved, model, flags, 
     assert worst <= 1e-6 * scale
 
 
-def test_the_old_config_is_read_into_the_typed_parts():
+def test_the_old_config_is_read_into_the_typed_parts(saved):
     from tftjax.config import Kernels, TFTConfig
 
-    meta = json.loads((FIXTURE / "run/checkpoints/tft_final_epoch2/meta/metadata").read_text())
+    meta = json.loads((saved / "run/checkpoints/tft_final_epoch2/meta/metadata").read_text())
     old = meta["identity"]["model"]
     assert "schema" not in old and old["hidden"] == 4  # schema 1: flat
     cfg = TFTConfig.from_json(old)
