@@ -5,6 +5,7 @@ import orbax.checkpoint as ocp
 from conftest import bars_columns, random_bars, short_es, write_table
 
 from tftjax.config import TrainConfig, preset
+from tftjax.dqn.config import DQNConfig
 
 # The in-process remat runs (training/test_remat_training.py, memory/test_memory.py): one
 # compiled step serves both. Chunks of 3: every VSN runs chunked, with padding.
@@ -37,6 +38,23 @@ def tiny_tft(*args):
     """The tiny CLI run's flags on the suite's short data file (conftest.short_es)."""
     return [*TINY_TRAIN, "--parquet-file", short_es(), *args]
 
+
+# The in-process tiny DQN runs: a few hundred env steps per epoch on the bundled ES bars
+TINY_DQN_CONFIG = DQNConfig(
+    window=4,
+    features=("r1", "ret_5", "rvol_10"),
+    episode_len=64,
+    num_envs=4,
+    steps_per_epoch=200,
+    hidden=(16,),
+    batch_size=32,
+    buffer_size=2_000,
+    learning_starts=64,
+    target_update_every=20,
+    eps_decay_steps=400,
+    epochs=3,
+    patience=0,
+)
 
 TINY_DQN = [
     "--window",

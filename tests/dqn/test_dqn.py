@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import bars_columns, call, random_bars, write_table
+from tiny import TINY_DQN_CONFIG
 
 from tftjax.config import ConfigError, DataConfig
 from tftjax.data import build_features, load_dataset, make_splits
 from tftjax.data.bars import Bars
 from tftjax.dqn import agent, buffer, make_train, run
 from tftjax.dqn.cartpole import make_cartpole
-from tftjax.dqn.config import DQNConfig
 from tftjax.dqn.env import (
     TradingEnv,
     baseline_metrics,
@@ -28,23 +28,7 @@ from tftjax.dqn.env import (
 from tftjax.runner.checkpoints import list_checkpoints
 
 # Small and quick: a few hundred env steps per epoch on the bundled ES bars.
-TINY = DQNConfig(
-    window=4,
-    features=("r1", "ret_5", "rvol_10"),
-    episode_len=64,
-    num_envs=4,
-    steps_per_epoch=200,
-    hidden=(16,),
-    batch_size=32,
-    buffer_size=2_000,
-    learning_starts=64,
-    target_update_every=20,
-    eps_decay_steps=400,
-    epochs=3,
-    patience=0,
-    min_epochs=0,
-    smooth_epochs=1,
-)
+TINY = dataclasses.replace(TINY_DQN_CONFIG, min_epochs=0, smooth_epochs=1)
 
 
 def hand_env(

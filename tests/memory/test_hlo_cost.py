@@ -17,6 +17,16 @@ from tftjax.memory.hlo_cost import Program, shape_bytes
 from tftjax.models.kernels.mode import KernelMode
 
 
+def on_h100() -> jax.sharding.Sharding:
+    """Placement on the H100 compile-only device (needs JAX's CUDA plugin)."""
+    return jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+
+
+def triton_calls(text: str) -> list[str]:
+    """The Triton kernel calls of a compiled GPU program's HLO text."""
+    return [ln for ln in text.splitlines() if 'custom_call_target="__gpu$xla.gpu.triton"' in ln]
+
+
 def test_shape_bytes():
     assert shape_bytes("(f32[2,3]{1,0}, bf16[4], pred[], s8[0])") == 24 + 8 + 1 + 0
 
@@ -247,7 +257,7 @@ def test_the_pallas_vsn_compiles_for_the_h100_as_two_triton_kernels(dtype):
 
     # TFT-225's widths; 32 row tiles in 8 backward splits: no padded rows
     m, n, dv, d = 33, 2048, 8, 128
-    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    s = on_h100()
     shapes = {
         "emb_k": (m, dv),
         "emb_b": (m, dv),
@@ -271,7 +281,7 @@ def test_the_pallas_vsn_compiles_for_the_h100_as_two_triton_kernels(dtype):
 
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(p, x, x, keep).compile()
     text = compiled.as_text()
-    calls = [ln for ln in text.splitlines() if 'custom_call_target="__gpu$xla.gpu.triton"' in ln]
+    calls = triton_calls(text)
     # the forward, the recomputing backward, and the sum of its splits' partial gradients
     # (folded and padded inside the kernels: nothing else per parameter)
     assert sorted(c.split('name = "')[1].split('"')[0] for c in calls) == [
@@ -295,7 +305,7 @@ def test_the_pallas_lstm_is_one_triton_kernel_each_way_on_the_h100():
     from tftjax.models.recurrence import lstm_recurrence
 
     t, b, f, d = 60, 256, 128, 128  # TFT-225's encoder + decoder steps, batch 256, bf16
-    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    s = on_h100()
     sds = lambda shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dt, sharding=s)
     args = (
         sds((t, b, f)),
@@ -311,7 +321,7 @@ def test_the_pallas_lstm_is_one_triton_kernel_each_way_on_the_h100():
         return jnp.sum(c) + jnp.sum(hs.astype(jnp.float32))
 
     text = jax.jit(jax.grad(loss, argnums=tuple(range(6)))).lower(*args).compile().as_text()
-    calls = [ln for ln in text.splitlines() if 'custom_call_target="__gpu$xla.gpu.triton"' in ln]
+    calls = triton_calls(text)
     assert sorted(c.split('name = "')[1].split('"')[0] for c in calls) == ["lstm_bwd", "lstm_fwd"]
     c = Program(text).census()
     # no per-step loop is left, and the whole gradient is a few dozen launches, not 7 × 2T
@@ -331,7 +341,7 @@ def test_the_pallas_optimizer_is_a_few_triton_kernels_on_the_h100():
     tx = make_optimizer(
         TrainConfig(decay_all=False, lr_schedule="cosine", warmup_steps=2), 10, "pallas", False
     )
-    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    s = on_h100()
     shapes = [(128, 128), (128,), (7,), (220, 8, 32)] * 15
     names = ["kernel", "bias", "ln_scale", "glu_k"] * 15
     params = {
@@ -342,7 +352,7 @@ def test_the_pallas_optimizer_is_a_few_triton_kernels_on_the_h100():
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state)
     compiled = jax.jit(tx.step, donate_argnums=(0, 2)).lower(params, params, state).compile()
     text = compiled.as_text()
-    calls = [ln for ln in text.splitlines() if 'custom_call_target="__gpu$xla.gpu.triton"' in ln]
+    calls = triton_calls(text)
     names = sorted(c.split('name = "')[1].split('"')[0] for c in calls)
     assert names == ["adamw_grad_norm"] + ["adamw_update"] * 2, names
     # optax's chain is one reduction and one update fusion per leaf (2 x 60 launches); here
@@ -361,7 +371,7 @@ def test_the_static_grns_are_two_triton_kernels_on_the_h100():
     # TFT-225's four static context GRNs at batch 256, as bf16 runs them: a bf16 input,
     # float32 parameters cast inside the kernels, dropout on
     d, n = 128, 256
-    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    s = on_h100()
     sds = lambda shape, t=jnp.float32: jax.ShapeDtypeStruct(shape, t, sharding=s)
     shapes = dict(
         fc2_k=(d, d),
@@ -382,7 +392,7 @@ def test_the_static_grns_are_two_triton_kernels_on_the_h100():
 
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))  # the loss too: the forward runs
     text = step.lower(ps, x, keeps).compile().as_text()
-    calls = [ln for ln in text.splitlines() if 'custom_call_target="__gpu$xla.gpu.triton"' in ln]
+    calls = triton_calls(text)
     assert sorted(c.split('name = "')[1].split('"')[0] for c in calls) == [
         "grn_stack_bwd",
         "grn_stack_fwd",
@@ -403,7 +413,7 @@ def test_a_gate_and_a_grn_are_three_triton_kernels_each_on_the_h100():
     # TFT-225's LSTM gate and static enrichment at batch 256 (15,360 rows), as bf16 runs
     # them: bf16 inputs, float32 parameters cast inside the kernels, dropout on
     d, n = 128, 256 * 60
-    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    s = on_h100()
     sds = lambda shape, t=jnp.float32: jax.ShapeDtypeStruct(shape, t, sharding=s)
     shapes = dict(
         fc2_k=(d, d),
@@ -426,7 +436,7 @@ def test_a_gate_and_a_grn_are_three_triton_kernels_each_on_the_h100():
 
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
     text = step.lower(gate, grn, a, b, keep).compile().as_text()
-    calls = [ln for ln in text.splitlines() if 'custom_call_target="__gpu$xla.gpu.triton"' in ln]
+    calls = triton_calls(text)
     assert sorted(c.split('name = "')[1].split('"')[0] for c in calls) == [
         "gated_rows_bwd",
         "gated_rows_bwd",
@@ -452,7 +462,7 @@ def test_the_attention_is_two_triton_kernels_on_the_h100():
     # TFT-225's attention at batch 256 in bf16: 10 queries over 60 keys, 4 heads of 32,
     # dropout on the weights
     b, h, dh, te, td = 256, 4, 32, 50, 10
-    s = jax.sharding.SingleDeviceSharding(targets.compile_only_device("h100"))
+    s = on_h100()
     sds = lambda shape, t=jnp.bfloat16: jax.ShapeDtypeStruct(shape, t, sharding=s)
     q, k, v = sds((b, td, h * dh)), sds((b, te + td, h * dh)), sds((b, te + td, dh))
     keep = sds((b, h, td, te + td), jnp.bool_)
@@ -469,7 +479,7 @@ def test_the_attention_is_two_triton_kernels_on_the_h100():
         .compile()
         .as_text()
     )
-    calls = [ln for ln in text.splitlines() if 'custom_call_target="__gpu$xla.gpu.triton"' in ln]
+    calls = triton_calls(text)
     assert sorted(c.split('name = "')[1].split('"')[0] for c in calls) == [
         "attention_bwd",
         "attention_fwd",

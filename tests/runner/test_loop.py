@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import bars_columns, call, random_bars, short_es, write_table
-from tiny import TINY_DQN, TINY_TRAIN, other_file, quiet, raw_state, tft_quiet
+from tiny import TINY_DQN, TINY_DQN_CONFIG, TINY_TRAIN, other_file, quiet, raw_state, tft_quiet
 
 from tftjax import dqn as dqn_lib
 from tftjax import evaluate as evaluate_cli
@@ -277,21 +277,7 @@ def test_no_validation_windows_turns_early_stopping_off(tmp_path):
 # ----------------------------------------------------------------- DQN
 @pytest.mark.slow  # a DQN run through the CLI, killed and resumed
 def test_dqn_crash_before_the_final_save_resumes_to_a_final(tmp_path, capsys):
-    cfg = DQNConfig(
-        window=4,
-        features=("r1", "ret_5", "rvol_10"),
-        episode_len=64,
-        num_envs=4,
-        steps_per_epoch=200,
-        hidden=(16,),
-        batch_size=32,
-        buffer_size=2_000,
-        learning_starts=64,
-        target_update_every=20,
-        eps_decay_steps=400,
-        epochs=3,
-        patience=0,
-    )
+    cfg = TINY_DQN_CONFIG
     seen = {}
 
     def crash_at_the_end(epoch, state, metrics, is_final):
