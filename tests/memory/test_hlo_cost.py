@@ -14,6 +14,7 @@ from tftjax.memory import __main__ as memory_cli
 from tftjax.memory import targets
 from tftjax.memory.cost import CALIBRATION, MEASURED, StepCost, calibrated, fit
 from tftjax.memory.hlo_cost import Program, shape_bytes
+from tftjax.models.kernels import fused
 from tftjax.models.kernels.mode import KernelMode
 
 
@@ -258,20 +259,7 @@ def test_the_pallas_vsn_compiles_for_the_h100_as_two_triton_kernels(dtype):
     # TFT-225's widths; 32 row tiles in 8 backward splits: no padded rows
     m, n, dv, d = 33, 2048, 8, 128
     s = on_h100()
-    shapes = {
-        "emb_k": (m, dv),
-        "emb_b": (m, dv),
-        "fc2_k": (m, dv, dv),
-        "fc2_b": (m, dv),
-        "fc1_k": (m, dv, dv),
-        "fc1_b": (m, dv),
-        "glu_k": (m, dv, 2 * d),
-        "glu_b": (m, 2 * d),
-        "skip_k": (m, dv, d),
-        "skip_b": (m, d),
-        "ln_scale": (m, d),
-        "ln_bias": (m, d),
-    }
+    shapes = fused.stacked_shapes(m, dv, d)
     p = {k: jax.ShapeDtypeStruct(v, jnp.dtype(dtype), sharding=s) for k, v in shapes.items()}
     x = jax.ShapeDtypeStruct((m, n), jnp.float32, sharding=s)
     keep = jax.ShapeDtypeStruct((m, n, dv), jnp.bool_, sharding=s)

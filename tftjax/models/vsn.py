@@ -223,20 +223,7 @@ class VariableSelection(nn.Module):
 
     def _stacked_params(self) -> dict:
         m, dv, d = self.num_vars, self.d_v, self.hidden
-        shapes = {
-            "emb_k": (m, dv),
-            "emb_b": (m, dv),
-            "fc2_k": (m, dv, dv),
-            "fc2_b": (m, dv),
-            "fc1_k": (m, dv, dv),
-            "fc1_b": (m, dv),
-            "glu_k": (m, dv, 2 * d),
-            "glu_b": (m, 2 * d),
-            "skip_k": (m, dv, d),
-            "skip_b": (m, d),
-            "ln_scale": (m, d),
-            "ln_bias": (m, d),
-        }
+        shapes = fused.stacked_shapes(m, dv, d)
         inits = {"emb_k": nn.initializers.normal(1.0), "ln_scale": nn.initializers.ones}
         return {
             name: self.param(

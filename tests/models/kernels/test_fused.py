@@ -19,20 +19,7 @@ M, N, DV, D = 7, 45, 4, 12
 
 def stacked_params(key, m=M, dv=DV, d=D):
     ks = jax.random.split(key, 12)
-    shapes = {
-        "emb_k": (m, dv),
-        "emb_b": (m, dv),
-        "fc2_k": (m, dv, dv),
-        "fc2_b": (m, dv),
-        "fc1_k": (m, dv, dv),
-        "fc1_b": (m, dv),
-        "glu_k": (m, dv, 2 * d),
-        "glu_b": (m, 2 * d),
-        "skip_k": (m, dv, d),
-        "skip_b": (m, d),
-        "ln_scale": (m, d),
-        "ln_bias": (m, d),
-    }
+    shapes = fused.stacked_shapes(m, dv, d)
     p = {k: 0.5 * jax.random.normal(kk, s) for kk, (k, s) in zip(ks, shapes.items())}
     p["ln_scale"] = 1.0 + p["ln_scale"]
     return p

@@ -46,6 +46,26 @@ ROW_BLOCK = 4096
 """Rows per block: the kernel's few live ``[rows, d]`` arrays stay within the L2/L3 caches."""
 
 
+def stacked_shapes(m: int, dv: int, d: int) -> dict[str, tuple[int, ...]]:
+    """The VSN's per-variable GRN parameters, stacked over its ``m`` variables (the layout
+    :func:`fold` reads): embedding ``1 -> d_v``, the GRN's ``d_v -> d_v -> (GLU) d`` with a
+    skip projection, and the layer norm."""
+    return {
+        "emb_k": (m, dv),
+        "emb_b": (m, dv),
+        "fc2_k": (m, dv, dv),
+        "fc2_b": (m, dv),
+        "fc1_k": (m, dv, dv),
+        "fc1_b": (m, dv),
+        "glu_k": (m, dv, 2 * d),
+        "glu_b": (m, 2 * d),
+        "skip_k": (m, dv, d),
+        "skip_b": (m, d),
+        "ln_scale": (m, d),
+        "ln_bias": (m, d),
+    }
+
+
 class Folded(NamedTuple):
     """Per-variable parameters with a leading variable axis m (embedding folded in)."""
 
