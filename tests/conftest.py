@@ -226,6 +226,20 @@ def small_bars() -> Bars:
     return random_bars(1500, seed=1)
 
 
+def leaf_errors(a, b) -> list[tuple[str, float]]:
+    """Each leaf's largest difference from ``b``'s, relative to ``b``'s largest entry, by
+    path (a kernel's gradients against autodiff's); every leaf of ``b`` must be nonzero, so
+    that a gradient that never reaches its leaf fails instead of comparing zeros."""
+    import jax
+
+    out = []
+    for (path, u), v in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+        u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
+        assert np.any(v != 0), jax.tree_util.keystr(path)  # every gradient reaches its leaf
+        out.append((jax.tree_util.keystr(path), np.abs(u - v).max() / np.abs(v).max()))
+    return out
+
+
 def on_gpu() -> bool:
     import jax
 

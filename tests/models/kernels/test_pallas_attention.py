@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import leaf_errors
 
 from tftjax.models.kernels import pallas_attention
 from tftjax.models.kernels.mode import KernelMode
@@ -58,15 +59,6 @@ def _run(kernel, params, theta, r, deterministic, dtype=jnp.float32):
     return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, theta)
 
 
-def _errors(a, b):
-    out = []
-    for (path, u), v in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-        u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
-        assert np.any(v != 0), jax.tree_util.keystr(path)  # every gradient reaches its leaf
-        out.append((jax.tree_util.keystr(path), np.abs(u - v).max() / np.abs(v).max()))
-    return out
-
-
 @pytest.mark.parametrize("deterministic", [True, False], ids=["no-dropout", "dropout"])
 def test_values_weights_and_every_gradient_equal_the_layers_float32(case, deterministic):
     # The same function in another order of float32 operations: round-off only. Every value
@@ -80,7 +72,7 @@ def test_values_weights_and_every_gradient_equal_the_layers_float32(case, determ
     )
     assert abs(float(v) - float(v_ref)) <= 2e-5 * abs(float(v_ref))
     np.testing.assert_allclose(w, w_ref, rtol=0, atol=1e-6)  # the reported weights (XLA's)
-    for name, err in _errors(g, g_ref):
+    for name, err in leaf_errors(g, g_ref):
         assert err <= 2e-5, (name, err)
 
 
@@ -104,7 +96,7 @@ def test_bfloat16_as_the_model_runs_it(case):
         _run(False, pb, tb, r, False),
     )
     assert abs(float(v) - float(v_ref)) <= 2**-4 * abs(float(v_ref))
-    errs = _errors(g, g_ref)
+    errs = leaf_errors(g, g_ref)
     for name, err in errs:
         assert err <= 2**-4, (name, err)
     assert max(e for _, e in errs) > 1e-4  # bf16 is in play

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import leaf_errors
 
 from tftjax.models.kernels import pallas_gated
 from tftjax.models.kernels.params import GateParams, GRNParams
@@ -92,15 +93,6 @@ def _run(kind, kernel, params, a, r, deterministic, dtype=jnp.float32):
     return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(params, a)
 
 
-def _errors(a, b):
-    out = []
-    for (path, u), v in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-        u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
-        assert np.any(v != 0), jax.tree_util.keystr(path)  # every gradient reaches its leaf
-        out.append((jax.tree_util.keystr(path), np.abs(u - v).max() / np.abs(v).max()))
-    return out
-
-
 @pytest.fixture(scope="module")
 def cases():
     # 3 windows of 25 steps: 75 rows, five tiles of 16 (the last padded); the backward grid
@@ -139,7 +131,7 @@ def test_values_and_every_gradient_equal_the_layers_float32(cases, kind, determi
         _run(kind, False, params, a, r, deterministic),
     )
     assert abs(float(v) - float(v_ref)) <= 3e-5 * abs(float(v_ref))
-    for name, err in _errors(g, g_ref):
+    for name, err in leaf_errors(g, g_ref):
         assert err <= 3e-5, (name, err)
 
 
@@ -169,7 +161,7 @@ def test_bfloat16_inputs_with_float32_parameters(cases, kind):
     )
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(g[0]))
     assert abs(float(v) - float(v_ref)) <= 2**-4 * abs(float(v_ref))
-    errs = _errors(g, g_ref)
+    errs = leaf_errors(g, g_ref)
     for name, err in errs:
         assert err <= 2**-4, (name, err)
     assert max(e for _, e in errs) > 1e-4  # bf16 is in play
@@ -189,7 +181,7 @@ def test_a_grn_too_wide_for_one_kernel_runs_as_its_mlp_then_its_gate(cases, kind
         _run(kind, False, params, a, r, False),
     )
     assert abs(float(v) - float(v_ref)) <= 3e-5 * abs(float(v_ref))
-    for name, err in _errors(g, g_ref):
+    for name, err in leaf_errors(g, g_ref):
         assert err <= 3e-5, (name, err)
 
 

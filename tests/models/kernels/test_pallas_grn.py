@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import leaf_errors
 
 from tftjax.models.kernels import pallas_grn
 from tftjax.models.kernels.params import GRNParams
@@ -56,15 +57,6 @@ def _run(kernel, params, x, r, deterministic, x_dtype=jnp.float32):
     return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(params, x)
 
 
-def _errors(a, b):
-    out = []
-    for (path, u), v in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-        u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
-        assert np.any(v != 0), jax.tree_util.keystr(path)  # every gradient reaches its leaf
-        out.append((jax.tree_util.keystr(path), np.abs(u - v).max() / np.abs(v).max()))
-    return out
-
-
 @pytest.fixture(scope="module")
 def case():
     ks = jax.random.split(jax.random.key(0), 3)
@@ -96,7 +88,7 @@ def test_values_and_every_gradient_equal_the_layers_float32(case, deterministic)
         _run(False, params, x, r, deterministic),
     )
     assert abs(float(v) - float(v_ref)) <= 2e-5 * abs(float(v_ref))
-    for name, err in _errors(g, g_ref):
+    for name, err in leaf_errors(g, g_ref):
         assert err <= 2e-5, (name, err)
 
 
@@ -123,7 +115,7 @@ def test_bfloat16_inputs_with_float32_parameters(case):
     )
     assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(g[0]))
     assert abs(float(v) - float(v_ref)) <= 2**-4 * abs(float(v_ref))
-    errs = _errors(g, g_ref)
+    errs = leaf_errors(g, g_ref)
     for name, err in errs:
         assert err <= 2**-4, (name, err)
     assert max(e for _, e in errs) > 1e-4  # bf16 is in play
