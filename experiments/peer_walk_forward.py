@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_pytorch_forecasting import frame
+from vs_pytorch_forecasting import dataset_settings, frame
 
 
 def peer_fold(ds, cfg, tc, seed: int) -> tuple[dict, dict]:
@@ -46,7 +46,6 @@ def peer_fold(ds, cfg, tc, seed: int) -> tuple[dict, dict]:
     import torch
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from pytorch_forecasting import TemporalFusionTransformer, TimeSeriesDataSet
-    from pytorch_forecasting.data.encoders import TorchNormalizer
     from pytorch_forecasting.metrics import QuantileLoss
 
     from tftjax.errors import DataError
@@ -57,26 +56,7 @@ def peer_fold(ds, cfg, tc, seed: int) -> tuple[dict, dict]:
         raise DataError("the peer trains on each row's own return: --target bar only")
     torch.manual_seed(seed)
     E, D, f = cfg.data.encoder_steps, cfg.data.decoder_steps, ds.features
-    hist = [f"h{i}" for i in range(f.historical.shape[1])]
-    known = [f"k{i}" for i in range(f.known.shape[1])]
-    static = [f"s{i}" for i in range(f.static.size)]
-    common = dict(
-        time_idx="time_idx",
-        target="target",
-        group_ids=["group"],
-        max_encoder_length=E,
-        min_encoder_length=E,
-        max_prediction_length=D,
-        min_prediction_length=D,
-        static_reals=static,
-        time_varying_known_reals=known,
-        time_varying_unknown_reals=hist,
-        target_normalizer=TorchNormalizer(method="identity", center=False),
-        scalers={c: None for c in hist + known + static},
-        add_relative_time_idx=False,
-        add_target_scales=False,
-        add_encoder_length=False,
-    )
+    common = dataset_settings(f, E, D)
     sp = ds.splits
     t0, t1 = sp.test_rows
     train = TimeSeriesDataSet(frame(ds, sp.train_rows), **common)

@@ -123,28 +123,16 @@ def frame(ds, rows: tuple[int, int]):
     return pd.DataFrame(cols)
 
 
-def run_peer(args) -> dict:
-    import lightning.pytorch as pl
-    import pytorch_forecasting
-    import torch
-    from pytorch_forecasting import TemporalFusionTransformer, TimeSeriesDataSet
+def dataset_settings(f, E: int, D: int) -> dict:
+    """pytorch-forecasting's ``TimeSeriesDataSet`` settings for tftjax's features ``f``: the
+    same inputs in their roles (static, known, observed), already scaled (no normaliser or
+    scaler of its own), ``E`` encoder and ``D`` decoder steps."""
     from pytorch_forecasting.data.encoders import TorchNormalizer
-    from pytorch_forecasting.metrics import QuantileLoss
 
-    from tftjax.config import preset
-    from tftjax.data import load_dataset
-
-    threads = os.cpu_count()
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    cfg = preset("tft225")
-    ds = load_dataset(None, cfg.data)
-    E, D = cfg.data.encoder_steps, cfg.data.decoder_steps
-    f = ds.features
     hist = [f"h{i}" for i in range(f.historical.shape[1])]
     known = [f"k{i}" for i in range(f.known.shape[1])]
     static = [f"s{i}" for i in range(f.static.size)]
-    common = dict(
+    return dict(
         time_idx="time_idx",
         target="target",
         group_ids=["group"],
@@ -161,6 +149,26 @@ def run_peer(args) -> dict:
         add_target_scales=False,
         add_encoder_length=False,
     )
+
+
+def run_peer(args) -> dict:
+    import lightning.pytorch as pl
+    import pytorch_forecasting
+    import torch
+    from pytorch_forecasting import TemporalFusionTransformer, TimeSeriesDataSet
+    from pytorch_forecasting.metrics import QuantileLoss
+
+    from tftjax.config import preset
+    from tftjax.data import load_dataset
+
+    threads = os.cpu_count()
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cfg = preset("tft225")
+    ds = load_dataset(None, cfg.data)
+    E, D = cfg.data.encoder_steps, cfg.data.decoder_steps
+    f = ds.features
+    common = dataset_settings(f, E, D)
     train = TimeSeriesDataSet(frame(ds, ds.splits.train_rows), **common)
     val = TimeSeriesDataSet.from_dataset(
         train, frame(ds, ds.splits.val_rows), stop_randomization=True, predict=False
