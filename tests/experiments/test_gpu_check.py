@@ -93,6 +93,7 @@ DRY_ROWS = ["tests", "bf16_off_b16", "peer_f32", "memory", "soak", "dqn"]
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_dry_run_runs_every_stage_and_writes_every_file(tmp_path):
     out = tmp_path / "check"
     env = dict(os.environ, JAX_PLATFORMS="cpu")

@@ -49,6 +49,7 @@ def test_a_target_plan_is_never_capped_at_this_machines_device(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.skipif(
     not targets.available(), reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')"
 )

@@ -168,6 +168,7 @@ def test_cost_without_the_cuda_plugin_names_the_extra(tmp_path, capsys):
 
 
 @pytest.mark.slow  # two GPU compiles of the tiny model: ~35 s each; .ci/run's full tier has the plugin
+@pytest.mark.heavy
 @pytest.mark.skipif(
     not targets.available(), reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')"
 )
@@ -217,6 +218,7 @@ FIVE_FLAGS_AT_4458BED = {
 
 
 @pytest.mark.slow  # a GPU compile of the tiny model with every kernel: ~70 s
+@pytest.mark.heavy
 @pytest.mark.skipif(
     not targets.available(), reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')"
 )
@@ -350,6 +352,7 @@ def test_the_pallas_optimizer_is_a_few_triton_kernels_on_the_h100():
 
 
 @pytest.mark.slow  # a GPU compile of the four GRNs alone: ~25 s (Triton, 16 backward branches)
+@pytest.mark.heavy
 @pytest.mark.skipif(
     not targets.available(), reason="needs jax's CUDA plugin (pip install 'tftjax[cuda12]')"
 )

@@ -172,6 +172,7 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_two_processes_train_like_one(tmp_path, capsys):
     """jax.distributed over localhost: 2 processes of 1 CPU device each, each feeding its own
     half of every batch, give the 1-process run's losses, metrics and weights; only process 0

@@ -81,6 +81,7 @@ def test_padded_rows_do_not_count(es):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_loss_falls_well_below_naive_baseline(tmp_path):
     tc = dataclasses.replace(TC, epochs=4, max_steps_per_epoch=None)
     with xla_optimised():  # ~110 steps: the optimised program's speed pays for its compile
