@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     from tftjax.data.windows import walk_forward_times
     from tftjax.stats import scoring, verdict
     from tftjax.stats.baselines import NAMES
-    from tftjax.training.evaluation import baselines_forecasts, window_targets
+    from tftjax.training.evaluation import baselines_forecasts, window_origins, window_targets
 
     parsed = bt.COMMAND_LINE.parse(rest)
     args = parsed.options(bt.BacktestOptions)
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, p in preds.items():
                 getattr(f, split)[name] = scoring.window_sums(y, p, qs)
             if split == "test":
-                f.y, f.pred = y, preds
+                f.y, f.pred, f.dates = y, preds, window_origins(ds, starts)
         folds.append(f)
         runs.append(run)
         print(

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from tftjax.data.windows import walk_forward_times
     from tftjax.stats import scoring, verdict
     from tftjax.stats.baselines import NAMES
-    from tftjax.training.evaluation import baselines_forecasts, window_targets
+    from tftjax.training.evaluation import baselines_forecasts, window_origins, window_targets
 
     parsed = bt.COMMAND_LINE.parse(rest)
     args = parsed.options(bt.BacktestOptions)
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, p in preds.items():
                 getattr(f, split)[name] = scoring.window_sums(y, p, qs)
             if split == "test":
-                f.y, f.pred = y, preds
+                f.y, f.pred, f.dates = y, preds, window_origins(ds, starts)
         folds.append(f)
         print(f"fold {k}/{args.folds}: {ds.splits.test.size} test windows", file=sys.stderr)
     out = verdict.summarize(

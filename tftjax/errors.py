@@ -2,6 +2,9 @@
 them, and every layer raises them: nothing below needs to import a layer above for its
 error type)."""
 
+import contextlib
+import contextvars
+
 
 class ConfigError(Exception):
     """Settings that cannot work: a bad value, or a resume that would mix runs.
@@ -18,6 +21,24 @@ class DataError(ValueError):
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the last good checkpoint is kept (exit code 1)."""
+
+
+_COMMAND_LINE = contextvars.ContextVar("tftjax_command_line", default=False)
+
+
+@contextlib.contextmanager
+def command_line():
+    """Inside: a command-line entry point is running (:func:`tftjax.cli.main`), so messages
+    keep the flags' names; the Python API names its own arguments elsewhere."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+def on_command_line() -> bool:
+    return _COMMAND_LINE.get()
 
 
 def check(checks: dict[str, bool], where: str) -> None:

@@ -168,4 +168,9 @@ def test_a_walk_forward_over_series_that_start_at_different_dates(tmp_path, caps
         assert row["verdict"] in ("beats", "level", "behind")
         assert "p_holm" in row["vs"]["dm_p90"]
     assert sum(r["windows"] for r in out["by_series"].values()) == sum(out["fold_windows"])
+    # pooled inference over dates (issue 50): the series share dates, so fewer dates than
+    # windows, and at least as many as the most windows one series has
+    inf = out["inference"]
+    most = max(r["windows"] for r in out["by_series"].values())
+    assert inf["unit"] == "date" and most <= inf["dates"] < inf["windows"], inf
     assert "| C |" in capsys.readouterr().out

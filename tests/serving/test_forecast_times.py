@@ -20,6 +20,7 @@ from tftjax import predict as predict_cli
 from tftjax.data import read_bars, to_device, write_bars
 from tftjax.data.calendar import day_of_week, make_clock, to_utc, to_wall
 from tftjax.data.sessions import NS_DAY, NS_MIN
+from tftjax.errors import ConfigError
 from tftjax.serving.forecast import forecast
 from tftjax.serving.saved import open_model
 from tftjax.training import Trainer, evaluate_model
@@ -219,6 +220,22 @@ def test_the_api_and_the_cli_write_the_same_file(predict_run, tmp_path):
     out = model.forecast(df, origins=2, instrument="bars")
     assert type(out).__name__ == "DataFrame" and out.attrs["tftjax"]["checkpoint"] == str(run)
     np.testing.assert_array_equal(out["q50"].to_numpy(), a.column("q50").to_numpy()[-10:])
+    # issue 50: a one-instrument model reads a table without a symbol column as its own
+    # instrument, unnamed; pandas on every path; the quantiles in order
+    assert "symbol" not in df.columns and model.series == ("bars",)
+    unnamed = model.forecast(df, origins=2)
+    assert unnamed.equals(out)
+    scored = model.forecast(split="test")
+    assert type(scored).__name__ == "DataFrame" and len(scored) > 0
+    q = scored[[f"q{x * 100:g}" for x in model.quantiles]].to_numpy()
+    assert (np.diff(q, axis=1) >= 0).all()
+    # the API's errors name its arguments, not the command line's flags
+    with pytest.raises(ConfigError) as e:
+        model.forecast(as_of="2013-09-02 5pm")
+    assert str(e.value).startswith("as_of '2013-09-02 5pm' is not a time"), e.value
+    with pytest.raises(ConfigError) as e:
+        model.forecast(origins="x")
+    assert "--" not in str(e.value) and str(e.value).startswith("origins must be"), e.value
 
 
 @pytest.mark.slow  # the shared tiny run (runloop_base, with the slow tier's)

@@ -236,3 +236,37 @@ def test_vol_target_eval_forecasts_are_raw_outputs_times_scale(regime_data):
     np.testing.assert_allclose(
         scaled, np.asarray(plain) * sigma[:, None, None], rtol=1e-5, atol=1e-7
     )
+
+
+def test_eval_forecasts_are_rearranged_and_never_lose_to_the_crossing_ones(regime_data):
+    # an untrained network's quantiles cross; the eval step (every table, backtest, predict
+    # and API forecast) sorts them: the same values per window and step, in order
+    from tftjax.data import gather
+    from tftjax.models.tft import apply_fn
+    from tftjax.training import make_eval_step
+
+    fs, data = regime_data
+    variables = {"params": init_params(CFG, jax.random.key(3))}
+    idx = jnp.asarray([5, 160, 240, 320], jnp.int32)
+    _, pred, _ = make_eval_step(CFG)(variables, data, idx)
+    batch = gather(data, idx, CFG.data.encoder_steps, CFG.data.decoder_steps)
+    raw, _ = apply_fn(CFG)(
+        variables, batch.static, batch.historical, batch.known, True, batch.instrument
+    )
+    raw = np.asarray(raw, np.float64)  # op by op, unsorted: the reference
+    assert (np.diff(raw, axis=-1) < 0).any()  # it crosses: the test can fail
+    pred = np.asarray(pred, np.float64)
+    assert (np.diff(pred, axis=-1) >= 0).all()
+    # float32 forwards, jitted and op by op: 1e-5 relative (the vol-target test's bound)
+    np.testing.assert_allclose(pred, np.sort(raw, axis=-1), rtol=1e-5, atol=1e-6)
+    # the pinball loss's cross-difference in (level, value) is decreasing, so the sorted
+    # assignment of values to levels is never worse, for every target (the rearrangement
+    # inequality): the sum over levels per window and step, in numpy
+    qs = np.asarray(CFG.head.quantiles, np.float64)
+    y = np.asarray(batch.target, np.float64)[..., None]
+
+    def loss(p):
+        err = y - p
+        return np.maximum(qs * err, (qs - 1) * err).sum(axis=-1)
+
+    assert (loss(pred) <= loss(raw) + 1e-5).all()

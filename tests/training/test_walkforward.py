@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from conftest import call, short_es
+from scipy import stats
 from tiny import TINY_TFT
 
 from tftjax import backtest
@@ -100,7 +101,7 @@ def test_the_baseline_is_chosen_per_fold_on_its_own_validation_never_on_test():
     assert verdict.summarize(changed, (0.1, 0.5, 0.9), 2, 50)["chosen_per_fold"][0] == "a"
 
 
-def test_dm_bandwidth_is_never_shorter_than_the_bootstrap_block():
+def test_dm_bandwidth_is_twice_the_bootstrap_block_with_a_fixed_b_p_value():
     # an AR(1) loss differential with phi 0.95: Politis-White asks for a block of tens of
     # windows, Newey-West's rule of thumb gives 5 lags for 1,000
     rng = np.random.default_rng(3)
@@ -111,12 +112,16 @@ def test_dm_bandwidth_is_never_shorter_than_the_bootstrap_block():
         d[t] = 0.95 * d[t - 1] + e[t]
     r = verdict.dm(d + 1.0, np.ones(1000), horizon=1)
     assert r["block"] == scoring.block_length(d) and r["block"] > scoring.default_lags(1000, 1)
-    assert r["lags"] >= r["block"]
+    assert r["lags"] == 2 * r["block"]
     # and the statistic is Diebold-Mariano's with those lags (numpy by hand: Bartlett
-    # weights, the HLN factor for h = 1 is sqrt((n - 1) / n))
+    # weights), scaled by exp(-b/2) at b = (lags + 1) / n, against t with ceil(1.5 / b) df
     n, L, x = 1000, r["lags"], d - d.mean()
     v = x @ x / n + 2 * sum((1 - k / (L + 1)) * (x[:-k] @ x[k:]) / n for k in range(1, L + 1))
-    assert r["stat"] == pytest.approx(d.mean() / np.sqrt(v / n) * np.sqrt((n - 1) / n), rel=1e-9)
+    b = (L + 1) / n
+    stat = d.mean() / np.sqrt(v / n) * np.exp(-b / 2)
+    assert r["stat"] == pytest.approx(stat, rel=1e-9)
+    assert r["df"] == int(np.ceil(1.5 / b))
+    assert r["p"] == pytest.approx(2 * stats.t.sf(abs(stat), r["df"]), rel=1e-9)
 
 
 def test_verdict_words():

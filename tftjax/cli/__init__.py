@@ -37,11 +37,12 @@ __all__ = [
 
 def main(run: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run an entry point's body with the project's errors mapped to exit codes."""
-    from tftjax.errors import ConfigError, DataError, TrainingDiverged
+    from tftjax.errors import ConfigError, DataError, TrainingDiverged, command_line
 
     enable_compilation_cache()
     try:
-        return int(run(argv) or 0)
+        with command_line():  # messages name flags, not the Python API's arguments
+            return int(run(argv) or 0)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

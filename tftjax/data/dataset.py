@@ -293,6 +293,7 @@ def load_dataset(
         None if fold is not None else WARMUP + (cfg.window if need_splits else cfg.encoder_steps)
     )
     bars, names = read_named(paths, short, instrument)
+    names = as_the_one_instrument(names, bars, stats, instrument, unknown)
     absent: tuple[str, ...] = ()
     if fold is not None and len(bars) > 1:  # a panel: each series joins where it has data
         members = fold_members(bars, fold, cfg)
@@ -357,6 +358,18 @@ def read_named(paths: list, min_rows: int | None, instrument: str | None):
         )
     check_shared_dates(bars, names)
     return bars, names
+
+
+def as_the_one_instrument(names: list[str], bars: list, stats, instrument, unknown: str):
+    """A one-instrument model asked on one series without a symbol column (a file or a
+    table that names nothing): that series is the model's instrument, not an unknown one
+    named after the file. Named (``instrument``) or served as unknown (``embed``): as
+    asked."""
+    one = isinstance(stats, dict) and len(stats) == 1
+    nameless = len(bars) == 1 and bars[0].symbol is None
+    if one and nameless and instrument is None and unknown != "embed":
+        return list(stats)
+    return names
 
 
 def check_intervals(names: list[str], intervals: list[int]) -> None:

@@ -6,7 +6,9 @@
   observation has the same weight, the ends included).
 - :func:`diebold_mariano`: the DM test of equal predictive accuracy on per-window loss
   differences, Newey–West (Bartlett) HAC variance, the Harvey–Leybourne–Newbold small-sample
-  correction and a Student-t p-value.
+  correction and a Student-t p-value, or Sun's fixed-b approximation for wide bandwidths.
+- :func:`by_date`: rows summed per date, for inference over a panel's dates (every series
+  of a date together).
 - :func:`holm`: Holm's step-down adjustment of p-values for several comparisons.
 - :func:`kupiec` and :func:`christoffersen`: unconditional coverage (proportion of failures)
   and independence of quantile hits, likelihood-ratio tests with chi-square(1) p-values.
@@ -78,6 +80,25 @@ def bootstrap_interval(
     return float(np.quantile(vals, a)), float(np.quantile(vals, 1 - a))
 
 
+def by_date(x: np.ndarray, dates: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(sums, counts)``: the rows of ``x`` summed per date, in date order, and how many
+    rows each date has. ``dates=None``: each row is its own date, in the given order.
+
+    A panel's windows are stacked series by series, so two series' windows of one date lie
+    far apart in that order, beyond any lag or bootstrap block, although their losses move
+    together. Inference over dates (a date's rows as one observation) keeps them together;
+    for one series it is the windows in time order, as before."""
+    x = np.asarray(x, np.float64)
+    if dates is None:
+        return x, np.ones(x.shape[0], np.int64)
+    _, inv = np.unique(np.asarray(dates), return_inverse=True)
+    inv = inv.reshape(-1)
+    counts = np.bincount(inv)
+    sums = np.zeros((counts.size, *x.shape[1:]))
+    np.add.at(sums, inv, x)
+    return sums, counts
+
+
 # ------------------------------------------------------------ Diebold-Mariano
 def newey_west_variance(d: np.ndarray, lags: int) -> float:
     """Long-run variance of ``d`` with Bartlett weights ``1 - k/(lags+1)``."""
@@ -95,25 +116,45 @@ def default_lags(n: int, horizon: int = 1) -> int:
 
 
 def diebold_mariano(
-    loss_a: np.ndarray, loss_b: np.ndarray, horizon: int = 1, lags: int | None = None
+    loss_a: np.ndarray,
+    loss_b: np.ndarray,
+    horizon: int = 1,
+    lags: int | None = None,
+    fixed_b: bool = False,
 ) -> dict:
     """DM test of ``E[loss_a - loss_b] = 0`` (negative statistic: ``a`` is better).
 
     ``stat = d̄ / √(V̂/n)`` with ``V̂`` the Newey–West variance (``lags``, default
-    :func:`default_lags`), times the Harvey–Leybourne–Newbold factor
-    ``√((n + 1 - 2h + h(h-1)/n) / n)``; two-sided p-value from Student's t with ``n - 1``
-    degrees of freedom."""
+    :func:`default_lags`). By default, times the Harvey–Leybourne–Newbold factor
+    ``√((n + 1 - 2h + h(h-1)/n) / n)``, with a two-sided p-value from Student's t with
+    ``n - 1`` degrees of freedom.
+
+    ``fixed_b``: the p-value of Sun's (2014) fixed-b approximation instead, for a bandwidth
+    that is a sizeable share ``b = (lags + 1) / n`` of the sample (persistent loss
+    differentials need one): ``stat · exp(-b/2)`` against Student's t with
+    ``K = ⌈3 / (2b)⌉`` degrees of freedom (the Bartlett kernel's ``c₁ = 1``,
+    ``c₂ = 2/3``). The normal or ``n - 1`` reference ignores the variance of V̂ at such a
+    bandwidth and over-rejects: 7-8% at 5% on an AR(0.9) differential of 1,950 dates,
+    where the fixed-b p-value at twice the Politis-White block rejects 6.1%
+    (tests/stats/test_by_date.py)."""
     d = np.asarray(loss_a, np.float64) - np.asarray(loss_b, np.float64)
     n = d.size
     lags = default_lags(n, horizon) if lags is None else lags
     v = newey_west_variance(d, lags)
+    out = {"stat": float("nan"), "p": float("nan"), "mean_diff": float(d.mean()), "lags": lags}
     if v <= 0:
-        return {"stat": float("nan"), "p": float("nan"), "mean_diff": float(d.mean()), "lags": lags}
-    h = horizon
-    hln = math.sqrt(max(n + 1 - 2 * h + h * (h - 1) / n, 1e-12) / n)
-    stat = d.mean() / math.sqrt(v / n) * hln
-    p = 2.0 * stats.t.sf(abs(stat), df=n - 1)
-    return {"stat": float(stat), "p": float(p), "mean_diff": float(d.mean()), "lags": lags}
+        return out
+    t = d.mean() / math.sqrt(v / n)
+    if fixed_b:
+        b = min((lags + 1) / n, 1.0)
+        df = max(math.ceil(1.5 / b), 1)
+        stat = t * math.exp(-b / 2)
+    else:
+        h = horizon
+        df = n - 1
+        stat = t * math.sqrt(max(n + 1 - 2 * h + h * (h - 1) / n, 1e-12) / n)
+    p = 2.0 * stats.t.sf(abs(stat), df=df)
+    return {**out, "stat": float(stat), "p": float(p), "df": int(df)}
 
 
 def holm(p: list[float] | np.ndarray) -> np.ndarray:

@@ -229,6 +229,12 @@ def window_targets(ds: Dataset, starts: np.ndarray) -> np.ndarray:
     return window_decoder_targets(ds.features)[np.asarray(starts) + e - 1, :d]
 
 
+def window_origins(ds: Dataset, starts: np.ndarray) -> np.ndarray:
+    """Each window's forecast origin (its last encoder bar's time, int64 ns): the date a
+    walk-forward's inference groups windows by (:class:`tftjax.stats.verdict.Fold`)."""
+    return ds.ts[np.asarray(starts) + ds.cfg.encoder_steps - 1].astype(np.int64)
+
+
 def baselines(
     ds: Dataset, quantiles, split: str, starts: np.ndarray | None = None
 ) -> dict[str, dict]:

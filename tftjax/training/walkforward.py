@@ -151,6 +151,7 @@ def score_fold(ck, tc: TrainConfig, ds: Dataset, fold, tally: Tally, panel: bool
     from tftjax.data import to_device
     from tftjax.training import Trainer, restore_checkpoint
     from tftjax.training.anchoring import resolve_anchor
+    from tftjax.training.evaluation import window_origins
 
     _, ds, _ = resolve_anchor(ck.cfg, ds)  # the fold's anchor (auto: its own validation)
     trainer = Trainer(ck.cfg, tc, to_device(ds.features))
@@ -174,8 +175,9 @@ def score_fold(ck, tc: TrainConfig, ds: Dataset, fold, tally: Tally, panel: bool
             getattr(f, split)[name] = scoring.window_sums(y, p, qs)
             if split == "test":
                 tally.steps.setdefault(name, []).append(scoring.step_q_risk(y, p, qs))
-        if split == "test":
+        if split == "test":  # each window's origin: the date inference runs over
             f.y, f.pred = y, preds
+            f.dates = window_origins(ds, starts)
     tally.scored.append(f)
     sid = {split: ds.series_of(getattr(ds.splits, split)) for split in ("val", "test")}
     if panel or len(ds.series) > 1 or ds.absent:  # a panel: per series too
@@ -228,10 +230,26 @@ def fold_line(entry: dict, k: int, folds: int, ds: Dataset) -> str:
     )
 
 
+STRESS = ("2020-02-01", "2020-05-01")
+"""February to April 2020 (origins in ``[start, end)``, the bars' clock): the pooled verdict
+is also given without it, where the test region reaches it."""
+
+
 def summarize(tally: Tally, cfg: TFTConfig, reps: int) -> dict:
-    """The pooled table, the combination's row, each series' rows and the P90 per step."""
+    """The pooled table, the combination's row, each series' rows, the pooled verdict
+    without :data:`STRESS` and the P90 per step."""
     qs, d = cfg.head.quantiles, cfg.data.decoder_steps
     out = verdict.summarize(tally.scored, qs, d, reps)
+    calm = verdict.without(tally.scored, *STRESS)
+    kept = [0 if f.dates is None else f.dates.size for f in calm]
+    dropped = sum(out["fold_windows"]) - sum(kept)
+    if dropped and all(kept):  # every fold keeps test windows
+        out["without_stress"] = {
+            "from": STRESS[0],
+            "until": STRESS[1],
+            "windows_dropped": int(dropped),
+            **verdict.brief(verdict.summarize(calm, qs, d, reps)),
+        }
     out["folds"] = tally.folds
     out["combination"] = {
         **verdict.brief(
@@ -253,6 +271,16 @@ def summarize(tally: Tally, cfg: TFTConfig, reps: int) -> dict:
     return out
 
 
+def brief_sentence(r: dict, model: str) -> str:
+    """A :func:`tftjax.stats.verdict.brief` row in one line: P90s, difference, DM, verdict."""
+    ci, dm = r["vs"]["p90_diff_ci95"], r["vs"]["dm_p90"]
+    return (
+        f"P90 {r[model]['q_risk_90']:.4f} against {r[verdict.CHOSEN]['q_risk_90']:.4f}, diff "
+        f"{r['vs']['p90_diff']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}], DM P90 {dm['stat']:+.2f} "
+        f"(p {dm['p']:.3g}): {r['verdict']}"
+    )
+
+
 def format_table(out: dict) -> str:
     """The walk-forward's table as printed."""
     from tftjax.stats.baselines import NAMES
@@ -260,13 +288,15 @@ def format_table(out: dict) -> str:
     table = verdict.format_table(out, NAMES)
     c = out.get("combination")
     if c:
-        ci = c["vs"]["p90_diff_ci95"]
         table += (
             f"\n\ncombination w·TFT + (1-w)·the chosen baseline, w per fold on its "
-            f"validation ({', '.join(f'{w:g}' for w in c['weights'])}): P90 "
-            f"{c[verdict.COMBO]['q_risk_90']:.4f} against "
-            f"{c[verdict.CHOSEN]['q_risk_90']:.4f}, diff {c['vs']['p90_diff']:+.4f} "
-            f"[{ci[0]:+.4f}, {ci[1]:+.4f}], DM P90 {c['vs']['dm_p90']['stat']:+.2f} "
-            f"(p {c['vs']['dm_p90']['p']:.3g}): {c['verdict']}"
+            f"validation ({', '.join(f'{w:g}' for w in c['weights'])}): "
+            + brief_sentence(c, verdict.COMBO)
+        )
+    w = out.get("without_stress")
+    if w:
+        table += (
+            f"\n\nwithout origins from {w['from']} until {w['until']} "
+            f"({w['windows_dropped']:,} windows): TFT " + brief_sentence(w, verdict.MODEL)
         )
     return table + ("\n\n" + verdict.format_series(out["by_series"]) if "by_series" in out else "")
