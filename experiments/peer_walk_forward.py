@@ -1,6 +1,6 @@
 """pytorch-forecasting's TFT as a row of the walk-forward: the same folds, windows, features,
 sizes and epoch budget as ``python -m tftjax.backtest``, scored against the same baseline
-chosen per fold on its own validation stretch.
+chosen per fold on its out-of-sample record (tftjax.stats.verdict.record).
 
     pip install -e ".[bench]"
     python experiments/peer_walk_forward.py --dataset spx --calendar XNYS --preset small \\
@@ -137,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     from tftjax.data.windows import walk_forward_times
     from tftjax.stats import scoring, verdict
     from tftjax.stats.baselines import NAMES
-    from tftjax.training.evaluation import baselines_forecasts, window_origins, window_targets
+    from tftjax.training.evaluation import (
+        baselines_forecasts,
+        window_ends,
+        window_origins,
+        window_targets,
+    )
 
     parsed = bt.COMMAND_LINE.parse(rest)
     args = parsed.options(bt.BacktestOptions)
@@ -154,13 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     for k, fold in enumerate(walk_forward_times(ts, cfg.data, args.folds, args.test_fraction), 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
         peer, run = peer_fold(ds, cfg, tc, seed=tc.seed + k)
-        f = verdict.Fold({}, {}, None, {})
+        f = verdict.Fold({}, {}, None, {}, test_start=int(fold[1]))
         for split in ("val", "test"):
             starts = getattr(ds.splits, split)
             y = window_targets(ds, starts)
             preds = {verdict.MODEL: peer[split], **baselines_forecasts(ds, qs, starts)}
             for name, p in preds.items():
                 getattr(f, split)[name] = scoring.window_sums(y, p, qs)
+            setattr(f, f"{split}_ends", window_ends(ds, starts))  # the choice's record
             if split == "test":
                 f.y, f.pred, f.dates = y, preds, window_origins(ds, starts)
         folds.append(f)

@@ -1,5 +1,5 @@
 """Holm over every row a README table reports: several walk-forwards (sets × model variants),
-each the TFT against the baseline chosen per fold on its own validation stretch, and the
+each the TFT against the baseline chosen per fold on its out-of-sample record, and the
 per-fold combination (w · TFT + (1 - w) · that baseline, w chosen on validation) as a row of
 its own; with ``--per-series``, a panel's series too.
 

@@ -11,7 +11,7 @@ and calendar flags) and the same code: the folds of
 its own training rows, :func:`tftjax.training.evaluation.baselines_forecasts` on its
 validation and test windows, and :mod:`tftjax.stats.scoring`'s pooled metrics and circular block
 bootstrap, and :mod:`tftjax.stats.verdict`'s per-fold choice (each fold's baseline chosen on its
-own validation stretch, stitched). The baselines do not depend on the TFT, so these rows are
+out-of-sample record before its test start, stitched). The baselines do not depend on the TFT, so these rows are
 the backtest's; only the bootstrap block is the backtest's choice (Politis–White on the
 TFT's per-window P90 loss differences with the stitched choice): give it with ``--block``
 (the table's block column), or leave it out for Politis–White on the stitched choice's own
@@ -43,7 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     from tftjax.data.windows import walk_forward_times
     from tftjax.stats import scoring, verdict
     from tftjax.stats.baselines import NAMES
-    from tftjax.training.evaluation import baselines_forecasts, window_origins, window_targets
+    from tftjax.training.evaluation import (
+        baselines_forecasts,
+        window_ends,
+        window_origins,
+        window_targets,
+    )
 
     parsed = bt.COMMAND_LINE.parse(rest)
     args = parsed.options(bt.BacktestOptions)
@@ -59,13 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     folds = []
     for k, fold in enumerate(walk_forward_times(ts, cfg.data, args.folds, args.test_fraction), 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
-        f = verdict.Fold({}, {}, None, {})
+        f = verdict.Fold({}, {}, None, {}, test_start=int(fold[1]))
         for split in ("val", "test"):
             starts = getattr(ds.splits, split)
             y = window_targets(ds, starts)
             preds = baselines_forecasts(ds, qs, starts)
             for name, p in preds.items():
                 getattr(f, split)[name] = scoring.window_sums(y, p, qs)
+            setattr(f, f"{split}_ends", window_ends(ds, starts))  # the choice's record
             if split == "test":
                 f.y, f.pred, f.dates = y, preds, window_origins(ds, starts)
         folds.append(f)
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     picks = out["chosen_per_fold"]
     print(
         f"{args.folds} folds, {sum(out['fold_windows'])} test windows; chosen per fold on its "
-        f"own validation: {', '.join(NAMES.get(p, p) for p in picks)}; 95% circular block "
+        f"out-of-sample record: {', '.join(NAMES.get(p, p) for p in picks)}; 95% circular block "
         f"bootstrap (block {out['block']}"
         + (
             ""

@@ -37,7 +37,12 @@ def run(argv: list[str] | None = None) -> int:
     if workdir.exists() and any(workdir.iterdir()):
         raise ConfigError(f"--workdir {workdir} is not empty; choose a new folder")
     plan = WalkForward(
-        opts.folds, opts.test_fraction, opts.bootstrap, opts.tune_trials, opts.tune_epochs
+        opts.folds,
+        opts.test_fraction,
+        opts.bootstrap,
+        opts.tune_trials,
+        opts.tune_epochs,
+        opts.baseline_pairs,
     )
     if opts.tune_trials:
         try:

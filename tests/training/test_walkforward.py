@@ -2,6 +2,7 @@
 validation and test apart and tile the test region, choices made on validation only, one
 tiny run end to end, and the refusals."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -124,6 +125,79 @@ def test_dm_bandwidth_is_twice_the_bootstrap_block_with_a_fixed_b_p_value():
     assert r["p"] == pytest.approx(2 * stats.t.sf(abs(stat), r["df"]), rel=1e-9)
 
 
+def _timed(rng, k: int, val: dict, test: dict, n: int = 200) -> verdict.Fold:
+    """Fold ``k`` (test from 1000 (k + 1)): validation windows ending in the 100 ns before
+    it, test windows ending every 10 ns from it (the second half after the next fold's
+    start: windows that straddle it)."""
+    f = _fold(rng, val, test, n)
+    start = 1000 * (k + 1)
+    f.test_start = start
+    f.val_ends = start - 100 + np.arange(n) % 100
+    f.test_ends = start + np.arange(n) * 10
+    return f
+
+
+def test_the_choice_reads_the_whole_record_before_its_test_start_and_nothing_after():
+    rng = np.random.default_rng(4)
+    qs = (0.1, 0.5, 0.9)
+    folds = [  # fold 0: "a" better on validation, far worse on test; fold 1 the other way
+        _timed(rng, 0, {"tft": 0.5, "a": 0.40, "b": 0.45}, {"tft": 0.5, "a": 0.90, "b": 0.30}),
+        _timed(rng, 1, {"tft": 0.5, "a": 0.40, "b": 0.45}, {"tft": 0.5, "a": 0.30, "b": 0.60}),
+        _timed(rng, 2, {"tft": 0.5, "a": 0.45, "b": 0.40}, {"tft": 0.5, "a": 0.30, "b": 0.60}),
+    ]
+
+    def by_hand(k: int, name: str) -> float:  # numpy: the windows that end before fold k
+        start = 1000 * (k + 1)
+        rows = [f.val[name][f.val_ends < start] for f in folds[: k + 1]]
+        rows += [f.test[name][f.test_ends < start] for f in folds[:k]]
+        return scoring.from_sums(np.concatenate(rows))["q_risk_90"]
+
+    picks = verdict.summarize(folds, qs, 2, 50)["chosen_per_fold"]
+    assert picks == [min("ab", key=lambda n: by_hand(k, n)) for k in range(3)]
+    # fold 0 has only its validation ("a"); fold 1 reads fold 0's test too, where "a" was
+    # far worse: the record picks "b" although fold 1's own validation favours "a"
+    assert picks[:2] == ["a", "b"] and verdict.choose(folds[1], ["a", "b"]) == "a"
+    # nothing at or after a fold's test start: rewrite fold 1's and 2's test rows and the
+    # earlier test windows that end at or after fold 1's test start (fold 0's from 1000 on
+    # end at 1000 + 10 i): fold 1's pick stands
+    changed = []
+    for k, f in enumerate(folds):
+        late = f.test_ends >= 2000 if k == 0 else np.ones(f.test_ends.size, bool)
+        test = {m: r.copy() for m, r in f.test.items()}
+        for m in test:
+            test[m][late] = _sums(rng, 0.01 if m == "a" else 0.99, int(late.sum()))
+        changed.append(dataclasses.replace(f, test=test))
+    assert verdict.summarize(changed, qs, 2, 50)["chosen_per_fold"][1] == "b"
+
+
+def test_the_pair_control_is_the_best_pair_and_weight_on_validation_by_hand():
+    # numpy by hand: every pair, every weight of the grid, the P90 q-risk 2 sum(pinball) /
+    # sum|y| on the validation windows; best_pair's arguments are the validation targets
+    # and forecasts alone (nothing of the test stretch reaches it)
+    rng = np.random.default_rng(6)
+    qs = np.array([0.1, 0.5, 0.9])
+    y = rng.normal(size=(300, 2))
+    preds = {  # three forecasts of different scales, none the truth's
+        n: np.sort(rng.normal(size=(300, 2, 3)) * s + s * np.array([-1.3, 0, 1.3]), axis=-1)
+        for n, s in (("a", 0.6), ("b", 1.4), ("c", 1.0))
+    }
+
+    def q90(p):
+        e = y - p[..., 2]
+        return 2 * np.maximum(0.9 * e, -0.1 * e).sum() / np.abs(y).sum()
+
+    grid = [round(0.1 * i, 1) for i in range(11)]
+    scores = {
+        (a, b, w): q90(w * preds[a] + (1 - w) * preds[b])
+        for a, b in [("a", "b"), ("a", "c"), ("b", "c")]
+        for w in grid
+    }
+    want = min(scores, key=lambda k: scores[k])
+    got = verdict.best_pair(y, preds, qs, verdict.all_pairs(["a", "b", "c"]))
+    assert got == want, (got, want)
+    assert verdict.all_pairs(["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("b", "c")]
+
+
 def test_verdict_words():
     better, worse = (-0.02, -0.01), (0.01, 0.02)  # paired intervals of the P90 difference
     assert verdict.verdict({"stat": -3.0, "p": 0.001}, better) == "beats"
@@ -197,9 +271,17 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
     assert out["folds"][0]["train_rows"][0][1] < out["folds"][1]["train_rows"][0][1]
     assert len(out["chosen_per_fold"]) == 2
     assert [f["chosen"] for f in out["folds"]] == out["chosen_per_fold"]
-    for f in out["folds"]:  # each fold's pick is the lowest validation P90 of its baselines
-        val = {n: v for n, v in f["val_q_risk_90"].items() if n != "tft"}
-        assert val[f["chosen"]] == min(val.values())
+    # the first fold's record is its validation: its pick is the lowest validation P90 of
+    # its baselines (later folds' records add the earlier folds' stretches)
+    for k, f in enumerate(out["folds"]):
+        val = {n: v for n, v in f["val_q_risk_90"].items() if n not in verdict.MODELS}
+        assert f["chosen"] in val and (k > 0 or val[f["chosen"]] == min(val.values()))
+        # the pair control: the best pair and weight on validation, never worse there than
+        # any baseline alone (each is a pair's end, w = 0 or 1)
+        a, b, w = f["pair"]
+        assert {a, b} <= set(val) and w in verdict.WEIGHTS
+        assert f["val_q_risk_90"]["pair"] <= min(val.values()) + 1e-12
+    assert "pair" in out["pooled"] and "vs_pair" in out["combination"]
     lo, hi = out["pooled"]["tft"]["ci95"]["q_risk_90"]
     assert lo <= out["pooled"]["tft"]["test"]["q_risk_90"] <= hi
     assert out["verdict"] in ("beats", "level", "behind")
@@ -228,6 +310,8 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
         (["--anchor", "nonsense"], "--anchor must be one of none, auto"),
         (["--anchor", "har"], "--anchor har needs daily or coarser bars"),
         (["--target", "nonsense"], "--target must be one of"),
+        (["--baseline-pairs", "qr+nope"], "--baseline-pairs qr+nope: 'qr+nope' is not a pair"),
+        (["--baseline-pairs", "qr"], "--baseline-pairs qr: 'qr' is not a pair of two"),
     ],
 )
 def test_bad_backtest_input_exits_2_with_one_line(tmp_path, capsys, args, expect):

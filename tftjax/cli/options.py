@@ -173,6 +173,10 @@ class BacktestOptions:
     """Walk-forward folds (at least 2)."""
     test_fraction: float = 0.4
     """Share of the bar times (after warm-up) cut into the folds' test stretches."""
+    baseline_pairs: str = "all"
+    """The pair control: the pairs of baselines combined on each fold's validation
+    (a+b,c+d of zero, train_quantiles, rolling, ewma_gauss, ewma_empirical, range_ewma, har,
+    qr), or all."""
     workdir: Path | None = None
     """Each fold's run (fold_1 …) and backtest.json go here (default: a new
     runs/backtest/run_NNN)."""

@@ -1,11 +1,18 @@
 """The walk-forward's verdict (numpy and scipy only).
 
-Each fold chooses its baseline on **its own validation stretch** (the one of lowest P90
-q-risk there), and the picks are stitched over the folds into one forecast, "the baseline
-chosen per fold": the bar a model must clear. Nothing is chosen on a test target: fold k's
-validation stretch ends one embargo before its test stretch, so its choice reads no target
-of its own test stretch or of any later fold's (it may read earlier folds' test targets,
-which lie before it: they are the past by then).
+Each fold chooses its baseline on **its out-of-sample record**: its own validation stretch
+and every earlier fold's validation and test stretches, each forecast by the fit of the
+fold that made it, only windows whose last target lies before the fold's test start
+(:func:`record`). The one of lowest P90 q-risk there is its pick, and the picks are
+stitched over the folds into one forecast, "the baseline chosen per fold": the bar a model
+must clear. Nothing is chosen on a target at or after a fold's test start. (Until issue 50
+each fold chose on its own validation stretch alone, a short record on which the per-fold
+choice scored worse than always using the quantile regression.)
+
+The control for combination gains, which any second forecast brings (Bates & Granger): on
+each fold's validation, every pair of baselines combined on the same weight grid as the
+TFT's combination; the best pair's stitched forecast is a row (:data:`PAIR`), and the TFT
+and its combination are compared with it.
 
 Every model (the TFT, each baseline and the stitched choice) gets the same figures: pooled
 P50/P90 q-risk and 10-90% coverage with circular-block-bootstrap intervals, the CRPS, the
@@ -41,7 +48,10 @@ CHOSEN = "chosen"
 MODEL = "tft"
 COMBO = "combination"
 """The per-fold combination ``w · TFT + (1 - w) · the fold's chosen baseline`` (:func:`combine`)."""
-MODELS = (MODEL, COMBO)
+PAIR = "pair"
+"""The per-fold best pair of baselines ``w · a + (1 - w) · b`` (:func:`best_pair`): the
+control for combination gains, which any second forecast brings (Bates & Granger 1969)."""
+MODELS = (MODEL, COMBO, PAIR)
 """What is compared, never a baseline to choose."""
 WEIGHTS = tuple(round(0.1 * i, 1) for i in range(11))
 """The combination weights tried on each fold's validation stretch."""
@@ -62,6 +72,39 @@ class Fold:
     dates: np.ndarray | None = None
     """Each test window's forecast origin (int64 ns): inference runs over these dates, a
     date's windows of every series together (None: each window its own date, in order)."""
+    val_ends: np.ndarray | None = None
+    """Each validation window's last target time (int64 ns), and each test window's: what
+    the choice on the out-of-sample record may read (:func:`record`)."""
+    test_ends: np.ndarray | None = None
+    test_start: int | None = None
+    """The fold's first test time (int64 ns): no choice for it reads a target at or after it."""
+
+
+def record(folds: list[Fold], k: int, name: str) -> np.ndarray:
+    """``name``'s out-of-sample record before fold ``k``'s test start: per-window sums of
+    fold ``k``'s validation windows and of every earlier fold's validation and test windows
+    (each forecast by its own fold's fit), only those whose last target lies before fold
+    ``k``'s test start."""
+    start = folds[k].test_start
+    assert start is not None, "a fold with its test start"
+    parts = []
+    for j, f in enumerate(folds[: k + 1]):
+        stretches = [(f.val, f.val_ends)] + ([(f.test, f.test_ends)] if j < k else [])
+        for sums, ends in stretches:
+            assert ends is not None, "windows with their last target times"
+            parts.append(sums[name][ends < start])
+    return np.concatenate(parts)
+
+
+def has_record(folds: list[Fold], k: int) -> bool:
+    """Fold ``k`` and the folds before it carry what :func:`record` reads (fold ``k``'s own
+    test windows need not be scored yet)."""
+    now = folds[k]
+    return (
+        now.test_start is not None
+        and now.val_ends is not None
+        and all(f.val_ends is not None and f.test_ends is not None for f in folds[:k])
+    )
 
 
 def choose(fold: Fold, candidates: list[str]) -> str:
@@ -71,10 +114,23 @@ def choose(fold: Fold, candidates: list[str]) -> str:
     return candidates[int(np.nanargmin(scores))]
 
 
-def with_choice(folds: list[Fold], candidates: list[str]) -> tuple[list[Fold], list[str]]:
+def choose_on_record(folds: list[Fold], k: int, candidates: list[str]) -> str:
+    """Fold ``k``'s pick: the candidate of lowest P90 q-risk on its out-of-sample
+    :func:`record` (its validation stretch and every earlier fold's stretches), or on its
+    own validation where the folds carry no record (:func:`choose`). A longer record than
+    one validation stretch: the stretch-by-stretch choice scored worse than always-QR."""
+    if not has_record(folds, k):
+        return choose(folds[k], candidates)
+    scores = [scoring.from_sums(record(folds, k, n))["q_risk_90"] for n in candidates]
+    return candidates[int(np.nanargmin(scores))]
+
+
+def with_choice(
+    folds: list[Fold], candidates: list[str], picks: list[str] | None = None
+) -> tuple[list[Fold], list[str]]:
     """Each fold with the stitched choice added as :data:`CHOSEN` (its pick's validation and
-    test rows and test quantiles), and the picks."""
-    picks = [choose(f, candidates) for f in folds]
+    test rows and test quantiles), and the picks (``picks``: made before, kept)."""
+    picks = picks or [choose_on_record(folds, k, candidates) for k in range(len(folds))]
     out = [
         dataclasses.replace(
             f,
@@ -91,34 +147,65 @@ def combine(y_val: np.ndarray, model_val: np.ndarray, base_val: np.ndarray, qs) 
     """The weight ``w`` (:data:`WEIGHTS`) of the model in ``w · model + (1 - w) · baseline``
     of lowest P90 q-risk on the fold's validation windows (the smallest of a tie: the
     baseline, unless the model adds something there)."""
+    return weighted(y_val, model_val, base_val, qs)[0]
+
+
+def weighted(y_val: np.ndarray, a_val: np.ndarray, b_val: np.ndarray, qs) -> tuple[float, float]:
+    """``(w, P90 q-risk)`` of the best ``w · a + (1 - w) · b`` on the validation windows
+    (:func:`combine`)."""
     scores = np.array(
         [
-            scoring.from_sums(scoring.window_sums(y_val, w * model_val + (1 - w) * base_val, qs))[
+            scoring.from_sums(scoring.window_sums(y_val, w * a_val + (1 - w) * b_val, qs))[
                 "q_risk_90"
             ]
             for w in WEIGHTS
         ]
     )
     best = np.nanmin(scores)  # within 1e-9 relative: a tie (w·b + (1-w)·b is b to an ulp)
-    return WEIGHTS[int(np.flatnonzero(scores <= best + 1e-9 * abs(best))[0])]
+    i = int(np.flatnonzero(scores <= best + 1e-9 * abs(best))[0])
+    return WEIGHTS[i], float(scores[i])
+
+
+def best_pair(
+    y_val: np.ndarray, preds_val: dict[str, np.ndarray], qs, pairs: list[tuple[str, str]]
+) -> tuple[str, str, float]:
+    """``(a, b, w)``: of ``pairs`` of baselines, the one whose best ``w · a + (1 - w) · b``
+    (:func:`weighted`) has the lowest P90 q-risk on the fold's validation windows (the first
+    of a tie). It reads validation targets and forecasts only: its arguments are those."""
+    best: tuple[float, str, str, float] | None = None
+    for a, b in pairs:
+        w, score = weighted(y_val, preds_val[a], preds_val[b], qs)
+        if best is None or score < best[0] - 1e-9 * abs(best[0]):
+            best = (score, a, b, w)
+    assert best is not None, "at least one pair"
+    return best[1], best[2], best[3]
+
+
+def all_pairs(names: list[str]) -> list[tuple[str, str]]:
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
 
 
 def by_series(fold: Fold, val_series: np.ndarray, test_series: np.ndarray):
     """A panel's fold split by series: ``(series index, Fold)`` for each series with test
-    windows in it, its own validation windows for its choice (the fold's pooled ones where
-    it has none: a series that joined at the validation stretch's end)."""
+    windows in it, its own validation and test windows for its record (the fold's pooled
+    validation windows where it has none: a series that joined at the validation stretch's
+    end)."""
     assert fold.y is not None, "a fold scored on its test stretch"
+    cut = lambda a, m: None if a is None else a[m]
     for i in np.unique(test_series):
         v, t = val_series == i, test_series == i
-        val = {n: r[v] for n, r in fold.val.items()} if v.any() else fold.val
+        v = v if v.any() else np.ones_like(v)
         yield (
             int(i),
             Fold(
-                val,
+                {n: r[v] for n, r in fold.val.items()},
                 {n: r[t] for n, r in fold.test.items()},
                 fold.y[t],
                 {n: p[t] for n, p in fold.pred.items()},
-                None if fold.dates is None else fold.dates[t],
+                cut(fold.dates, t),
+                cut(fold.val_ends, v),
+                cut(fold.test_ends, t),
+                fold.test_start,
             ),
         )
 
@@ -133,12 +220,13 @@ def without(folds: list[Fold], start: str, end: str) -> list[Fold]:
         assert f.y is not None and f.dates is not None, "scored folds with their dates"
         keep = (f.dates < lo) | (f.dates >= hi)
         out.append(
-            Fold(
-                f.val,
-                {n: r[keep] for n, r in f.test.items()},
-                f.y[keep],
-                {n: p[keep] for n, p in f.pred.items()},
-                f.dates[keep],
+            dataclasses.replace(
+                f,
+                test={n: r[keep] for n, r in f.test.items()},
+                y=f.y[keep],
+                pred={n: p[keep] for n, p in f.pred.items()},
+                dates=f.dates[keep],
+                test_ends=None if f.test_ends is None else f.test_ends[keep],
             )
         )
     return out
@@ -148,7 +236,7 @@ def brief(out: dict, model: str = MODEL) -> dict:
     """A verdict cut to its row: the model's and the stitched choice's test metrics, their
     comparison, the picks and the verdict (a panel's per-series rows)."""
     rows = out["pooled"]
-    return {
+    cut = {
         "windows": int(sum(out["fold_windows"])),
         "folds": len(out["fold_windows"]),
         "chosen_per_fold": out["chosen_per_fold"],
@@ -157,6 +245,12 @@ def brief(out: dict, model: str = MODEL) -> dict:
         CHOSEN: {**rows[CHOSEN]["test"], "ci95": rows[CHOSEN]["ci95"]},
         "vs": rows[CHOSEN]["vs"],
     }
+    if PAIR in rows and model != PAIR:  # the control: what any second forecast adds
+        v = rows[PAIR]["vs"]
+        cut[PAIR] = {**rows[PAIR]["test"], "ci95": rows[PAIR]["ci95"]}
+        cut["vs_pair"] = v
+        cut["verdict_vs_pair"] = verdict(v["dm_p90"], v["p90_diff_ci95"])
+    return cut
 
 
 def holm_rows(rows: dict) -> dict:
@@ -174,7 +268,7 @@ def format_series(rows: dict) -> str:
     """A panel's per-series table (:func:`brief` rows by series name)."""
     lines = [
         "per series (each over the folds it was scored in, its baseline chosen per fold "
-        "on its own validation; Holm over the series):",
+        "on its own record; Holm over the series):",
         "| series | folds | windows | TFT P90 | chosen P90 | P90 diff [95% CI] | DM P90 (p, Holm) "
         "| verdict |",
         "|---|---|---|---|---|---|---|---|",
@@ -306,16 +400,19 @@ def summarize(
     reps: int,
     model: str | None = MODEL,
     block: int | None = None,
+    picks: list[str] | None = None,
 ) -> dict:
     """The verdict of a walk-forward (see the module docstring): ``pooled`` (a row per model:
     validation and test metrics, intervals, calibration, and ``vs``: the model against it),
     ``chosen_per_fold``, ``block``, ``comparisons`` and, with a ``model``, ``verdict``.
     ``model=None``: the baselines alone (no comparison). ``block``: the intervals' bootstrap
     block (default: Politis–White on the model's P90 loss differential with the stitched
-    choice, or on the choice's own P90 loss without a model)."""
+    choice, or on the choice's own P90 loss without a model). ``picks``: the folds' choices
+    made before (a subset of the test windows keeps the choices of the whole)."""
     baselines = [n for n in folds[0].val if n != model and n not in MODELS]
-    folds, picks = with_choice(folds, baselines)
-    names = ([model] if model else []) + baselines + [CHOSEN]
+    folds, picks = with_choice(folds, baselines, picks)
+    controls = [n for n in (PAIR,) if n != model and n in folds[0].test]
+    names = ([model] if model else []) + baselines + [CHOSEN] + controls
     cat = lambda part, n: np.concatenate([getattr(f, part)[n] for f in folds])
     test = {n: cat("test", n) for n in names}
     dates = (
@@ -412,11 +509,15 @@ def format_table(out: dict, names: dict | None = None) -> str:
     picks = out["chosen_per_fold"]
 
     def label(n: str) -> str:
-        fixed = {MODEL: "TFT", CHOSEN: "baseline chosen per fold"}
+        fixed = {
+            MODEL: "TFT",
+            CHOSEN: "baseline chosen per fold",
+            PAIR: "best baseline pair per fold",
+        }
         return fixed[n] if n in fixed else str(names.get(n, n))
 
     lines = [
-        f"pooled over {len(picks)} folds; choice per fold on its own validation: "
+        f"pooled over {len(picks)} folds; choice per fold on its out-of-sample record: "
         + ", ".join(names.get(p, p) for p in picks)
         + f"; inference over {inference_text(out)}; 95% circular block bootstrap (block "
         f"{out['block']} {unit(out)}s); DM: TFT - row (negative: the TFT is better), "

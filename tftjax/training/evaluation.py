@@ -235,6 +235,17 @@ def window_origins(ds: Dataset, starts: np.ndarray) -> np.ndarray:
     return ds.ts[np.asarray(starts) + ds.cfg.encoder_steps - 1].astype(np.int64)
 
 
+def window_ends(ds: Dataset, starts: np.ndarray) -> np.ndarray:
+    """Each window's last target time, at the latest (int64 ns): the time of the
+    ``decoder_steps``-th bar after its origin (the bar of the last calendar slot is at most
+    that many bars on), or its series' last bar. A choice made before a time reads only
+    windows that end before it (:func:`tftjax.stats.verdict.record`)."""
+    origin = np.asarray(starts) + ds.cfg.encoder_steps - 1
+    last = np.array([o + len(s.bars) - 1 for s, o in zip(ds.series, ds.offsets)])
+    end = np.minimum(origin + ds.cfg.decoder_steps, last[ds.series_of(origin)])
+    return ds.ts[end].astype(np.int64)
+
+
 def baselines(
     ds: Dataset, quantiles, split: str, starts: np.ndarray | None = None
 ) -> dict[str, dict]:

@@ -3,8 +3,10 @@
 Each fold (:func:`tftjax.data.windows.walk_forward_times`) trains a model **from scratch**
 on every bar before its validation stretch, early-stops on that stretch, and scores its own
 test stretch once; the folds' test targets tile the test region. Each fold chooses its
-baseline and the combination's weight on its own validation stretch; nothing is chosen on
-test. :mod:`tftjax.stats.verdict` pools the folds into the table.
+baseline on its out-of-sample record before its test start
+(:func:`tftjax.stats.verdict.record`), and the combination's weight and the best baseline
+pair (the control) on its own validation stretch; nothing is chosen on a target at or after
+its test start. :mod:`tftjax.stats.verdict` pools the folds into the table.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import Dataset
 from tftjax.stats import scoring, verdict
+from tftjax.stats.baselines import NAMES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +38,9 @@ class WalkForward:
     (0: no tuning)."""
     tune_epochs: int = 8
     """Epochs of each tuning trial (patience 2, median pruning)."""
+    baseline_pairs: str = "all"
+    """The pairs of baselines the pair control tries on each fold's validation (``a+b,c+d``
+    of :data:`tftjax.stats.baselines.NAMES`), or ``all``."""
 
     def __post_init__(self) -> None:
         if self.folds < 2:
@@ -49,6 +55,25 @@ class WalkForward:
             raise ConfigError(f"--tune-trials must be >= 0 (0: no tuning), got {self.tune_trials}")
         if self.tune_trials and self.tune_epochs < 1:
             raise ConfigError(f"--tune-epochs must be >= 1, got {self.tune_epochs}")
+        self.pairs(list(NAMES))  # every name known: refused before any fold trains
+
+    def pairs(self, available: list[str]) -> list[tuple[str, str]]:
+        """The pairs to try among the ``available`` baselines (a pair with a baseline this
+        data has none of, HAR on intraday bars, is left out)."""
+        if self.baseline_pairs == "all":
+            return verdict.all_pairs(available)
+        out = []
+        for item in self.baseline_pairs.split(","):
+            names = item.split("+")
+            bad = [n for n in names if n not in NAMES]
+            if len(names) != 2 or bad or names[0] == names[1]:
+                raise ConfigError(
+                    f"--baseline-pairs {self.baseline_pairs}: {item!r} is not a pair of two "
+                    f"baselines a+b of {', '.join(NAMES)}, or all"
+                )
+            if all(n in available for n in names):
+                out.append((names[0], names[1]))
+        return out
 
 
 @dataclasses.dataclass
@@ -87,7 +112,7 @@ def backtest(
     for k, fold in enumerate(walk_forward_times(ts, cfg.data, plan.folds, plan.test_fraction), 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
         chosen, ck = train_fold(cfg, tc, ds, workdir, k, plan, tune_fn, progress, tensorboard)
-        entry = score_fold(ck, tc, ds, fold, tally, panel=len(files) > 1)
+        entry = score_fold(ck, tc, ds, fold, tally, len(files) > 1, plan)
         entry.update(fold=k, tuned=chosen)
         tally.folds.append(entry)
         log(fold_line(entry, k, plan.folds, ds))
@@ -144,46 +169,54 @@ def train_fold(
     return chosen, open_checkpoint(run)
 
 
-def score_fold(ck, tc: TrainConfig, ds: Dataset, fold, tally: Tally, panel: bool) -> dict:
-    """Fold ``ck``'s TFT, every baseline, the baseline chosen on its validation and the
-    combination scored on its validation and test windows (added to ``tally``); the fold's
-    record."""
+def score_fold(
+    ck, tc: TrainConfig, ds: Dataset, fold, tally: Tally, panel: bool, plan: WalkForward
+) -> dict:
+    """Fold ``ck``'s TFT, every baseline, the baseline chosen on its out-of-sample record,
+    the combination and the best baseline pair scored on its validation and test windows
+    (added to ``tally``); the fold's record. The weights and the pair are chosen on the
+    fold's validation windows, the baseline on its record before its test start."""
     from tftjax.data import to_device
     from tftjax.training import Trainer, restore_checkpoint
     from tftjax.training.anchoring import resolve_anchor
-    from tftjax.training.evaluation import window_origins
+    from tftjax.training.evaluation import window_ends, window_origins
 
     _, ds, _ = resolve_anchor(ck.cfg, ds)  # the fold's anchor (auto: its own validation)
     trainer = Trainer(ck.cfg, tc, to_device(ds.features))
     variables = restore_checkpoint(ck).variables()
     qs = ck.cfg.head.quantiles
-    f = verdict.Fold({}, {}, None, {})
-    weight = 0.0
-    for split in ("val", "test"):
-        starts = getattr(ds.splits, split)
-        preds, y = split_forecasts(trainer, variables, ds, starts, qs)
-        if split == "val":  # the combination's weight, with the fold's own choice
-            chosen = verdict.choose(
-                verdict.Fold(
-                    {n: scoring.window_sums(y, p, qs) for n, p in preds.items()}, {}, None, {}
-                ),
-                [n for n in preds if n != "tft"],
-            )
-            weight = verdict.combine(y, preds["tft"], preds[chosen], qs)
+    val, test = (
+        split_forecasts(trainer, variables, ds, getattr(ds.splits, s), qs) for s in ("val", "test")
+    )
+    f = verdict.Fold(
+        {n: scoring.window_sums(val[1], p, qs) for n, p in val[0].items()},
+        {},
+        None,
+        {},
+        val_ends=window_ends(ds, ds.splits.val),
+        test_start=int(fold[1]),
+    )
+    names = [n for n in val[0] if n != "tft"]
+    chosen = verdict.choose_on_record([*tally.scored, f], len(tally.scored), names)
+    weight = verdict.combine(val[1], val[0]["tft"], val[0][chosen], qs)
+    pair = verdict.best_pair(val[1], val[0], qs, plan.pairs(names) or [(chosen, chosen)])
+    for split, (preds, y) in (("val", val), ("test", test)):
+        a, b, w = pair
         preds[verdict.COMBO] = weight * preds["tft"] + (1 - weight) * preds[chosen]
+        preds[verdict.PAIR] = w * preds[a] + (1 - w) * preds[b]
         for name, p in preds.items():
             getattr(f, split)[name] = scoring.window_sums(y, p, qs)
-            if split == "test":
-                tally.steps.setdefault(name, []).append(scoring.step_q_risk(y, p, qs))
-        if split == "test":  # each window's origin: the date inference runs over
-            f.y, f.pred = y, preds
-            f.dates = window_origins(ds, starts)
+    f.y, f.pred = test[1], test[0]
+    f.dates, f.test_ends = window_origins(ds, ds.splits.test), window_ends(ds, ds.splits.test)
+    for name, p in f.pred.items():
+        tally.steps.setdefault(name, []).append(scoring.step_q_risk(f.y, p, qs))
     tally.scored.append(f)
     sid = {split: ds.series_of(getattr(ds.splits, split)) for split in ("val", "test")}
     if panel or len(ds.series) > 1 or ds.absent:  # a panel: per series too
         for name, part in verdict.by_series(f, sid["val"], sid["test"]):
             tally.by_series.setdefault(ds.names[name], []).append(part)
-    return fold_record(ck, ds, fold, f, sid["test"], weight)
+    record = fold_record(ck, ds, fold, f, sid["test"], weight, chosen)
+    return {**record, "pair": list(pair)}
 
 
 def split_forecasts(trainer, variables, ds: Dataset, starts: np.ndarray, qs):
@@ -194,7 +227,9 @@ def split_forecasts(trainer, variables, ds: Dataset, starts: np.ndarray, qs):
     return preds, window_targets(ds, starts)
 
 
-def fold_record(ck, ds: Dataset, fold, f, test_series: np.ndarray, weight: float) -> dict:
+def fold_record(
+    ck, ds: Dataset, fold, f, test_series: np.ndarray, weight: float, chosen: str
+) -> dict:
     """What ``backtest.json`` keeps of a fold."""
     return {
         "weights_epoch": ck.meta.get("weights_epoch"),
@@ -211,7 +246,7 @@ def fold_record(ck, ds: Dataset, fold, f, test_series: np.ndarray, weight: float
         "val_q_risk_90": {
             name: float(scoring.from_sums(r)["q_risk_90"]) for name, r in f.val.items()
         },
-        "chosen": verdict.choose(f, [n for n in f.val if n not in verdict.MODELS]),
+        "chosen": chosen,  # on the fold's out-of-sample record (verdict.record)
         "combination_weight": weight,  # of the TFT, with the chosen baseline
     }
 
@@ -248,7 +283,7 @@ def summarize(tally: Tally, cfg: TFTConfig, reps: int) -> dict:
             "from": STRESS[0],
             "until": STRESS[1],
             "windows_dropped": int(dropped),
-            **verdict.brief(verdict.summarize(calm, qs, d, reps)),
+            **verdict.brief(verdict.summarize(calm, qs, d, reps, picks=out["chosen_per_fold"])),
         }
     out["folds"] = tally.folds
     out["combination"] = {
@@ -271,13 +306,21 @@ def summarize(tally: Tally, cfg: TFTConfig, reps: int) -> dict:
     return out
 
 
+def out_verdict(vs: dict) -> str:
+    """A comparison's P90 difference, DM and verdict word in one clause."""
+    ci, dm = vs["p90_diff_ci95"], vs["dm_p90"]
+    word = verdict.verdict(dm, ci)
+    return (
+        f"diff {vs['p90_diff']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}], DM P90 {dm['stat']:+.2f} "
+        f"(p {dm['p']:.3g}): {word}"
+    )
+
+
 def brief_sentence(r: dict, model: str) -> str:
     """A :func:`tftjax.stats.verdict.brief` row in one line: P90s, difference, DM, verdict."""
-    ci, dm = r["vs"]["p90_diff_ci95"], r["vs"]["dm_p90"]
     return (
-        f"P90 {r[model]['q_risk_90']:.4f} against {r[verdict.CHOSEN]['q_risk_90']:.4f}, diff "
-        f"{r['vs']['p90_diff']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}], DM P90 {dm['stat']:+.2f} "
-        f"(p {dm['p']:.3g}): {r['verdict']}"
+        f"P90 {r[model]['q_risk_90']:.4f} against {r[verdict.CHOSEN]['q_risk_90']:.4f}, "
+        + out_verdict(r["vs"])
     )
 
 
@@ -292,6 +335,15 @@ def format_table(out: dict) -> str:
             f"\n\ncombination w·TFT + (1-w)·the chosen baseline, w per fold on its "
             f"validation ({', '.join(f'{w:g}' for w in c['weights'])}): "
             + brief_sentence(c, verdict.COMBO)
+        )
+    pair = out["pooled"].get(verdict.PAIR)
+    if pair and c:
+        picks = ", ".join(f"{f['pair'][0]}+{f['pair'][1]} {f['pair'][2]:g}" for f in out["folds"])
+        table += (
+            f"\n\nthe control, the best baseline pair per fold on its validation ({picks}): "
+            f"P90 {pair['test']['q_risk_90']:.4f}; the TFT against it: "
+            f"{out_verdict(pair['vs'])}; the combination against it: "
+            f"{out_verdict(c['vs_pair'])}"
         )
     w = out.get("without_stress")
     if w:
