@@ -49,6 +49,7 @@ def run(argv: list[str] | None = None) -> int:
             import optuna  # noqa: F401
         except ImportError:
             raise ConfigError("--tune-trials needs optuna: pip install 'tftjax[tune]'") from None
+    prereg = preregistered(opts, cfg, tc)  # before any fold trains
     out = backtest(
         cfg,
         tc,
@@ -65,6 +66,8 @@ def run(argv: list[str] | None = None) -> int:
         "tuned": tuned,
         "tune_trials": opts.tune_trials,
     }
+    if prereg:
+        out["preregistration"] = prereg
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "backtest.json").write_text(json.dumps(out, indent=1))
     print(
@@ -84,6 +87,21 @@ def run(argv: list[str] | None = None) -> int:
         )
     print(f"wrote {workdir / 'backtest.json'}")
     return 0
+
+
+def preregistered(opts: BacktestOptions, cfg, tc) -> dict | None:
+    """The recipe's stamp for ``backtest.json``, or None (no ``--preregistered``).
+
+    Raises:
+      ConfigError: the run is not the recipe."""
+    if opts.preregistered is None:
+        return None
+    from tftjax.training import preregistration as pr
+
+    recipe = pr.read_recipe(opts.preregistered)
+    parts = (cfg.model, cfg.head, cfg.quant, cfg.execution, cfg.data, tc, opts)
+    pr.check(recipe, pr.settings_of(*parts), opts.preregistered)
+    return pr.stamp(recipe, opts.preregistered)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,11 +3,12 @@ validation and test apart and tile the test region, choices made on validation o
 tiny run end to end, and the refusals."""
 
 import dataclasses
+import hashlib
 import json
 
 import numpy as np
 import pytest
-from conftest import call, short_es
+from conftest import REPO, call, short_es
 from scipy import stats
 from tiny import TINY_TFT
 
@@ -18,6 +19,7 @@ from tftjax.data.windows import walk_forward_times
 from tftjax.stats import scoring, verdict
 
 CFG = preset("tiny")
+SPX_RECIPE = REPO / "experiments" / "preregistered" / "spx.json"
 
 
 def test_folds_keep_train_val_and_test_apart_and_tile_the_test_region():
@@ -198,6 +200,31 @@ def test_the_pair_control_is_the_best_pair_and_weight_on_validation_by_hand():
     assert verdict.all_pairs(["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("b", "c")]
 
 
+RECIPE = {
+    "set": "ES tiny",
+    "written": "2026-12-07T16:40+00:00",
+    "test": "TFT vs chosen, DM P90 by date",
+    "holm_family": ["es: TFT vs chosen"],
+}
+
+
+def test_every_committed_recipe_reads_and_names_real_settings():
+    from tftjax.cli.options import BacktestOptions
+    from tftjax.config import TrainConfig
+    from tftjax.training import preregistration as pr
+
+    cfg = preset("compact")
+    names = pr.settings_of(
+        cfg.model, cfg.head, cfg.quant, cfg.execution, cfg.data, TrainConfig(), BacktestOptions()
+    )
+    files = sorted((REPO / "experiments" / "preregistered").glob("*.json"))
+    assert {f.stem for f in files} == {"spx", "nasdaq", "btc", "us-daily", "es"}
+    for f in files:
+        recipe = pr.read_recipe(f)
+        assert set(recipe["flags"]) <= set(names), f
+        assert recipe["written"].endswith("+00:00")  # a time a reader reads has its zone
+
+
 def test_verdict_words():
     better, worse = (-0.02, -0.01), (0.01, 0.02)  # paired intervals of the P90 difference
     assert verdict.verdict({"stat": -3.0, "p": 0.001}, better) == "beats"
@@ -236,10 +263,14 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
         return {"settings": {"model": {"dropout": 0.05 * (seed + 1)}, "train": {}}}
 
     monkeypatch.setattr(tftjax.training.search, "tune", search)
+    recipe = tmp_path / "recipe.json"  # pre-registered: the run must be it
+    recipe.write_text(json.dumps({**RECIPE, "flags": {"preset": "tiny", "folds": 2}}))
     assert (
         call(
             backtest.main,
             *TINY_TFT,
+            "--preregistered",
+            recipe,
             "--folds",
             "2",
             "--epochs",
@@ -259,6 +290,9 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
     )
     out = json.loads((tmp_path / "bt" / "backtest.json").read_text())
     assert [f["fold"] for f in out["folds"]] == [1, 2]
+    pre = out["preregistration"]  # the file's hash, for a reader to check it came first
+    assert pre["sha256"] == hashlib.sha256(recipe.read_bytes()).hexdigest()
+    assert pre["holm_family"] == RECIPE["holm_family"] and pre["test"] == RECIPE["test"]
     assert out["settings"]["tuned"] == "in each fold"
     assert len(seen) == 2 and all(t[3:] == (3, 2) for t in seen)
     for k, (tr, va, te, *_) in enumerate(seen, 1):  # each fold's search: its own stretches
@@ -312,6 +346,13 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
         (["--target", "nonsense"], "--target must be one of"),
         (["--baseline-pairs", "qr+nope"], "--baseline-pairs qr+nope: 'qr+nope' is not a pair"),
         (["--baseline-pairs", "qr"], "--baseline-pairs qr: 'qr' is not a pair of two"),
+        (
+            ["--preregistered", str(SPX_RECIPE)],
+            f"--preregistered {SPX_RECIPE}: this run is not the recipe: "
+            "--dataset None, the recipe says spx; --calendar None, the recipe says XNYS; "
+            "--preset tiny, the recipe says compact; --ensemble 1, the recipe says 5",
+        ),
+        (["--preregistered", "nope.json"], "--preregistered nope.json: no such file"),
     ],
 )
 def test_bad_backtest_input_exits_2_with_one_line(tmp_path, capsys, args, expect):

@@ -177,6 +177,10 @@ class BacktestOptions:
     """The pair control: the pairs of baselines combined on each fold's validation
     (a+b,c+d of zero, train_quantiles, rolling, ewma_gauss, ewma_empirical, range_ewma, har,
     qr), or all."""
+    preregistered: Path | None = None
+    """A recipe committed before the run (experiments/preregistered/*.json): the run is
+    refused unless its settings are the recipe's, and backtest.json records the file's
+    SHA-256, its one test and its Holm family."""
     workdir: Path | None = None
     """Each fold's run (fold_1 …) and backtest.json go here (default: a new
     runs/backtest/run_NNN)."""
