@@ -31,6 +31,7 @@ this map names every module::
   config                   the configs' names in one place
   stats.losses             pinball loss, q-risk, coverage
   stats.volatility         EWMA, range and HAR volatility models; the anchors of --anchor
+  stats.garch              GJR-GARCH(1,1) with filtered historical simulation
   stats.baselines          EWMA, rolling and naive quantile forecasts on the same windows
   stats.scoring            block bootstrap, Diebold-Mariano, Holm, Kupiec/Christoffersen, CRPS
   stats.verdict            a walk-forward's verdict: per-fold baseline choice, DM, calibration
@@ -101,6 +102,7 @@ this map names every module::
   training.run             train_and_evaluate: the whole TFT job
   training                 the training package's names in one place
   training.search          the Optuna search of tune and backtest --tune-trials
+  training.preregistration  --preregistered: a committed recipe checked, its hash recorded
   training.walkforward     the TFT's walk-forward against the baselines (backtest)
   serving.table            the forecast file: its tidy table, times, zones, losses, metadata
   serving.forecast         quantile forecasts of a saved TFT from chosen origins (no lookahead)

@@ -35,7 +35,14 @@ def test_every_baseline_by_hand(series):
     r, train, horizon = series, (0, 200), 3
     origins = np.array([210, 250, 399 - horizon])
     got = baselines.forecasts(r, origins, horizon, QS, train, window=50)
-    assert set(got) == {"zero", "train_quantiles", "rolling", "ewma_gauss", "ewma_empirical"}
+    assert set(got) == {
+        "zero",
+        "train_quantiles",
+        "rolling",
+        "ewma_gauss",
+        "ewma_empirical",
+        "gjr_fhs",  # tests/stats/test_garch.py
+    }
     for p in got.values():
         assert p.shape == (3, horizon, 3)
     init = np.mean(r[:200] ** 2)

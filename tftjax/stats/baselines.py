@@ -19,6 +19,11 @@ units) from returns at rows ``<= T`` only:
   on the same range variance, ``RV_{t+1} = β₀ + β_d RV_t + β_w RV^{(5)}_t + β_m RV^{(22)}_t``
   (OLS on the training rows; steps ``h > 1`` iterate it on its own forecasts), times the
   empirical quantiles of the training returns standardised by its fitted one-step forecasts;
+- ``gjr_fhs``: GJR-GARCH(1,1) (a fall raises the next variance more than a rise), Gaussian
+  QML on the training rows, with filtered historical simulation: the training rows'
+  standardised residuals resampled into paths of the recursion, so that steps ``h > 1``
+  revert to the long-run variance with the leverage effect (:mod:`tftjax.stats.garch`,
+  tested against ``arch``);
 - with the TFT's own features (:func:`quantile_regression`): ``qr``, a linear quantile
   regression of every decoder step's target on the encoder features at the origin (their
   first 16 principal components on the training rows), fitted on the training windows.
@@ -26,9 +31,8 @@ units) from returns at rows ``<= T`` only:
 Horizon: the targets are one-bar returns at steps ``1..D``; RiskMetrics'
 ``h``-step forecast of a one-bar variance is ``σ²_{T+1}`` for every ``h`` (no
 mean reversion), so the EWMA quantiles are the same at every step (a
-cumulative ``h``-bar return would scale them by ``√h``). GARCH(1,1), whose
-forecasts revert to the long-run variance with ``h``, is in
-``experiments/forecast_skill.py`` (``arch`` package, not a core dependency).
+cumulative ``h``-bar return would scale them by ``√h``); GJR-GARCH's revert to the
+long-run variance with ``h``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import numpy as np
 import optax
 from scipy.stats import norm
 
+from tftjax.stats import garch
 from tftjax.stats.volatility import (  # noqa: F401
     HAR_LAGS,
     LAMBDA,
@@ -63,6 +68,7 @@ NAMES = {
     "ewma_empirical": "EWMA vol (0.94), empirical",
     "range_ewma": "range EWMA (Parkinson+gap)",
     "har": "HAR-RV (range), daily",
+    "gjr_fhs": "GJR-GARCH(1,1), filtered hist. sim.",
     "qr": "linear quantile regression (features)",
 }
 QR_COMPONENTS = 16
@@ -165,6 +171,8 @@ def forecasts(
             lam=lam,
             origins=origins,
         ).quantiles(np.arange(origins.size))
+    gjr = garch.fit(y[a:b])  # leverage: a fall raises the next variance more than a rise
+    out["gjr_fhs"] = garch.fhs_quantiles(gjr, y, origins, horizon, qs, cumulative=cumulative)
     if features is not None and decoder_target is not None:
         out["qr"] = quantile_regression(features, decoder_target, origins, qs, train_rows)
     return out
