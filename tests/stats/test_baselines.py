@@ -169,6 +169,21 @@ def test_range_baselines_by_hand():
             )
     assert "har" not in baselines.forecasts(r, origins, horizon, QS, train, ranges=rv)
 
+    # the direct HAR: for each step k, OLS of rv[t+k] on the same regressors over t in
+    # 21..79-k; its forecast at T is x(T) . beta_k (no iteration); the residuals are the
+    # returns over the one-step regression's fit (beta_1 is the iterated HAR's beta)
+    for k in range(1, horizon + 1):
+        Xk = np.array([x_at(rv, t) for t in range(21, 80 - k)])
+        bk = np.linalg.lstsq(Xk, rv[21 + k : 80], rcond=None)[0]
+        if k == 1:
+            np.testing.assert_allclose(bk, beta, rtol=1e-9)
+        for j, T in enumerate(origins):
+            f = max(np.dot(x_at(rv, T), bk), floor)
+            np.testing.assert_allclose(
+                got["har_direct"][j, k - 1], np.sqrt(f) * np.quantile(res, QS), rtol=1e-9
+            )
+    assert "har_direct" not in baselines.forecasts(r, origins, horizon, QS, train, ranges=rv)
+
 
 def test_cumulative_baselines_by_hand(series):
     """``--target cumulative``: step k forecasts the k-bar sum."""

@@ -19,6 +19,8 @@ units) from returns at rows ``<= T`` only:
   on the same range variance, ``RV_{t+1} = β₀ + β_d RV_t + β_w RV^{(5)}_t + β_m RV^{(22)}_t``
   (OLS on the training rows; steps ``h > 1`` iterate it on its own forecasts), times the
   empirical quantiles of the training returns standardised by its fitted one-step forecasts;
+  ``har_direct``, the same HAR with its own OLS regression for every step ``h`` (direct,
+  not iterated);
 - ``gjr_fhs``: GJR-GARCH(1,1) (a fall raises the next variance more than a rise), Gaussian
   QML on the training rows, with filtered historical simulation: the training rows'
   standardised residuals resampled into paths of the recursion, so that steps ``h > 1``
@@ -52,6 +54,7 @@ from tftjax.stats.volatility import (  # noqa: F401
     LAMBDA,
     anchor,
     ewma_variance,
+    har_direct_fit,
     har_features,
     har_fit,
     har_forecasts,
@@ -68,6 +71,7 @@ NAMES = {
     "ewma_empirical": "EWMA vol (0.94), empirical",
     "range_ewma": "range EWMA (Parkinson+gap)",
     "har": "HAR-RV (range), daily",
+    "har_direct": "HAR-RV (range), a regression per step, daily",
     "gjr_fhs": "GJR-GARCH(1,1), filtered hist. sim.",
     "qr": "linear quantile regression (features)",
 }
@@ -171,11 +175,39 @@ def forecasts(
             lam=lam,
             origins=origins,
         ).quantiles(np.arange(origins.size))
+    if ranges is not None and daily:  # HAR with its own regression for every step
+        out["har_direct"] = har_direct(
+            y, np.asarray(ranges, np.float64), origins, horizon, qs, train_rows, cumulative
+        )
     gjr = garch.fit(y[a:b])  # leverage: a fall raises the next variance more than a rise
     out["gjr_fhs"] = garch.fhs_quantiles(gjr, y, origins, horizon, qs, cumulative=cumulative)
     if features is not None and decoder_target is not None:
         out["qr"] = quantile_regression(features, decoder_target, origins, qs, train_rows)
     return out
+
+
+def har_direct(
+    y: np.ndarray,
+    rv: np.ndarray,
+    origins: np.ndarray,
+    horizon: int,
+    qs: np.ndarray,
+    train_rows: tuple[int, int],
+    cumulative: bool = False,
+) -> np.ndarray:
+    """``[N, horizon, Q]``: the direct HAR's variance forecast of each step
+    (:func:`~tftjax.stats.volatility.har_direct_fit`, at least ``1e-4`` of the training
+    rows' mean range variance), its root times the empirical quantiles of the training
+    returns standardised by its one-step fit (``cumulative``: the root of the summed
+    variances)."""
+    a, b = train_rows
+    betas = har_direct_fit(rv, a, b, horizon)
+    floor = 1e-4 * float(np.mean(rv[a:b]))
+    fitted = np.maximum(har_features(rv) @ betas.T, floor)  # [n, horizon]
+    z = np.quantile(y[a + 1 : b] / np.sqrt(fitted[a : b - 1, 0]), qs)
+    var = fitted[origins]
+    sigma = np.sqrt(np.cumsum(var, axis=1) if cumulative else var)
+    return sigma[..., None] * z[None, None, :]
 
 
 _QR_FITS: dict = {}

@@ -3,6 +3,7 @@
 - :func:`ewma_variance`: RiskMetrics, ``v[t] = λ v[t-1] + (1-λ) r[t]²``;
 - :func:`range_variance`: the per-bar Parkinson variance plus the squared opening gap;
 - :func:`har_fit`, :func:`har_features`, :func:`har_forecasts`: Corsi's HAR-RV on it;
+  :func:`har_direct_fit`: HAR with a regression per forecast step;
 - :func:`anchor`: one volatility model as an **anchor**, ``σ[t, k]`` (its forecast, made at
   row ``t`` from rows ``<= t``, of the scale of the target ``k`` steps ahead) and ``z``
   (the empirical quantiles of the training rows' targets standardised by its one-step
@@ -52,6 +53,20 @@ def har_fit(rv: np.ndarray, a: int, b: int) -> np.ndarray:
     t = np.arange(max(a, HAR_LAGS[-1] - 1), b - 1)
     beta, *_ = np.linalg.lstsq(X[t], rv[t + 1], rcond=None)
     return beta
+
+
+def har_direct_fit(rv: np.ndarray, a: int, b: int, horizon: int) -> np.ndarray:
+    """``[horizon, 4]``: for each step ``h``, the OLS ``β_h`` of ``RV_{t+h}`` on
+    ``[1, RV_t, RV^{(5)}_t, RV^{(22)}_t]`` over ``t`` in the training rows ``[a, b)`` with
+    ``t + h`` in them too (from the 22nd): a direct forecast per step, where :func:`har_fit`
+    iterates the one-step model on its own forecasts."""
+    X = har_features(rv)
+    betas = []
+    for h in range(1, horizon + 1):
+        t = np.arange(max(a, HAR_LAGS[-1] - 1), b - h)
+        beta, *_ = np.linalg.lstsq(X[t], rv[t + h], rcond=None)
+        betas.append(beta)
+    return np.stack(betas)
 
 
 def har_features(rv: np.ndarray) -> np.ndarray:
