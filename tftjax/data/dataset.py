@@ -361,12 +361,14 @@ def read_named(paths: list, min_rows: int | None, instrument: str | None):
 
 
 def as_the_one_instrument(names: list[str], bars: list, stats, instrument, unknown: str):
-    """A one-instrument model asked on one series without a symbol column (a file or a
-    table that names nothing): that series is the model's instrument, not an unknown one
-    named after the file. Named (``instrument``) or served as unknown (``embed``): as
-    asked."""
+    """A one-instrument model asked on one in-memory table without a symbol column (it names
+    nothing, where a file's stem names its series): that series is the model's instrument.
+    Named (``instrument``) or served as unknown (``embed``): as asked. A file of another
+    name is still refused (its statistics would be another instrument's)."""
+    from tftjax.data.sources import TABLE
+
     one = isinstance(stats, dict) and len(stats) == 1
-    nameless = len(bars) == 1 and bars[0].symbol is None
+    nameless = len(bars) == 1 and bars[0].symbol is None and bars[0].path == TABLE
     if one and nameless and instrument is None and unknown != "embed":
         return list(stats)
     return names

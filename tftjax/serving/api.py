@@ -8,8 +8,8 @@
     f = model.run(bars_df, origins="all")              # the Forecast: table, metadata, arrays
 
 ``bars`` is a pandas DataFrame (a time index or a time column), a pyarrow Table, parquet
-file(s), or None (the data the model was trained on); a one-instrument model reads a table
-without a ``symbol`` column as its own instrument. :meth:`Model.forecast` returns a pandas
+file(s), or None (the data the model was trained on); a one-instrument model reads a
+DataFrame or Arrow table without a ``symbol`` column as its own instrument. :meth:`Model.forecast` returns a pandas
 DataFrame on every path: a tidy table (one row per series, origin and horizon step;
 columns: :mod:`tftjax.serving.table`) with the metadata in ``df.attrs["tftjax"]``
 (:meth:`Model.run`'s ``Forecast.to_arrow()`` is the Arrow table). Its quantiles never cross
