@@ -82,6 +82,22 @@ def test_the_forecast_is_the_members_average_and_never_worse_than_their_mean(tra
     mask = np.ones(len(starts), bool)
     loss = lambda p: float(quantile_loss(y, p, qs, mask))
     assert loss(pred) <= np.mean([loss(m) for m in members]) + 1e-6
+    # the walk-forward's seeds alone (walkforward.member_sums): each member's window sums
+    # are those of its own forecast (numpy's sums by hand), and the averaged forecast's P90
+    # is never above their mean P90 (the same convexity; float32 forecasts: 1e-6)
+    from tftjax.stats import scoring
+    from tftjax.training.walkforward import member_sums
+
+    sums = member_sums(CFG.override(ensemble=N), tr, ens, starts, y, qs)
+    assert sums.shape == (N, len(starts), 6)
+    i90 = int(np.argmin(np.abs(qs - 0.9)))
+    for i in range(N):  # float64 by hand: the sums agree to float64 summation order
+        err = np.asarray(y, np.float64) - np.asarray(members[i][..., i90], np.float64)
+        q = np.float64(qs[i90])  # the level as the model has it (float32's 0.9)
+        p90 = np.nansum(np.maximum(q * err, (q - 1) * err))
+        assert sums[i, :, 2].sum() == pytest.approx(p90, rel=1e-9)
+    row = scoring.from_sums(scoring.window_sums(y, pred, qs))["q_risk_90"]
+    assert row <= np.mean([scoring.from_sums(m)["q_risk_90"] for m in sums]) + 1e-6
 
 
 @pytest.mark.parametrize("main", [train_cli.main, backtest.main])

@@ -200,6 +200,32 @@ def test_the_pair_control_is_the_best_pair_and_weight_on_validation_by_hand():
     assert verdict.all_pairs(["a", "b", "c"]) == [("a", "b"), ("a", "c"), ("b", "c")]
 
 
+def test_the_seeds_are_pooled_over_the_folds_each_alone_beside_the_row():
+    # two folds of three seeds' per-window sums (walkforward.member_sums, tested on a
+    # trained ensemble in test_ensemble.py): each seed's P90 over both folds' windows
+    from tftjax.training import walkforward as wf
+
+    rng = np.random.default_rng(8)
+    tally = wf.Tally()
+    for k in range(2):
+        rows = {"tft": 0.5, "a": 0.4, "b": 0.45, "combination": 0.42}
+        f = _timed(rng, k, rows, rows)
+        f.dates = f.test_ends
+        tally.scored.append(f)
+        tally.folds.append({"combination_weight": 0.0, "pair": ["a", "a", 0.0]})
+        tally.members.append(np.stack([_sums(rng, q) for q in (0.40, 0.50, 0.60)]))
+    out = wf.summarize(tally, preset("tiny").override(decoder_steps=2), 50)
+    m = out["pooled"]["tft"]["members"]
+    want = [
+        scoring.from_sums(np.concatenate([t[i] for t in tally.members]))["q_risk_90"]
+        for i in range(3)
+    ]
+    np.testing.assert_allclose(m["q_risk_90"], want, rtol=1e-12)
+    assert m["min"] == min(want) and m["max"] == max(want)
+    assert m["sd"] == pytest.approx(np.std(want, ddof=1), rel=1e-12)
+    assert "the TFT's 3 seeds alone" in wf.format_table(out)
+
+
 RECIPE = {
     "set": "ES tiny",
     "written": "2026-12-07T16:40+00:00",
@@ -316,6 +342,7 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
         assert {a, b} <= set(val) and w in verdict.WEIGHTS
         assert f["val_q_risk_90"]["pair"] <= min(val.values()) + 1e-12
     assert "pair" in out["pooled"] and "vs_pair" in out["combination"]
+    assert "members" not in out["pooled"]["tft"]  # one seed
     lo, hi = out["pooled"]["tft"]["ci95"]["q_risk_90"]
     assert lo <= out["pooled"]["tft"]["test"]["q_risk_90"] <= hi
     assert out["verdict"] in ("beats", "level", "behind")

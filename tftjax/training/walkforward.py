@@ -84,6 +84,8 @@ class Tally:
     folds: list = dataclasses.field(default_factory=list)
     steps: dict = dataclasses.field(default_factory=dict)
     by_series: dict = dataclasses.field(default_factory=dict)
+    members: list = dataclasses.field(default_factory=list)
+    """An ensemble's folds: each member's test-window sums alone ``[E, n, 6]``."""
 
 
 def backtest(
@@ -208,6 +210,8 @@ def score_fold(
             getattr(f, split)[name] = scoring.window_sums(y, p, qs)
     f.y, f.pred = test[1], test[0]
     f.dates, f.test_ends = window_origins(ds, ds.splits.test), window_ends(ds, ds.splits.test)
+    if ck.cfg.model.ensemble > 1:  # each seed alone: the spread beside their average
+        tally.members.append(member_sums(ck.cfg, trainer, variables, ds.splits.test, f.y, qs))
     for name, p in f.pred.items():
         tally.steps.setdefault(name, []).append(scoring.step_q_risk(f.y, p, qs))
     tally.scored.append(f)
@@ -217,6 +221,21 @@ def score_fold(
             tally.by_series.setdefault(ds.names[name], []).append(part)
     record = fold_record(ck, ds, fold, f, sid["test"], weight, chosen)
     return {**record, "pair": list(pair)}
+
+
+def member_sums(cfg: TFTConfig, trainer, variables, starts, y, qs) -> np.ndarray:
+    """``[E, n, 6]``: each ensemble member's per-window sums on its own (rearranged)
+    forecasts of the windows at ``starts``; their average is the ensemble's forecast."""
+    import jax
+
+    from tftjax.training import Trainer
+
+    one = Trainer(cfg.override(ensemble=1), trainer.tc, trainer.data)
+    out = []
+    for i in range(cfg.model.ensemble):
+        pred, _ = one.predict(jax.tree.map(lambda x, i=i: x[i], variables), starts)
+        out.append(scoring.window_sums(y, pred, qs))
+    return np.stack(out)
 
 
 def split_forecasts(trainer, variables, ds: Dataset, starts: np.ndarray, qs):
@@ -299,6 +318,14 @@ def summarize(tally: Tally, cfg: TFTConfig, reps: int) -> dict:
                 for n, fs in sorted(tally.by_series.items())
             }
         )
+    if tally.members:  # the seeds alone, pooled over the folds
+        p90 = [scoring.from_sums(m)["q_risk_90"] for m in np.concatenate(tally.members, axis=1)]
+        out["pooled"][verdict.MODEL]["members"] = {
+            "q_risk_90": [float(x) for x in p90],
+            "min": float(min(p90)),
+            "max": float(max(p90)),
+            "sd": float(np.std(p90, ddof=1)),
+        }
     for name, parts in tally.steps.items():  # P90 q-risk per forecast step, over the folds
         tot = np.concatenate(parts).sum(axis=0)  # [D, 2]
         row = out["pooled"].get(name) or out["combination"]
@@ -335,6 +362,13 @@ def format_table(out: dict) -> str:
             f"\n\ncombination w·TFT + (1-w)·the chosen baseline, w per fold on its "
             f"validation ({', '.join(f'{w:g}' for w in c['weights'])}): "
             + brief_sentence(c, verdict.COMBO)
+        )
+    members = out["pooled"][verdict.MODEL].get("members")
+    if members:
+        table += (
+            f"\n\nthe TFT's {len(members['q_risk_90'])} seeds alone: P90 {members['min']:.4f} "
+            f"to {members['max']:.4f} (sd {members['sd']:.4f}); their averaged forecast (the "
+            f"row): {out['pooled'][verdict.MODEL]['test']['q_risk_90']:.4f}"
         )
     pair = out["pooled"].get(verdict.PAIR)
     if pair and c:
