@@ -246,13 +246,15 @@ def test_eval_forecasts_are_rearranged_and_never_lose_to_the_crossing_ones(regim
     from tftjax.training import make_eval_step
 
     fs, data = regime_data
-    variables = {"params": init_params(CFG, jax.random.key(3))}
+    cfg = CFG.override(matmul_precision="highest")  # float32 matmuls on a GPU too (not TF32)
+    variables = {"params": init_params(cfg, jax.random.key(3))}
     idx = jnp.asarray([5, 160, 240, 320], jnp.int32)
-    _, pred, _ = make_eval_step(CFG)(variables, data, idx)
-    batch = gather(data, idx, CFG.data.encoder_steps, CFG.data.decoder_steps)
-    raw, _ = apply_fn(CFG)(
-        variables, batch.static, batch.historical, batch.known, True, batch.instrument
-    )
+    _, pred, _ = make_eval_step(cfg)(variables, data, idx)
+    batch = gather(data, idx, cfg.data.encoder_steps, cfg.data.decoder_steps)
+    with jax.default_matmul_precision("highest"):
+        raw, _ = apply_fn(cfg)(
+            variables, batch.static, batch.historical, batch.known, True, batch.instrument
+        )
     raw = np.asarray(raw, np.float64)  # op by op, unsorted: the reference
     assert (np.diff(raw, axis=-1) < 0).any()  # it crosses: the test can fail
     pred = np.asarray(pred, np.float64)

@@ -285,8 +285,9 @@ def fold_line(entry: dict, k: int, folds: int, ds: Dataset) -> str:
 
 
 STRESS = ("2020-02-01", "2020-05-01")
-"""February to April 2020 (origins in ``[start, end)``, the bars' clock): the pooled verdict
-is also given without it, where the test region reaches it."""
+"""February to April 2020 (origins in ``[start, end)``, compared with the windows' origin
+instants: UTC for bars with a zone, the naive clock otherwise): the pooled verdict is also
+given without it, where the test region reaches it."""
 
 
 def summarize(tally: Tally, cfg: TFTConfig, reps: int) -> dict:
@@ -301,6 +302,7 @@ def summarize(tally: Tally, cfg: TFTConfig, reps: int) -> dict:
         out["without_stress"] = {
             "from": STRESS[0],
             "until": STRESS[1],
+            "zone": "UTC for bars with a zone; the bars' own clock for naive ones",
             "windows_dropped": int(dropped),
             **verdict.brief(verdict.summarize(calm, qs, d, reps, picks=out["chosen_per_fold"])),
         }
