@@ -32,6 +32,8 @@ this map names every module::
   stats.losses             pinball loss, q-risk, coverage
   stats.volatility         EWMA, range and HAR volatility models; the anchors of --anchor
   stats.garch              GJR-GARCH(1,1) with filtered historical simulation
+  stats.caviar             symmetric-absolute-value CAViaR, fitted on the pinball loss
+  stats.seasonal           the range EWMA with an hour-of-week profile (intraday bars)
   stats.baselines          EWMA, rolling and naive quantile forecasts on the same windows
   stats.scoring            block bootstrap, Diebold-Mariano, Holm, Kupiec/Christoffersen, CRPS
   stats.verdict            a walk-forward's verdict: per-fold baseline choice, DM, calibration

@@ -42,6 +42,7 @@ def test_every_baseline_by_hand(series):
         "ewma_gauss",
         "ewma_empirical",
         "gjr_fhs",  # tests/stats/test_garch.py
+        "caviar",  # tests/stats/test_caviar.py
     }
     for p in got.values():
         assert p.shape == (3, horizon, 3)
@@ -64,13 +65,44 @@ def test_every_baseline_by_hand(series):
 
 
 def test_baselines_are_causal(series):
+    from tftjax.stats.seasonal import hour_of_week
+
     r = series.copy()
     origins = np.array([230, 260])
-    a = baselines.forecasts(r, origins, 4, QS, (0, 200))
-    r[261:] = 100.0  # everything after the last origin
-    b = baselines.forecasts(r, origins, 4, QS, (0, 200))
+    ranges = r * r + 0.1
+    hours = hour_of_week(np.arange(r.size) * 3_600_000_000_000)
+    future = hours[:, None] + np.arange(1, 5)  # hour slots are known in advance
+    decoder = np.stack([np.roll(r, -k) for k in range(1, 5)], axis=1)
+    decoder[-4:] = np.nan
+
+    def every(r, ranges, decoder):
+        return baselines.forecasts(
+            r,
+            origins,
+            4,
+            QS,
+            (0, 200),
+            ranges=ranges,
+            decoder_target=decoder,
+            hours=(hours, future % 168),
+        )
+
+    a = every(r, ranges, decoder)
+    assert {"caviar", "range_ewma_how", "qr_har"} <= set(a)
+    r[261:], ranges[261:] = 100.0, 7.0  # everything after the last origin
+    decoder[200:] = 50.0  # targets past the training rows (the fits read [0, 200) only)
+    b = every(r, ranges, decoder)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_the_fixed_qr_inputs_are_the_har_means_and_the_last_return():
+    r = np.array([0.1, -0.2, 0.3, 0.4, -0.5, 0.6])
+    rv = np.array([1.0, 4.0, 9.0, 16.0, 25.0, 36.0])
+    x = baselines.har_inputs(r, rv)
+    assert x.shape == (6, 4)
+    np.testing.assert_allclose(x[5], [6.0, np.sqrt(90 / 5), np.sqrt(91 / 6), 0.6])
+    np.testing.assert_allclose(baselines.har_inputs(r)[1, :2], [0.2, np.sqrt(0.05 / 2)])
 
 
 def test_ewma_beats_constant_quantiles_on_volatility_clusters():

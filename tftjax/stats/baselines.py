@@ -26,9 +26,18 @@ units) from returns at rows ``<= T`` only:
   standardised residuals resampled into paths of the recursion, so that steps ``h > 1``
   revert to the long-run variance with the leverage effect (:mod:`tftjax.stats.garch`,
   tested against ``arch``);
+- ``caviar``: Engle and Manganelli's symmetric-absolute-value CAViaR, each level's own
+  recursion ``f_t = β₀ + β₁ f_{t-1} + β₂ |r_t|`` fitted on its pinball loss
+  (:mod:`tftjax.stats.caviar`);
+- for intraday bars with a timeline, ``range_ewma_how``: the range EWMA of the variance
+  with its hour-of-week profile taken out, each step's forecast times the profile of that
+  step's hour (:mod:`tftjax.stats.seasonal`);
 - with the TFT's own features (:func:`quantile_regression`): ``qr``, a linear quantile
   regression of every decoder step's target on the encoder features at the origin (their
-  first 16 principal components on the training rows), fitted on the training windows.
+  first 16 principal components on the training rows), fitted on the training windows;
+- ``qr_har``: the same regression on a **fixed** set of four inputs that does not move
+  with the TFT's features (:func:`har_inputs`: the root of the mean range variance over
+  the last 1, 5 and 22 bars, and the last return; Žikeš and Baruník's quantile HAR).
 
 Horizon: the targets are one-bar returns at steps ``1..D``; RiskMetrics'
 ``h``-step forecast of a one-bar variance is ``σ²_{T+1}`` for every ``h`` (no
@@ -48,7 +57,7 @@ import numpy as np
 import optax
 from scipy.stats import norm
 
-from tftjax.stats import garch
+from tftjax.stats import caviar, garch, seasonal
 from tftjax.stats.volatility import (  # noqa: F401
     HAR_LAGS,
     LAMBDA,
@@ -70,10 +79,13 @@ NAMES = {
     "ewma_gauss": "EWMA vol (0.94), Gaussian",
     "ewma_empirical": "EWMA vol (0.94), empirical",
     "range_ewma": "range EWMA (Parkinson+gap)",
+    "range_ewma_how": "range EWMA, hour-of-week profile",
     "har": "HAR-RV (range), daily",
     "har_direct": "HAR-RV (range), a regression per step, daily",
     "gjr_fhs": "GJR-GARCH(1,1), filtered hist. sim.",
+    "caviar": "CAViaR (symmetric absolute value)",
     "qr": "linear quantile regression (features)",
+    "qr_har": "quantile HAR (fixed inputs)",
 }
 QR_COMPONENTS = 16
 QR_STEPS = 400
@@ -113,13 +125,13 @@ def forecasts(
     quantiles,
     train_rows: tuple[int, int],
     *,
-    lam: float = LAMBDA,
     window: int = ROLLING_WINDOW,
     ranges: np.ndarray | None = None,
     daily: bool = False,
     cumulative: bool = False,
     features: np.ndarray | None = None,
     decoder_target: np.ndarray | None = None,
+    hours: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Quantile forecasts ``{name: [N, horizon, Q]}`` of every baseline.
 
@@ -136,13 +148,17 @@ def forecasts(
         quantiles times ``√k`` (EWMA: a flat variance forecast) or, for HAR, the square root
         of its summed variance forecasts over the standardised residual quantiles.
       features, decoder_target: the encoder features ``[n, F]`` and every row's decoder
-        targets ``[n, horizon]`` (NaN: missing) add ``qr`` (:func:`quantile_regression`).
+        targets ``[n, horizon]`` (NaN: missing) add ``qr`` (:func:`quantile_regression`);
+        ``decoder_target`` alone adds ``qr_har``.
+      hours: intraday bars' hour of the week ``[n]`` and that of the ``k``-th calendar slot
+        after each bar ``[n, horizon]`` (:func:`seasonal.hour_of_week`) add, with ``ranges``,
+        ``range_ewma_how``.
     """
     qs = np.asarray(quantiles, np.float64)
     y = np.asarray(target, np.float64)
     a, b = train_rows
     train = y[a:b]
-    v = ewma_variance(y, lam, init=float(np.mean(train * train)))
+    v = ewma_variance(y, LAMBDA, init=float(np.mean(train * train)))
     sigma_next = np.sqrt(v)  # sigma_next[t]: forecast of |r[t+1]|'s scale, made at t
     per_origin = {
         "zero": np.zeros((origins.size, qs.size)),
@@ -172,7 +188,6 @@ def forecasts(
             ranges=ranges,
             daily=daily,
             cumulative=cumulative,
-            lam=lam,
             origins=origins,
         ).quantiles(np.arange(origins.size))
     if ranges is not None and daily:  # HAR with its own regression for every step
@@ -181,9 +196,29 @@ def forecasts(
         )
     gjr = garch.fit(y[a:b])  # leverage: a fall raises the next variance more than a rise
     out["gjr_fhs"] = garch.fhs_quantiles(gjr, y, origins, horizon, qs, cumulative=cumulative)
+    sav = caviar.fit(y[a:b], qs)
+    out["caviar"] = caviar.quantiles(sav, y, origins, horizon, cumulative=cumulative)
+    if ranges is not None and hours is not None:
+        rv = np.asarray(ranges, np.float64)
+        out["range_ewma_how"] = seasonal.quantiles(
+            y, rv, *hours, origins, qs, train_rows, cumulative=cumulative
+        )
     if features is not None and decoder_target is not None:
         out["qr"] = quantile_regression(features, decoder_target, origins, qs, train_rows)
+    if decoder_target is not None:
+        out["qr_har"] = quantile_regression(
+            har_inputs(y, ranges), decoder_target, origins, qs, train_rows, components=4
+        )
     return out
+
+
+def har_inputs(y: np.ndarray, ranges: np.ndarray | None = None) -> np.ndarray:
+    """``[n, 4]``: ``qr_har``'s fixed inputs at each row, from rows ``<=`` it: the root of
+    the mean range variance over the last 1, 5 and 22 bars (:data:`HAR_LAGS`; the squared
+    returns without ``ranges``) and the last return."""
+    y = np.asarray(y, np.float64)
+    v = y * y if ranges is None else np.asarray(ranges, np.float64)
+    return np.column_stack([np.sqrt(har_features(v)[:, 1:]), y])
 
 
 def har_direct(
@@ -211,6 +246,9 @@ def har_direct(
 
 
 _QR_FITS: dict = {}
+QR_FITS_KEPT = 2
+"""Fits kept (the features' and the fixed inputs'): a dataset's tables come one after
+another, each asking for both."""
 
 
 def quantile_regression(
@@ -239,7 +277,7 @@ def quantile_regression(
     a, b = train_rows
     d = decoder_target.shape[1]
     key = (id(features), features.shape, id(decoder_target), a, b, tuple(qs), components, steps)
-    hit = _QR_FITS.get(key)
+    hit = _QR_FITS.pop(key, None)  # put back last: the most recently used
     if hit is None or hit[0]() is not features or hit[1]() is not decoder_target:
         x = np.asarray(features[a : b - d], np.float64)
         y = np.asarray(decoder_target[a : b - d], np.float64)
@@ -270,8 +308,9 @@ def quantile_regression(
             np.asarray(w, np.float64),
             np.asarray(c, np.float64),
         )
-        _QR_FITS.clear()  # one fit kept: a dataset's tables come one after another
-        _QR_FITS[key] = hit
+        while len(_QR_FITS) >= QR_FITS_KEPT:  # the least recently used goes
+            _QR_FITS.pop(next(iter(_QR_FITS)))
+    _QR_FITS[key] = hit
     _, _, mu, proj, w, c = hit
     z = (np.asarray(features[origins], np.float64) - mu) @ proj
     return np.sort(np.einsum("nk,kdq->ndq", z, w) + c, axis=-1)

@@ -277,6 +277,7 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
         local = starts[sel] - ds.offsets[i]
         b, stats = s.bars, s.features.stats
         ranges = bl.range_variance(b.open, b.high, b.low, b.close) / stats.target_scale**2
+        hours = intraday_hours(s.features, ds.cfg.decoder_steps)
         for name, p in bl.forecasts(
             s.features.target,
             local + ds.cfg.encoder_steps - 1,
@@ -288,9 +289,22 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
             cumulative=ds.cfg.target == "cumulative",
             features=s.features.historical,
             decoder_target=window_decoder_targets(s.features),
+            hours=hours,
         ).items():
             preds.setdefault(name, np.empty((starts.size,) + p.shape[1:], p.dtype))[sel] = p
     return preds
+
+
+def intraday_hours(features, decoder_steps: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Intraday bars' hour of the week ``[n]`` and that of the ``k``-th calendar slot after
+    each bar ``[n, D]``, on the wall clock of the series' calendar zone (None: daily or
+    coarser bars, or features without a timeline)."""
+    from tftjax.stats.seasonal import hour_of_week
+
+    tl = features.timeline
+    if tl is None or features.stats.clock.interval >= DAILY[0]:
+        return None
+    return hour_of_week(tl.wall), hour_of_week(tl.future(decoder_steps)[1])
 
 
 VARIANT_NAMES = {"float": "TFT: float, no quant", "int8": "TFT: int8 inference"}
