@@ -36,6 +36,7 @@ this map names every module::
   stats.seasonal           the range EWMA with an hour-of-week profile (intraday bars)
   stats.baselines          EWMA, rolling and naive quantile forecasts on the same windows
   stats.scoring            block bootstrap, Diebold-Mariano, Holm, Kupiec/Christoffersen, CRPS
+  stats.encompassing       Giacomini-Komunjer quantile encompassing, inference by date
   stats.verdict            a walk-forward's verdict: per-fold baseline choice, DM, calibration
   stats                    (the package's face)
   data.instants            times a user gives (--as-of, --start, --end) on a series' clock

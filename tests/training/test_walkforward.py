@@ -139,6 +139,29 @@ def _timed(rng, k: int, val: dict, test: dict, n: int = 200) -> verdict.Fold:
     return f
 
 
+def test_the_verdict_asks_both_ways_whether_one_forecast_encompasses_the_other():
+    # the TFT's P90 is the true conditional quantile, every baseline's a blind constant:
+    # the TFT adds what the chosen baseline lacks, and nothing is added the other way
+    rng = np.random.default_rng(7)
+    qs, n = (0.1, 0.5, 0.9), 600
+    folds = []
+    for _ in range(2):
+        scale = np.exp(np.cumsum(rng.normal(0, 0.15, n)) * 0.3)
+        y = scale[:, None] * rng.standard_normal((n, 2))
+        true = stats.norm.ppf(qs)[None, None, :] * scale[:, None, None] * np.ones((1, 2, 1))
+        blind = stats.norm.ppf(qs)[None, None, :] * scale.mean() * np.ones((n, 2, 1))
+        pred = {"tft": true, "a": blind, "b": blind * 1.1}
+        sums = {m: scoring.window_sums(y, p, qs) for m, p in pred.items()}
+        folds.append(verdict.Fold(sums, sums, y, pred))
+    out = verdict.summarize(folds, qs, 2, 50)
+    e = out["encompassing"]
+    assert e["level"] == 0.9 and e["model_adds"]["p"] < 1e-3
+    assert e["model_adds"]["theta"][2] > 0.5
+    assert e["baseline_adds"]["p"] > e["model_adds"]["p"]
+    assert "encompassing at P90" in verdict.format_table(out)
+    assert verdict.brief(out)["encompassing"] == e
+
+
 def test_the_choice_reads_the_whole_record_before_its_test_start_and_nothing_after():
     rng = np.random.default_rng(4)
     qs = (0.1, 0.5, 0.9)

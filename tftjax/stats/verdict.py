@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from tftjax.stats import scoring
+from tftjax.stats import encompassing, scoring
 
 CHOSEN = "chosen"
 """The stitched per-fold choice's name in a verdict's tables."""
@@ -245,6 +245,8 @@ def brief(out: dict, model: str = MODEL) -> dict:
         CHOSEN: {**rows[CHOSEN]["test"], "ci95": rows[CHOSEN]["ci95"]},
         "vs": rows[CHOSEN]["vs"],
     }
+    if out.get("encompassing"):
+        cut["encompassing"] = out["encompassing"]
     if PAIR in rows and model != PAIR:  # the control: what any second forecast adds
         v = rows[PAIR]["vs"]
         cut[PAIR] = {**rows[PAIR]["test"], "ci95": rows[PAIR]["ci95"]}
@@ -463,6 +465,11 @@ def summarize(
         out["comparisons"] = len(baselines)
         main = table[CHOSEN]["vs"]  # the one test the verdict rests on (Holm across runs:
         out["verdict"] = verdict(main["dm_p90"], main["p90_diff_ci95"])  # verdicts.py)
+        # does the model add information the chosen baseline lacks, and the reverse?
+        pred = {n: cat("pred", n) for n in (model, CHOSEN)}
+        out["encompassing"] = encompassing.both_ways(
+            y, pred[model], pred[CHOSEN], qs, dates, horizon
+        )
     return out
 
 
@@ -548,4 +555,16 @@ def format_table(out: dict, names: dict | None = None) -> str:
     if "verdict" in out:
         lines.append("")
         lines.append(f"verdict: {SENTENCE[out['verdict']]}.")
+    if out.get("encompassing"):
+        lines.append(encompassing_text(out["encompassing"]))
     return "\n".join(lines)
+
+
+def encompassing_text(e: dict) -> str:
+    """One line: the Giacomini-Komunjer tests both ways against the stitched choice."""
+    m, b = e["model_adds"], e["baseline_adds"]
+    return (
+        f"encompassing at P{round(100 * e['level'])} (Giacomini-Komunjer, by date): the TFT "
+        f"adds to the chosen baseline p {m['p']:.3g} (weight {m['theta'][2]:+.2f}); the "
+        f"baseline adds to the TFT p {b['p']:.3g} (weight {b['theta'][2]:+.2f})"
+    )
