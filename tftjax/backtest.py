@@ -18,8 +18,8 @@ import json
 from tftjax.cli import data_files, first_paragraph, run_folder, tft_command_line, tft_configs
 from tftjax.cli import main as cli_main
 from tftjax.cli.options import BacktestOptions
-from tftjax.config import ConfigError
-from tftjax.training.walkforward import WalkForward, backtest, format_table
+from tftjax.training.preregistration import settings_of
+from tftjax.training.walkforward import WalkForward, backtest, claim_workdir, format_table
 
 TRAIN_DEFAULTS = {"epochs": 30, "patience": 3}
 
@@ -34,8 +34,6 @@ def run(argv: list[str] | None = None) -> int:
     opts = parsed.options(BacktestOptions)
     cfg, tc = tft_configs(parsed, opts.preset, train_defaults=TRAIN_DEFAULTS, settings=opts.config)
     workdir = run_folder(opts.workdir, "runs/backtest", False)
-    if workdir.exists() and any(workdir.iterdir()):
-        raise ConfigError(f"--workdir {workdir} is not empty; choose a new folder")
     plan = WalkForward(
         opts.folds,
         opts.test_fraction,
@@ -44,20 +42,19 @@ def run(argv: list[str] | None = None) -> int:
         opts.tune_epochs,
         opts.baseline_pairs,
     )
-    if opts.tune_trials:
-        try:
-            import optuna  # noqa: F401
-        except ImportError:
-            raise ConfigError("--tune-trials needs optuna: pip install 'tftjax[tune]'") from None
-    prereg = preregistered(opts, cfg, tc)  # before any fold trains
+    settings = settings_of(cfg.model, cfg.head, cfg.quant, cfg.execution, cfg.data, tc, opts)
+    prereg = preregistered(opts, settings)  # before any fold trains
+    files = data_files(opts.parquet_file, opts.dataset)
+    claim_workdir(workdir, settings, files, opts.resume)
     out = backtest(
         cfg,
         tc,
-        data_files(opts.parquet_file, opts.dataset),
+        files,
         workdir,
         plan,
         progress=opts.progress,
         tensorboard=opts.tensorboard,
+        resume=opts.resume,
     )
     tuned = "in each fold" if opts.tune_trials else "once (--config)" if opts.config else "no"
     out["settings"] = {
@@ -89,7 +86,7 @@ def run(argv: list[str] | None = None) -> int:
     return 0
 
 
-def preregistered(opts: BacktestOptions, cfg, tc) -> dict | None:
+def preregistered(opts: BacktestOptions, settings: dict) -> dict | None:
     """The recipe's stamp for ``backtest.json``, or None (no ``--preregistered``).
 
     Raises:
@@ -99,8 +96,7 @@ def preregistered(opts: BacktestOptions, cfg, tc) -> dict | None:
     from tftjax.training import preregistration as pr
 
     recipe = pr.read_recipe(opts.preregistered)
-    parts = (cfg.model, cfg.head, cfg.quant, cfg.execution, cfg.data, tc, opts)
-    pr.check(recipe, pr.settings_of(*parts), opts.preregistered)
+    pr.check(recipe, settings, opts.preregistered)
     return pr.stamp(recipe, opts.preregistered)
 
 

@@ -87,3 +87,9 @@ def test_a_windows_steps_share_its_date_and_missing_outcomes_are_left_out():
     f2 = np.stack([true, np.roll(true, -1)], axis=1)
     out = gk.encompasses(steps, f1, f2, Q, dates=np.arange(600), horizon=2)
     assert out["dates"] == 600 and out["lags"] >= 1 and np.isfinite(out["stat"])
+
+
+def test_a_constant_forecast_is_not_identified_and_says_so():
+    y, true, _, _ = draw(300, 5)
+    out = gk.encompasses(y, true, np.full(300, 1.3), Q)
+    assert out["theta"] is None and np.isnan(out["p"]) and "collinear" in out["note"]

@@ -314,29 +314,26 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(tftjax.training.search, "tune", search)
     recipe = tmp_path / "recipe.json"  # pre-registered: the run must be it
     recipe.write_text(json.dumps({**RECIPE, "flags": {"preset": "tiny", "folds": 2}}))
-    assert (
-        call(
-            backtest.main,
-            *TINY_TFT,
-            "--preregistered",
-            recipe,
-            "--folds",
-            "2",
-            "--epochs",
-            "1",
-            "--parquet-file",
-            short_es(),
-            "--workdir",
-            tmp_path / "bt",
-            "--bootstrap",
-            "100",
-            "--tune-trials",
-            "3",
-            "--tune-epochs",
-            "2",
-        )
-        == 0
-    )
+    argv = [
+        *TINY_TFT,
+        "--preregistered",
+        recipe,
+        "--folds",
+        "2",
+        "--epochs",
+        "1",
+        "--parquet-file",
+        short_es(),
+        "--workdir",
+        tmp_path / "bt",
+        "--bootstrap",
+        "100",
+        "--tune-trials",
+        "3",
+        "--tune-epochs",
+        "2",
+    ]
+    assert call(backtest.main, *argv) == 0
     out = json.loads((tmp_path / "bt" / "backtest.json").read_text())
     assert [f["fold"] for f in out["folds"]] == [1, 2]
     pre = out["preregistration"]  # the file's hash, for a reader to check it came first
@@ -381,6 +378,21 @@ def test_a_tiny_walk_forward_end_to_end(tmp_path, capsys, monkeypatch):
         assert v["combination"] <= min(v["tft"], v[f["chosen"]]) + 1e-12
     assert c["verdict"] in ("beats", "level", "behind") and "combination" not in out["pooled"]
     assert "| TFT |" in capsys.readouterr().out
+    # --resume: fold 1 trained to its end is scored again (no tuning, no training); fold 2,
+    # stopped before its summary, continues from its checkpoint; the table is the same
+    (tmp_path / "bt" / "fold_2" / "summary.json").unlink()
+    (tmp_path / "bt" / "backtest.json").unlink()
+    assert call(backtest.main, *argv, "--resume") == 0
+    again = json.loads((tmp_path / "bt" / "backtest.json").read_text())
+    assert len(seen) == 2  # each fold's tuning ran once
+    assert [f["test"] for f in again["folds"]] == [f["test"] for f in out["folds"]]
+    assert again["pooled"]["tft"]["test"] == out["pooled"]["tft"]["test"]
+    assert "--resume: fold 1 was trained to its end before" in capsys.readouterr().out
+    # other settings are refused, naming them; a new run refuses the folder
+    assert call(backtest.main, *argv, "--resume", "--epochs", "2") == 2
+    assert "--resume: " in (err := capsys.readouterr().err) and "epochs 2, it had 1" in err
+    assert call(backtest.main, *argv) == 2
+    assert "is not empty; choose a new folder, or pass --resume" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -184,6 +184,10 @@ class BacktestOptions:
     workdir: Path | None = None
     """Each fold's run (fold_1 …) and backtest.json go here (default: a new
     runs/backtest/run_NNN)."""
+    resume: bool = False
+    """Continue the walk-forward in --workdir where it stopped: folds trained to their end
+    are scored again, a fold stopped midway continues from its latest checkpoint (the
+    settings and data must be the walk-forward's own: walkforward.json)."""
     bootstrap: int = 2000
     """Circular block bootstrap resamples of the intervals (at least 1)."""
     plot: bool = False

@@ -97,6 +97,15 @@ def encompasses(
     ok = np.isfinite(y)
     y, first, second, row_dates = y[ok], first[ok], second[ok], row_dates[ok]
     x = np.column_stack([np.ones(y.size), first, second])
+    if np.linalg.matrix_rank(x) < 3:  # a constant forecast, or two forecasts on one line
+        return {
+            "theta": None,
+            "stat": float("nan"),
+            "p": float("nan"),
+            "lags": 0,
+            "dates": int(np.unique(row_dates).size),
+            "note": "not identified: the forecasts are collinear (a constant forecast?)",
+        }
     theta = quantile_regression(x, y, q)
     u = y - x @ theta
     h = bandwidth(u, q)
@@ -110,7 +119,7 @@ def encompasses(
     hits, _ = scoring.by_date(below.astype(np.float64), row_dates)
     block = scoring.block_length(hits / counts)
     lags = max(scoring.default_lags(g.shape[0], horizon), NW_MULTIPLE * block)
-    hinv = np.linalg.inv(hess)
+    hinv = np.linalg.pinv(hess)  # singular only where too few outcomes lie near the fit
     cov = hinv @ newey_west(g, lags) @ hinv
     t = theta[2] / math.sqrt(cov[2, 2]) if cov[2, 2] > 0 else float("nan")
     b = min((lags + 1) / g.shape[0], 1.0)

@@ -563,6 +563,8 @@ def format_table(out: dict, names: dict | None = None) -> str:
 def encompassing_text(e: dict) -> str:
     """One line: the Giacomini-Komunjer tests both ways against the stitched choice."""
     m, b = e["model_adds"], e["baseline_adds"]
+    if m["theta"] is None or b["theta"] is None:
+        return f"encompassing at P{round(100 * e['level'])}: {m.get('note') or b.get('note')}"
     return (
         f"encompassing at P{round(100 * e['level'])} (Giacomini-Komunjer, by date): the TFT "
         f"adds to the chosen baseline p {m['p']:.3g} (weight {m['theta'][2]:+.2f}); the "

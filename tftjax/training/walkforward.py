@@ -55,6 +55,13 @@ class WalkForward:
             raise ConfigError(f"--tune-trials must be >= 0 (0: no tuning), got {self.tune_trials}")
         if self.tune_trials and self.tune_epochs < 1:
             raise ConfigError(f"--tune-epochs must be >= 1, got {self.tune_epochs}")
+        if self.tune_trials:
+            try:
+                import optuna  # noqa: F401
+            except ImportError:
+                raise ConfigError(
+                    "--tune-trials needs optuna: pip install 'tftjax[tune]'"
+                ) from None
         self.pairs(list(NAMES))  # every name known: refused before any fold trains
 
     def pairs(self, available: list[str]) -> list[tuple[str, str]]:
@@ -99,10 +106,13 @@ def backtest(
     log: Callable = print,
     tune_fn: Callable | None = None,
     tensorboard: bool = True,
+    resume: bool = False,
 ) -> dict:
     """Train and score every fold; the stitched comparison (see the module docstring).
     ``paths``: the bars (one file, several, or None: the bundled ES bars); ``tune_fn``: the
-    search run inside each fold (default :func:`tftjax.training.search.tune`)."""
+    search run inside each fold (default :func:`tftjax.training.search.tune`); ``resume``:
+    a fold trained to its end before is scored again from its final checkpoint, one stopped
+    midway continues from its latest checkpoint (:func:`train_fold`)."""
     from tftjax.data import default_parquet, load_dataset
     from tftjax.data.bars import read_series
     from tftjax.data.windows import walk_forward_times
@@ -113,12 +123,55 @@ def backtest(
     tally = Tally()
     for k, fold in enumerate(walk_forward_times(ts, cfg.data, plan.folds, plan.test_fraction), 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
-        chosen, ck = train_fold(cfg, tc, ds, workdir, k, plan, tune_fn, progress, tensorboard)
+        chosen, ck = train_fold(
+            cfg, tc, ds, workdir, k, plan, tune_fn, progress, tensorboard, resume, log
+        )
         entry = score_fold(ck, tc, ds, fold, tally, len(files) > 1, plan)
         entry.update(fold=k, tuned=chosen)
         tally.folds.append(entry)
         log(fold_line(entry, k, plan.folds, ds))
     return summarize(tally, cfg, plan.bootstrap)
+
+
+RESUME_MAY_CHANGE = ("resume", "progress", "plot", "tensorboard", "bootstrap", "workdir")
+"""Settings a resumed walk-forward may change: what it shows, not what it trains or scores
+(the bootstrap's resamples only move the intervals)."""
+
+
+def claim_workdir(workdir: Path, settings: dict, files, resume: bool) -> None:
+    """Take ``workdir`` for a walk-forward: a new one needs an empty folder; a resumed one
+    (``resume``) the folder of a walk-forward with the same settings and data, by its
+    ``walkforward.json`` (written here: every setting, and each bar file's SHA-256).
+
+    Raises:
+      ConfigError: a new walk-forward in a folder with files; a resume into a folder
+        without ``walkforward.json``, or of other settings or data (naming each)."""
+    import hashlib
+    import json
+
+    paths = files if isinstance(files, list) else [files] if files is not None else []
+    now = {k: v for k, v in settings.items() if k not in RESUME_MAY_CHANGE}
+    now["data_sha256"] = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths]
+    now = json.loads(json.dumps(now, default=str))
+    record = workdir / "walkforward.json"
+    if not resume:
+        if workdir.exists() and any(workdir.iterdir()):
+            raise ConfigError(
+                f"--workdir {workdir} is not empty; choose a new folder, or pass --resume to "
+                "continue the walk-forward in it"
+            )
+    elif not record.exists():
+        raise ConfigError(f"--resume: {workdir} holds no walk-forward ({record.name} is missing)")
+    else:
+        saved = json.loads(record.read_text())
+        diff = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+        if diff:
+            raise ConfigError(
+                f"--resume: {workdir} is a walk-forward of other settings or data: "
+                + "; ".join(f"{k} {now.get(k)!r}, it had {saved.get(k)!r}" for k in diff)
+            )
+    workdir.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(now, indent=1))
 
 
 def train_fold(
@@ -131,44 +184,92 @@ def train_fold(
     tune_fn,
     progress: bool,
     tensorboard: bool,
+    resume: bool = False,
+    log: Callable = print,
 ):
     """Fold ``k``'s model, trained from scratch on ``ds`` (its settings first tuned on its
     own training and validation stretches when ``plan.tune_trials``): ``(the settings the
-    tuning chose or None, its checkpoint)``."""
+    tuning chose or None, its checkpoint)``.
+
+    ``resume``: a fold whose run wrote its ``summary.json`` is not trained again; one with
+    checkpoints continues from its latest (the run's own resume checks that its data and
+    settings are the fold's); one without starts afresh. A tuning that ended is not run
+    again (``tune_K/chosen.json``).
+
+    Raises:
+      ConfigError: (resume) a fold's tuning that was stopped before it chose."""
+    from tftjax.runner.checkpoints import list_checkpoints
     from tftjax.training import open_checkpoint, train_and_evaluate
 
-    chosen = None
-    if plan.tune_trials:
-        from tftjax.config import apply_settings
-        from tftjax.training.search import tune
-
-        tune_tc = dataclasses.replace(tc, epochs=plan.tune_epochs, patience=min(tc.patience, 2))
-        t = (tune_fn or tune)(
-            cfg,
-            tune_tc,
-            None,
-            workdir / f"tune_{k}",
-            plan.tune_trials,
-            seed=k - 1,
-            progress=False,
-            log=lambda *a: None,
-            dataset=ds,
-            tensorboard=tensorboard,
-        )
-        chosen = t["settings"]
-        cfg, tc = apply_settings(cfg, tc, chosen, "tuning")
     run = workdir / f"fold_{k}"
+    chosen = tuned(cfg, tc, ds, workdir / f"tune_{k}", k, plan, tune_fn, tensorboard, resume)
+    if chosen is not None:
+        from tftjax.config import apply_settings
+
+        cfg, tc = apply_settings(cfg, tc, chosen, "tuning")
+    if resume and (run / "summary.json").exists():
+        log(f"--resume: fold {k} was trained to its end before ({run}); scored again")
+        return chosen, open_checkpoint(run)
     train_and_evaluate(
         cfg,
         tc,
         run,
         data=ds,
+        resume=resume and bool(list_checkpoints(run / "checkpoints")),
         progress=progress,
         log=lambda *a: None,
         plots=False,
         tensorboard=tensorboard,
     )
     return chosen, open_checkpoint(run)
+
+
+def tuned(
+    cfg: TFTConfig,
+    tc: TrainConfig,
+    ds: Dataset,
+    folder: Path,
+    k: int,
+    plan: WalkForward,
+    tune_fn,
+    tensorboard: bool,
+    resume: bool,
+) -> dict | None:
+    """The settings fold ``k``'s tuning chose (None without tuning), kept in
+    ``folder/chosen.json``: read back on resume, never searched twice.
+
+    Raises:
+      ConfigError: (resume) the folder holds a tuning stopped before it chose."""
+    import json
+
+    if not plan.tune_trials:
+        return None
+    record = folder / "chosen.json"
+    if resume and record.exists():
+        return json.loads(record.read_text())
+    if resume and folder.exists() and any(folder.iterdir()):
+        raise ConfigError(
+            f"--resume: fold {k}'s tuning in {folder} stopped before it chose its settings; "
+            "move that folder away to tune the fold again"
+        )
+    from tftjax.training.search import tune
+
+    tune_tc = dataclasses.replace(tc, epochs=plan.tune_epochs, patience=min(tc.patience, 2))
+    t = (tune_fn or tune)(
+        cfg,
+        tune_tc,
+        None,
+        folder,
+        plan.tune_trials,
+        seed=k - 1,
+        progress=False,
+        log=lambda *a: None,
+        dataset=ds,
+        tensorboard=tensorboard,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(t["settings"]))
+    return t["settings"]
 
 
 def score_fold(
