@@ -32,7 +32,9 @@ COMMAND_LINE = tft_command_line(
 def run(argv: list[str] | None = None) -> int:
     parsed = COMMAND_LINE.parse(argv)
     opts = parsed.options(BacktestOptions)
-    cfg, tc = tft_configs(parsed, opts.preset, train_defaults=TRAIN_DEFAULTS, settings=opts.config)
+    cfg, tc = tft_configs(
+        parsed, opts.preset, train_defaults=TRAIN_DEFAULTS, settings=opts.config, anchor_auto=True
+    )
     workdir = run_folder(opts.workdir, "runs/backtest", False)
     plan = WalkForward(
         opts.folds,
@@ -45,7 +47,7 @@ def run(argv: list[str] | None = None) -> int:
     settings = settings_of(cfg.model, cfg.head, cfg.quant, cfg.execution, cfg.data, tc, opts)
     prereg = preregistered(opts, settings)  # before any fold trains
     files = data_files(opts.parquet_file, opts.dataset)
-    claim_workdir(workdir, settings, files, opts.resume)
+    record = claim_workdir(workdir, settings, files, opts.resume)
     out = backtest(
         cfg,
         tc,
@@ -55,6 +57,7 @@ def run(argv: list[str] | None = None) -> int:
         progress=opts.progress,
         tensorboard=opts.tensorboard,
         resume=opts.resume,
+        record=record,
     )
     tuned = "in each fold" if opts.tune_trials else "once (--config)" if opts.config else "no"
     out["settings"] = {

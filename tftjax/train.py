@@ -53,7 +53,7 @@ def configs(parsed: Parsed) -> tuple[TFTConfig, TrainConfig, TrainOptions]:
 
             model = get_preset(opts.preset).model
         saved = (model, TrainConfig.from_json(meta["identity"]["train"]))
-    cfg, tc = tft_configs(parsed, opts.preset, settings=opts.config, saved=saved)
+    cfg, tc = tft_configs(parsed, opts.preset, settings=opts.config, saved=saved, anchor_auto=True)
     return cfg, tc, dataclasses.replace(opts, workdir=workdir)
 
 

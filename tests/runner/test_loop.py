@@ -370,14 +370,21 @@ def test_configs_validate_themselves(make, expect):
     assert expect in str(e.value)
 
 
-def test_flags_come_from_the_config_dataclasses():
+def test_flags_come_from_the_config_dataclasses(capsys):
     def args(*argv):
         return train_cli.configs(train_cli.COMMAND_LINE.parse([str(a) for a in argv]))
 
     for form in (["--remat=aggressive"], ["--remat", "aggressive"]):
         cfg, tc, _ = args("--preset", "tiny", *form, "--batch-size", "8", "--hidden-size", "32")
         assert cfg.execution.remat == "aggressive" and tc.batch_size == 8
-        assert cfg == preset("tiny", hidden=32, remat="aggressive")
+        # a new run is anchored on the baseline chosen on validation unless told otherwise
+        assert cfg == preset("tiny", hidden=32, remat="aggressive", anchor="auto")
+    assert args("--preset", "tiny", "--anchor", "none")[0].head.anchor == "none"
+    assert args("--preset", "tiny", "--anchor", "range_ewma")[0].head.anchor == "range_ewma"
+    assert args("--preset", "compact")[0] == preset("compact")  # anchored by its preset
+    for flag in ("--vol-target", "--monotone-quantiles"):  # they set the head themselves
+        assert args("--preset", "tiny", flag)[0].head.anchor == "none"
+        assert f"--anchor auto (the default) resolves to none: {flag}" in capsys.readouterr().out
     # one switch for the kernels; the five old flags still set them, hidden from the help
     cfg, _, _ = args("--preset", "tiny", "--kernels", "pallas", "--kernels-exclude", "grn,lstm")
     assert cfg.execution.pallas_families == ("vsn", "attention", "optimizer")

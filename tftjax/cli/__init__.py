@@ -203,6 +203,17 @@ def tft_command_line(
     return CommandLine(prog, description, parts, display, legacy_kernel_flags=True)
 
 
+def default_anchor(cfg):
+    """``cfg`` anchored on the baseline chosen on validation (``--anchor auto``), or as it
+    is where its head sets the scale or the order itself (said in one line)."""
+    head = cfg.head
+    if head.vol_target or head.monotone_quantiles:
+        flag = "--vol-target" if head.vol_target else "--monotone-quantiles"
+        print(f"--anchor auto (the default) resolves to none: {flag} sets the head itself")
+        return cfg
+    return cfg.override(anchor="auto")
+
+
 def tft_configs(
     parsed: Parsed,
     preset_name: str,
@@ -210,10 +221,16 @@ def tft_configs(
     train_defaults: dict | None = None,
     settings: str | Path | None = None,
     saved=None,
+    anchor_auto: bool = False,
 ):
     """``(TFTConfig, TrainConfig)`` of a command line: the preset's (training: the
     command's ``train_defaults`` under the preset's own), or ``saved`` (a resumed run's
     pair); then the ``settings`` file (``--config``); then the flags given.
+
+    ``anchor_auto``: a new run's head is anchored (``--anchor auto``, the validated recipe
+    of ``train`` and ``backtest``) unless the preset, the settings file or a flag names its
+    anchor; with ``--vol-target`` or ``--monotone-quantiles``, which set the scale and the
+    quantiles' order themselves, it stays ``none`` and a line says so.
 
     Raises:
       ConfigError: a bad settings file, or values the configs refuse.
@@ -226,9 +243,15 @@ def tft_configs(
     else:
         p = get_preset(preset_name)
         cfg, tc = p.model, p.train_for(**(train_defaults or {}))
+    named = saved is not None or parsed.given_flag("head", "anchor") or cfg.head.anchored
     if settings is not None:
-        cfg, tc = apply_settings(cfg, tc, read_settings(settings), f"--config {settings}")
+        read = read_settings(settings)
+        model = read.get("model", {})  # flat, or in its parts
+        named = named or "anchor" in model or "anchor" in model.get("head", {})
+        cfg, tc = apply_settings(cfg, tc, read, f"--config {settings}")
     cfg = cfg.override(**parsed.model_settings(MODEL_PARTS))
+    if anchor_auto and not named:
+        cfg = default_anchor(cfg)
     if parsed.legacy_kernels:
         cfg = cfg.override(
             execution=legacy_kernels(

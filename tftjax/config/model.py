@@ -112,7 +112,9 @@ class HeadConfig:
     """Anchor the quantile head on a volatility baseline: quantile q is its volatility forecast
     σ × exp(s) × (its standardised quantile z_q + Δ_q), s and Δ from a zero-initialised last
     layer (untrained: the anchor's own quantiles). none, auto (of ewma_empirical, range_ewma,
-    and har on daily bars: the lowest P90 q-risk on validation), or one of those."""
+    and har on daily bars: the lowest P90 q-risk on validation), or one of those. A new run
+    of python -m tftjax.train or backtest takes auto unless an anchor is named (none where
+    --vol-target or --monotone-quantiles is given)."""
     anchor_median: Literal["learnt", "zero"] = setting("learnt", neutral=True)
     """With --anchor: the median's level learnt (z_0.5 + Δ_0.5), or zero (fixed at 0)."""
     anchor_loss: Literal["return", "vol"] = setting("return", neutral=True)

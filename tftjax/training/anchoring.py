@@ -61,7 +61,7 @@ def resolve_anchor(cfg: TFTConfig, ds: Dataset) -> tuple[TFTConfig, Dataset, dic
         if starts.size == 0:
             raise ConfigError(
                 "--anchor auto chooses on the validation windows and this data "
-                "has none: name the anchor (--anchor range_ewma, ...)"
+                "has none: name the anchor (--anchor range_ewma, ...) or --anchor none"
             )
         y = window_targets(ds, starts)
         scores = {

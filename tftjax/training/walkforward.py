@@ -107,12 +107,17 @@ def backtest(
     tune_fn: Callable | None = None,
     tensorboard: bool = True,
     resume: bool = False,
+    record: dict | None = None,
 ) -> dict:
     """Train and score every fold; the stitched comparison (see the module docstring).
     ``paths``: the bars (one file, several, or None: the bundled ES bars); ``tune_fn``: the
     search run inside each fold (default :func:`tftjax.training.search.tune`); ``resume``:
     a fold trained to its end before is scored again from its final checkpoint, one stopped
-    midway continues from its latest checkpoint (:func:`train_fold`)."""
+    midway continues from its latest checkpoint (:func:`train_fold`); ``record``: what
+    ``workdir/walkforward.json`` holds (:func:`claim_workdir`), written before the first
+    fold trains."""
+    import json
+
     from tftjax.data import default_parquet, load_dataset
     from tftjax.data.bars import read_series
     from tftjax.data.windows import walk_forward_times
@@ -123,6 +128,12 @@ def backtest(
     tally = Tally()
     for k, fold in enumerate(walk_forward_times(ts, cfg.data, plan.folds, plan.test_fraction), 1):
         ds = load_dataset(files if len(files) > 1 else files[0], cfg.data, fold=fold)
+        if record is not None and k == 1:  # the data read: the folder is the walk-forward's
+            from tftjax.training.anchoring import resolve_anchor
+
+            resolve_anchor(cfg, ds)  # an anchor the data cannot have: refused, nothing written
+            workdir.mkdir(parents=True, exist_ok=True)
+            (workdir / "walkforward.json").write_text(json.dumps(record, indent=1))
         chosen, ck = train_fold(
             cfg, tc, ds, workdir, k, plan, tune_fn, progress, tensorboard, resume, log
         )
@@ -138,10 +149,11 @@ RESUME_MAY_CHANGE = ("resume", "progress", "plot", "tensorboard", "bootstrap", "
 (the bootstrap's resamples only move the intervals)."""
 
 
-def claim_workdir(workdir: Path, settings: dict, files, resume: bool) -> None:
-    """Take ``workdir`` for a walk-forward: a new one needs an empty folder; a resumed one
+def claim_workdir(workdir: Path, settings: dict, files, resume: bool) -> dict:
+    """Check ``workdir`` for a walk-forward: a new one needs an empty folder; a resumed one
     (``resume``) the folder of a walk-forward with the same settings and data, by its
-    ``walkforward.json`` (written here: every setting, and each bar file's SHA-256).
+    ``walkforward.json``. Returns what that file holds (every setting, and each bar file's
+    SHA-256), for :func:`backtest` to write once the data has been read.
 
     Raises:
       ConfigError: a new walk-forward in a folder with files; a resume into a folder
@@ -170,8 +182,7 @@ def claim_workdir(workdir: Path, settings: dict, files, resume: bool) -> None:
                 f"--resume: {workdir} is a walk-forward of other settings or data: "
                 + "; ".join(f"{k} {now.get(k)!r}, it had {saved.get(k)!r}" for k in diff)
             )
-    workdir.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(now, indent=1))
+    return now
 
 
 def train_fold(
