@@ -377,13 +377,15 @@ def test_flags_come_from_the_config_dataclasses(capsys):
     for form in (["--remat=aggressive"], ["--remat", "aggressive"]):
         cfg, tc, _ = args("--preset", "tiny", *form, "--batch-size", "8", "--hidden-size", "32")
         assert cfg.execution.remat == "aggressive" and tc.batch_size == 8
-        # a new run is anchored on the baseline chosen on validation unless told otherwise
-        assert cfg == preset("tiny", hidden=32, remat="aggressive", anchor="auto")
-    assert args("--preset", "tiny", "--anchor", "none")[0].head.anchor == "none"
-    assert args("--preset", "tiny", "--anchor", "range_ewma")[0].head.anchor == "range_ewma"
+        assert cfg == preset("tiny", hidden=32, remat="aggressive")  # tiny: the plain head
+    # a new run is anchored on the baseline chosen on validation unless told otherwise
+    assert args("--preset", "small")[0] == preset("small", anchor="auto")
+    assert args()[0].head.anchor == "auto"  # the README's first command (tft225)
+    assert args("--preset", "small", "--anchor", "none")[0].head.anchor == "none"
+    assert args("--preset", "small", "--anchor", "har")[0].head.anchor == "har"
     assert args("--preset", "compact")[0] == preset("compact")  # anchored by its preset
     for flag in ("--vol-target", "--monotone-quantiles"):  # they set the head themselves
-        assert args("--preset", "tiny", flag)[0].head.anchor == "none"
+        assert args("--preset", "small", flag)[0].head.anchor == "none"
         assert f"--anchor auto (the default) resolves to none: {flag}" in capsys.readouterr().out
     # one switch for the kernels; the five old flags still set them, hidden from the help
     cfg, _, _ = args("--preset", "tiny", "--kernels", "pallas", "--kernels-exclude", "grn,lstm")

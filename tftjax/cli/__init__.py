@@ -229,7 +229,7 @@ def tft_configs(
 
     ``anchor_auto``: a new run's head is anchored (``--anchor auto``, the validated recipe
     of ``train`` and ``backtest``) unless the preset, the settings file or a flag names its
-    anchor; with ``--vol-target`` or ``--monotone-quantiles``, which set the scale and the
+    anchor, or the preset keeps the plain head (``tiny``); with ``--vol-target`` or ``--monotone-quantiles``, which set the scale and the
     quantiles' order themselves, it stays ``none`` and a line says so.
 
     Raises:
@@ -243,6 +243,7 @@ def tft_configs(
     else:
         p = get_preset(preset_name)
         cfg, tc = p.model, p.train_for(**(train_defaults or {}))
+        anchor_auto = anchor_auto and p.anchored_by_default
     named = saved is not None or parsed.given_flag("head", "anchor") or cfg.head.anchored
     if settings is not None:
         read = read_settings(settings)

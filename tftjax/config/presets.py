@@ -7,8 +7,8 @@
 ``compact``        d 16, dropout 0.3, the head anchored on the baseline chosen on validation;
                    trained with ``--ema 0.9``, 4 checks an epoch, ``--smooth 3``, batch 32,
                    patience 8
-``tiny``           20 encoder and 5 decoder steps, d 16, 3 quantiles, no remat: tests and
-                   smoke runs
+``tiny``           20 encoder and 5 decoder steps, d 16, 3 quantiles, no remat, the plain
+                   head: tests and smoke runs
 =================  ===========================================================================
 
 A command's flags and a ``--config`` file override single fields of a preset. The execution
@@ -39,6 +39,10 @@ class Preset:
     description: str
     model: TFTConfig
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    anchored_by_default: bool = True
+    """A new ``train`` or ``backtest`` run of it takes ``--anchor auto`` unless an anchor is
+    named (:func:`tftjax.cli.tft_configs`); ``tiny``, the tests' and smoke runs' preset,
+    keeps the plain head."""
 
     @property
     def execution(self) -> ExecutionConfig:
@@ -100,6 +104,7 @@ PRESETS: dict[str, Preset] = {
                 execution=ExecutionConfig(remat="off", vsn_chunk=64),
                 data=DataConfig(encoder_steps=20, decoder_steps=5),
             ),
+            anchored_by_default=False,
         ),
     )
 }
