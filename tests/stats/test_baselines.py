@@ -287,3 +287,31 @@ def test_quantile_regression_reaches_the_linear_programs_optimum():
     again = baselines.quantile_regression(x2, dt2, origins[:440], qs, train, components=3)
     np.testing.assert_allclose(again, got[:440], rtol=1e-6, atol=1e-6)
     assert np.all(np.diff(got, axis=-1) >= 0)  # rearranged: no crossing
+
+
+def test_a_late_starter_takes_the_pooled_standardised_quantiles():
+    # a panel's series with 120 training rows: its EWMA's own sigma, and the 10/50/90%
+    # quantiles of every series' standardised residuals together (by hand), not of its own
+    rng = np.random.default_rng(11)
+    long, short = rng.standard_t(4, 2000), 2.0 * rng.standard_t(4, 300)
+
+    def resid(r, b):
+        v = _ewma_by_hand(r, 0.94, np.mean(r[:b] ** 2))
+        return np.array([r[t] / np.sqrt(v[t - 1]) for t in range(1, b)])
+
+    inputs = [
+        {"target": long, "train_rows": (0, 1500), "ranges": None, "daily": False},
+        {"target": short, "train_rows": (0, 120), "ranges": None, "daily": False},
+    ]
+    pools = baselines.pooled_residuals(inputs)
+    want = np.concatenate([resid(long, 1500), resid(short, 120)])
+    np.testing.assert_allclose(pools["ewma_empirical"], want, rtol=1e-12)
+    origins = np.array([150, 250])
+    got = baselines.forecasts(short, origins, 2, QS, (0, 120), pools=pools)["ewma_empirical"]
+    alone = baselines.forecasts(short, origins, 2, QS, (0, 120))["ewma_empirical"]
+    v = _ewma_by_hand(short, 0.94, np.mean(short[:120] ** 2))
+    for i, t in enumerate(origins):
+        np.testing.assert_allclose(got[i, 0], np.sqrt(v[t]) * np.quantile(want, QS), rtol=1e-9)
+        np.testing.assert_allclose(
+            alone[i, 0], np.sqrt(v[t]) * np.quantile(resid(short, 120), QS), rtol=1e-9
+        )

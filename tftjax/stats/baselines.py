@@ -118,7 +118,7 @@ def rolling_quantiles(
     return out
 
 
-def forecasts(
+def forecasts(  # noqa: PLR0913 - one keyword per optional input a baseline reads
     target: np.ndarray,
     origins: np.ndarray,
     horizon: int,
@@ -132,6 +132,7 @@ def forecasts(
     features: np.ndarray | None = None,
     decoder_target: np.ndarray | None = None,
     hours: tuple[np.ndarray, np.ndarray] | None = None,
+    pools: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Quantile forecasts ``{name: [N, horizon, Q]}`` of every baseline.
 
@@ -153,6 +154,9 @@ def forecasts(
       hours: intraday bars' hour of the week ``[n]`` and that of the ``k``-th calendar slot
         after each bar ``[n, horizon]`` (:func:`seasonal.hour_of_week`) add, with ``ranges``,
         ``range_ewma_how``.
+      pools: for a panel's late starter, each volatility model's standardised residuals
+        pooled over the panel's series (:func:`pooled_residuals`): its quantiles ``z`` come
+        from them instead of the series' own few training rows.
     """
     qs = np.asarray(quantiles, np.float64)
     y = np.asarray(target, np.float64)
@@ -189,6 +193,7 @@ def forecasts(
             daily=daily,
             cumulative=cumulative,
             origins=origins,
+            pool=(pools or {}).get(name),
         ).quantiles(np.arange(origins.size))
     if ranges is not None and daily:  # HAR with its own regression for every step
         out["har_direct"] = har_direct(
@@ -219,6 +224,41 @@ def har_inputs(y: np.ndarray, ranges: np.ndarray | None = None) -> np.ndarray:
     y = np.asarray(y, np.float64)
     v = y * y if ranges is None else np.asarray(ranges, np.float64)
     return np.column_stack([np.sqrt(har_features(v)[:, 1:]), y])
+
+
+LATE_ROWS = 500
+"""A panel's series with fewer training rows than this takes its volatility models'
+standardised quantiles from every series' residuals pooled (its own 2% and 98% quantiles
+would rest on a handful of rows)."""
+
+
+def pooled_residuals(series: list[dict]) -> dict[str, np.ndarray]:
+    """``{model: residuals}``: the standardised training residuals of each volatility model
+    (:data:`tftjax.stats.volatility.ANCHORS` that the series can have) of every series,
+    together. ``series``: each one's :func:`anchor` inputs (``target``, ``train_rows``,
+    ``ranges``, ``daily``)."""
+    out: dict[str, list] = {}
+    for s in series:
+        a, b = s["train_rows"]
+        if b - a < 3:  # no residual to give
+            continue
+        names = ["ewma_empirical"] + (
+            ["range_ewma"] + (["har"] if s["daily"] else []) if s["ranges"] is not None else []
+        )
+        for name in names:
+            fitted = anchor(
+                name,
+                s["target"],
+                1,
+                (0.5,),
+                (a, b),
+                ranges=s["ranges"],
+                daily=s["daily"],
+                origins=np.array([a]),
+            )
+            if fitted.residuals is not None:
+                out.setdefault(name, []).append(fitted.residuals)
+    return {k: np.concatenate(v) for k, v in out.items()}
 
 
 def har_direct(

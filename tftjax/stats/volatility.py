@@ -111,6 +111,9 @@ class Anchor:
     """What was fitted on the training rows (``name``, ``z``, and ``init``: the EWMA's
     starting variance, or ``beta`` and ``floor``: HAR's); :func:`anchor` takes it back to
     forecast other rows of the series, or another file of it, alike."""
+    residuals: np.ndarray | None = None
+    """The training rows' targets standardised by the one-step forecasts (``z``'s source;
+    None where ``z`` came with a ``fit``): what a panel pools for its late starters."""
 
     def quantiles(self, origins: np.ndarray) -> np.ndarray:
         """``[N, D, Q]``: the anchor's own quantile forecasts at ``origins``."""
@@ -130,6 +133,7 @@ def anchor(
     lam: float = LAMBDA,
     origins: np.ndarray | None = None,
     fit: dict | None = None,
+    pool: np.ndarray | None = None,
 ) -> Anchor:
     """The anchor ``name`` (:data:`ANCHORS`) of one series at ``origins`` (default: every
     row): ``target`` the one-bar returns in target units, ``train_rows`` ``[a, b)`` the rows
@@ -138,6 +142,8 @@ def anchor(
     times ``√k``; HAR: the root of its summed variance forecasts).
 
     ``fit``: an earlier :attr:`Anchor.fit` of this anchor (``train_rows`` are then not read).
+    ``pool``: standardised residuals to take ``z`` from instead of the series' own (a
+    panel's late starter: every series' :attr:`Anchor.residuals` together).
 
     Raises:
       ValueError: an unknown name, ``range_ewma``/``har`` without ranges, ``har`` on bars
@@ -167,23 +173,30 @@ def anchor(
             beta = np.asarray(fit["beta"]) if fit else har_fit(rv, a, b)
             floor = fit["floor"] if fit else 1e-4 * float(np.mean(rv[a:b]))
             sig1 = np.sqrt(np.maximum(har_features(rv) @ beta, floor))  # of RV[t+1], at t
-            z = np.asarray(fit["z"]) if fit else np.quantile(y[a + 1 : b] / sig1[a : b - 1], qs)
+            e = None if fit else y[a + 1 : b] / sig1[a : b - 1]
+            z = _standardised_quantiles(fit, e, pool, qs)
             var = har_forecasts(rv, beta, origins, horizon, floor)
             return Anchor(
                 name,
                 np.sqrt(np.cumsum(var, axis=1) if cumulative else var),
                 z,
                 {"name": name, "z": z.tolist(), "beta": beta.tolist(), "floor": floor},
+                e,
             )
     else:
         raise ValueError(f"unknown anchor {name!r}: one of {', '.join(ANCHORS)}")
     # RiskMetrics-style: a flat one-bar variance forecast at every step
-    z = (
-        np.asarray(fit["z"])
-        if fit
-        else np.quantile(y[a + 1 : b] / np.maximum(sig1[a : b - 1], 1e-12), qs)
-    )
+    e = None if fit else y[a + 1 : b] / np.maximum(sig1[a : b - 1], 1e-12)
+    z = _standardised_quantiles(fit, e, pool, qs)
     sigma = np.repeat(sig1[origins, None], horizon, axis=1)
     if cumulative:
         sigma = sigma * np.sqrt(steps)[None, :]
-    return Anchor(name, sigma, z, {"name": name, "z": z.tolist(), "init": init})
+    return Anchor(name, sigma, z, {"name": name, "z": z.tolist(), "init": init}, e)
+
+
+def _standardised_quantiles(fit: dict | None, own, pool, qs) -> np.ndarray:
+    """``z``: a saved fit's, else the empirical quantiles of the pool (a panel's late
+    starter) or of the series' own standardised residuals."""
+    if fit:
+        return np.asarray(fit["z"])
+    return np.quantile(np.asarray(own if pool is None else pool), qs)

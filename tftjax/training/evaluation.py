@@ -270,13 +270,17 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
     starts = np.asarray(starts)
     which = ds.series_of(starts)
     preds: dict[str, np.ndarray] = {}
+    inputs = [anchor_inputs(s) for s in ds.series]
+    pools = bl.pooled_residuals(inputs) if len(inputs) > 1 else None
     for i, s in enumerate(ds.series):
         sel = which == i
         if not sel.any():
             continue
         local = starts[sel] - ds.offsets[i]
-        b, stats = s.bars, s.features.stats
-        ranges = bl.range_variance(b.open, b.high, b.low, b.close) / stats.target_scale**2
+        stats = s.features.stats
+        ranges = inputs[i]["ranges"]
+        a, b = s.splits.train_rows
+        late = pools is not None and b - a < bl.LATE_ROWS  # too few rows of its own
         hours = intraday_hours(s.features, ds.cfg.decoder_steps)
         for name, p in bl.forecasts(
             s.features.target,
@@ -290,9 +294,24 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
             features=s.features.historical,
             decoder_target=window_decoder_targets(s.features),
             hours=hours,
+            pools=pools if late else None,
         ).items():
             preds.setdefault(name, np.empty((starts.size,) + p.shape[1:], p.dtype))[sel] = p
     return preds
+
+
+def anchor_inputs(series) -> dict:
+    """A series' volatility models' inputs (:func:`tftjax.stats.volatility.anchor`): its
+    targets, training rows, range variance in target units² and whether it is daily."""
+    from tftjax.stats import baselines as bl
+
+    b, stats = series.bars, series.features.stats
+    return {
+        "target": series.features.target,
+        "train_rows": series.splits.train_rows,
+        "ranges": bl.range_variance(b.open, b.high, b.low, b.close) / stats.target_scale**2,
+        "daily": stats.clock.interval >= DAILY[0],
+    }
 
 
 def intraday_hours(features, decoder_steps: int) -> tuple[np.ndarray, np.ndarray] | None:
