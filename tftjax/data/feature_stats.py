@@ -129,12 +129,18 @@ def _static_features(bars, start: int, stop: int, target_scale: float) -> np.nda
     """The five statics. Input 0 is the instrument's slot: under a vocabulary the dataset
     sets it to 0 and the instrument rides as an int32 index (``FeatureSet.instrument``);
     only a model from before vocabularies reads the value stored here, a code of the file's
-    name (kept so that such models still evaluate)."""
+    name (kept so that such models still evaluate).
+
+    ``log_price`` and ``log_volume`` are 0 (dropped, issue 50): bars adjusted back for
+    splits and dividends, as most daily equity files are, carry in their price and volume
+    levels the splits of years after the training rows, a look-ahead. The returns' scale
+    and the bar interval do not depend on the adjustment. A model saved before keeps the
+    levels it was trained with (they are saved with its statistics)."""
     median_ns = float(np.median(np.diff(bars.ts[start:stop])))
     return np.array([
         zlib.crc32(Path(bars.path).name.encode()) / 2.0**32 - 0.5,
-        np.log10(bars.close[start:stop].mean()),
-        np.log10(1.0 + bars.volume[start:stop].mean()),
+        0.0,
+        0.0,
         np.log10(max(target_scale, 1e-12)),
         np.log10(median_ns / NS_MIN),
     ])  # fmt: skip
