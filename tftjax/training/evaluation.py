@@ -349,7 +349,7 @@ def format_summary(
     rows += [(VARIANT_NAMES[k], v) for k, v in summary.get("variants", {}).items()]
     rows += [(NAMES.get(k, k), v) for k, v in summary["baselines"].items()]
     head = (
-        f"{'':28s} {'split':6s} {'loss':>9s} {'q-risk P50':>11s} {'q-risk P90':>11s} "
+        f"{'':{label_width()}s} {'split':6s} {'loss':>9s} {'q-risk P50':>11s} {'q-risk P90':>11s} "
         f"{'cover 10-90':>11s}"
     )
     lines = [head, "-" * len(head)] + _rows(rows, ("train", "val", "test"))
@@ -370,6 +370,13 @@ def format_summary(
     return "\n".join(lines)
 
 
+def label_width() -> int:
+    """The table's first column: the longest baseline's name, indented as a series' row."""
+    from tftjax.stats.baselines import NAMES
+
+    return max(28, 2 + max(len(n) for n in NAMES.values()))
+
+
 def _rows(rows, splits) -> list[str]:
     lines = []
     for split in splits:
@@ -378,7 +385,7 @@ def _rows(rows, splits) -> list[str]:
                 m = by_split[split]
                 cov = m.get("coverage_80", float("nan"))
                 lines.append(
-                    f"{name:28s} {split:6s} {m['loss']:9.4f} {m['q_risk_50']:11.4f} "
+                    f"{name:{label_width()}s} {split:6s} {m['loss']:9.4f} {m['q_risk_50']:11.4f} "
                     f"{m['q_risk_90']:11.4f} {cov:11.3f}"
                 )
     return lines
