@@ -124,3 +124,43 @@ def test_a_stretch_is_dropped_from_the_test_windows_only():
     )
     assert not inside.any()
     assert kept.val is fold.val and kept.y.shape == (30, 2) and kept.test["m"].shape == (30, 6)
+
+
+def test_coverage_by_date_holds_its_size_where_kupiec_over_stacked_hits_does_not():
+    # calibrated 10% quantiles (the true ones), 12 series whose outcomes share a common
+    # shock on each date (correlation 0.5): Kupiec's binomial over the 12 x 300 stacked hits
+    # treats them as independent and rejects far too often; the per-date mean hit rate with
+    # DM's machinery does not. 100 draws: at a true 5-7% (fixed-b's small excess, as for DM)
+    # the count's standard error is 2.2-2.6%, so <= 12% is two of them above 7%
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(4)
+    n_dates, rho, draws = 300, 0.5, 100
+    dates = np.tile(np.arange(n_dates), SERIES)
+    kupiec = by_date = 0
+    for _ in range(draws):
+        z = np.sqrt(rho) * rng.standard_normal((n_dates, 1))
+        z = z + np.sqrt(1 - rho) * rng.standard_normal((n_dates, SERIES))
+        y = z.T.reshape(-1, 1)  # stacked series by series, one step
+        pred = np.broadcast_to(norm.ppf([0.1, 0.5, 0.9]), (y.shape[0], 1, 3))
+        hits = verdict.calibration(y, pred, (0.1, 0.5, 0.9), dates)["hits"]["0.1"]
+        kupiec += hits["kupiec"]["p"] < 0.05
+        by_date += hits["by_date"]["p"] < 0.05
+        assert hits["by_date"]["dates"] == n_dates
+    # measured: Kupiec 30 of 100, by date 8 of 100 (each is one fixed set of draws)
+    assert kupiec / draws >= 0.2, kupiec  # four times its level
+    assert by_date / draws <= 0.12, by_date
+
+
+def test_coverage_by_date_of_three_copies_is_the_series_own():
+    rng = np.random.default_rng(5)
+    y = rng.standard_normal((400, 1))
+    pred = np.broadcast_to(np.array([-1.2, 0.0, 1.3]), (400, 1, 3))
+    qs = (0.1, 0.5, 0.9)
+    one = verdict.calibration(y, pred, qs, np.arange(400))["hits"]
+    three = verdict.calibration(
+        np.tile(y, (3, 1)), np.tile(pred, (3, 1, 1)), qs, np.tile(np.arange(400), 3)
+    )["hits"]
+    for q in ("0.1", "0.9"):
+        assert three[q]["by_date"]["stat"] == pytest.approx(one[q]["by_date"]["stat"], rel=1e-9)
+        assert three[q]["by_date"]["rate"] == pytest.approx(one[q]["by_date"]["rate"])

@@ -359,11 +359,17 @@ def compare(
     return out
 
 
-def calibration(y: np.ndarray, pred: np.ndarray, qs) -> dict:
+def calibration(y: np.ndarray, pred: np.ndarray, qs, dates: np.ndarray | None = None) -> dict:
     """Calibration and sharpness of stitched quantile forecasts ``pred [n, D, Q]`` of the
     targets ``y [n, D]`` (NaN: not observed): CRPS, the 80% interval score, crossing rate,
     PIT counts, and the one-step-ahead hits of every quantile but the median (Kupiec's
-    coverage and Christoffersen's independence tests)."""
+    coverage and Christoffersen's independence tests, which read the hits as one series in
+    time order).
+
+    ``dates`` (each window's origin): also ``by_date``, the coverage test a panel needs. A
+    panel's series miss together on a date, so Kupiec's binomial over the stacked hits
+    overstates the evidence; ``by_date`` tests the per-date mean hit rate against its level
+    with the DM machinery (Newey-West at twice the Politis-White block, fixed-b p)."""
     qarr = np.asarray(qs, np.float64)
     out = {
         "crossing_rate": scoring.crossing_rate(pred),
@@ -388,6 +394,12 @@ def calibration(y: np.ndarray, pred: np.ndarray, qs) -> dict:
             "kupiec": scoring.kupiec(hits, p),
             "christoffersen": scoring.christoffersen(hits),
         }
+        if dates is not None:
+            t = dm(hits - p, np.zeros(hits.size), 1, np.asarray(dates)[seen])
+            out["hits"][f"{q:g}"]["by_date"] = {
+                "rate": float(hits.mean()),
+                **{k: t[k] for k in ("stat", "p", "lags", "dates")},
+            }
     counts, expected = scoring.pit_counts(y, pred, qs)
     out["pit"] = {"counts": counts.tolist(), "expected": expected.tolist()}
     return out
@@ -442,7 +454,7 @@ def summarize(
                 )
                 for m in ("q_risk_50", "q_risk_90", "coverage_80")
             },
-            "calibration": calibration(y, cat("pred", n), qs),
+            "calibration": calibration(y, cat("pred", n), qs, dates),
         }
         if model and n != model:
             table[n]["vs"] = compare(test[model], s, horizon, reps, dates=dates)
