@@ -271,30 +271,28 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
     which = ds.series_of(starts)
     preds: dict[str, np.ndarray] = {}
     inputs = [anchor_inputs(s) for s in ds.series]
-    pools = bl.pooled_residuals(inputs) if len(inputs) > 1 else None
+    # a panel's late starters (too few training rows of their own) read every series' pool
+    late = [len(inputs) > 1 and b - a < bl.LATE_ROWS for a, b in (i["train_rows"] for i in inputs)]
+    pools = bl.pooled_residuals(inputs) if any(late) else None
     for i, s in enumerate(ds.series):
         sel = which == i
         if not sel.any():
             continue
         local = starts[sel] - ds.offsets[i]
-        stats = s.features.stats
-        ranges = inputs[i]["ranges"]
-        a, b = s.splits.train_rows
-        late = pools is not None and b - a < bl.LATE_ROWS  # too few rows of its own
         hours = intraday_hours(s.features, ds.cfg.decoder_steps)
         for name, p in bl.forecasts(
-            s.features.target,
+            inputs[i]["target"],
             local + ds.cfg.encoder_steps - 1,
             ds.cfg.decoder_steps,
             quantiles,
-            s.splits.train_rows,
-            ranges=ranges,
-            daily=stats.clock.interval >= DAILY[0],
+            inputs[i]["train_rows"],
+            ranges=inputs[i]["ranges"],
+            daily=inputs[i]["daily"],
             cumulative=ds.cfg.target == "cumulative",
             features=s.features.historical,
             decoder_target=window_decoder_targets(s.features),
             hours=hours,
-            pools=pools if late else None,
+            pools=pools if late[i] else None,
         ).items():
             preds.setdefault(name, np.empty((starts.size,) + p.shape[1:], p.dtype))[sel] = p
     return preds
