@@ -14,6 +14,17 @@ only at a family-wise 5% over the whole table (and where its paired bootstrap in
 the P90 difference excludes 0 on the same side). Prints one Markdown row per run and one plain
 sentence each. A file that is not a verdict of this version (no ``chosen_per_fold``) is
 refused with one line.
+
+Runs under a pre-registered recipe (``backtest --preregistered``) are read by their recipe
+instead: the Holm family is the recipe's ``holm_family`` (rows ``SET: TFT vs chosen`` and
+``SET: combination vs best pair``, ``SET`` the recipe file's stem), every run given must
+name the same family, and a family row whose set was not given counts as p = 1, which
+keeps the adjustment valid (never smaller than over the full family) until it is run.
+Beside the family, each set prints its strongest single row on the test stretch, its
+pooled verdict without February-April 2020 where it has one, and a panel's series with
+Holm over the series.
+
+    python experiments/verdicts.py runs/prereg/spx/backtest.json runs/prereg/es/backtest.json
 """
 
 from __future__ import annotations
@@ -117,6 +128,157 @@ def table(runs: list[tuple[str, dict]], per_series: bool = False) -> tuple[list[
     return rows, "\n".join(lines)
 
 
+FAMILY_ROWS = {
+    "TFT vs chosen": "the TFT against the baseline chosen per fold",
+    "combination vs best pair": "its combination against the best baseline pair per fold",
+}
+"""The two rows a recipe's Holm family may name per set (``SET: ROW``)."""
+
+
+def family_row(out: dict, row: str) -> tuple[float, float, dict]:
+    """(the forecast's P90, the bar's P90, the comparison) for one family row of a run."""
+    from tftjax.stats import verdict
+
+    if row == "TFT vs chosen":
+        pooled = out["pooled"]
+        return (
+            pooled[verdict.MODEL]["test"]["q_risk_90"],
+            pooled[verdict.CHOSEN]["test"]["q_risk_90"],
+            pooled[verdict.CHOSEN]["vs"],
+        )
+    c = out["combination"]
+    return c[verdict.COMBO]["q_risk_90"], c[verdict.PAIR]["q_risk_90"], c["vs_pair"]
+
+
+def family_of(runs: list[tuple[str, dict]]) -> tuple[list[str], dict[str, dict]]:
+    """The recipes' common Holm family and the runs by set (their recipe file's stem)."""
+    from tftjax.errors import DataError
+
+    family, by_set = None, {}
+    for label, out in runs:
+        reg = out["preregistration"]
+        if family is None:
+            family = list(reg["holm_family"])
+        elif list(reg["holm_family"]) != family:
+            raise DataError(
+                f"{label}: its recipe's holm_family differs from the first run's; a table "
+                "takes one family"
+            )
+        key = Path(reg["path"]).stem
+        if key in by_set:
+            raise DataError(f"{label}: a second run of set {key!r}; give each set once")
+        by_set[key] = out
+    for name in family or []:
+        key, _, row = name.partition(": ")
+        if row not in FAMILY_ROWS:
+            raise DataError(
+                f"holm_family row {name!r}: a row is 'SET: " + "' or 'SET: ".join(FAMILY_ROWS) + "'"
+            )
+    return family or [], by_set
+
+
+def strongest(out: dict) -> tuple[str, float]:
+    """The single row with the lowest test P90 among the baselines, the choice and the pair
+    (read on the test stretch: descriptive, never a choice the verdict rests on)."""
+    from tftjax.stats import verdict
+
+    rows = {n: r["test"]["q_risk_90"] for n, r in out["pooled"].items() if n != verdict.MODEL}
+    from tftjax.stats.baselines import NAMES
+
+    name = min(rows, key=lambda n: rows[n])
+    label = {verdict.CHOSEN: "the baseline chosen per fold", verdict.PAIR: "the best pair"}
+    return label.get(name, NAMES.get(name, name)), rows[name]
+
+
+def preregistered(runs: list[tuple[str, dict]]) -> tuple[list[dict], str]:
+    """Holm over the recipes' family; one sentence per set."""
+    from tftjax.stats import scoring, verdict
+
+    family, by_set = family_of(runs)
+    rows = []
+    for name in family:
+        key, _, row = name.partition(": ")
+        r: dict = {"row": name, "set": key}
+        if key in by_set:
+            model, bar, vs = family_row(by_set[key], row)
+            r |= {
+                "model_p90": model,
+                "bar_p90": bar,
+                "p90_diff": vs["p90_diff"],
+                "p90_diff_ci95": vs["p90_diff_ci95"],
+                "dm_p90": vs["dm_p90"]["stat"],
+                "lags": vs["dm_p90"]["lags"],
+                "p": vs["dm_p90"]["p"],
+            }
+        rows.append(r)
+    adjusted = scoring.holm([r.get("p", 1.0) for r in rows])  # a set not run: p = 1
+    for r, adj in zip(rows, adjusted):
+        if "p" in r:
+            r["p_holm"] = float(adj)
+            r["verdict"] = verdict.verdict(
+                {"stat": r["dm_p90"], "p": r["p"], "p_holm": float(adj)},
+                r["p90_diff_ci95"],
+                "p_holm",
+            )
+    return rows, preregistered_text(rows, by_set)
+
+
+def preregistered_text(rows: list[dict], by_set: dict[str, dict]) -> str:
+    run = [r for r in rows if "p" in r]
+    lines = [
+        f"Holm over the recipes' family of {len(rows)} rows ({len(rows) - len(run)} not yet "
+        "run, counted as p = 1); DM on the per-date mean of the P90 pinball loss "
+        "differential, forecast - bar (negative: the forecast is better)",
+        "| row | forecast P90 | bar P90 | diff [95% CI] | DM (lags) | p | p (Holm) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "p" not in r:
+            lines.append(f"| {r['row']} | not yet run | | | | | | |")
+            continue
+        ci = r["p90_diff_ci95"]
+        lines.append(
+            f"| {r['row']} | {r['model_p90']:.4f} | {r['bar_p90']:.4f} | {r['p90_diff']:+.4f} "
+            f"[{ci[0]:+.4f}, {ci[1]:+.4f}] | {r['dm_p90']:+.2f} ({r['lags']}) | {r['p']:.3g} | "
+            f"{r['p_holm']:.3g} | {r['verdict']} |"
+        )
+    lines.append("")
+    for key, out in by_set.items():
+        lines.append(f"- {set_sentence(out, [r for r in run if r['set'] == key])}")
+        if "by_series" in out:
+            from tftjax.stats import verdict
+
+            lines += [
+                "",
+                f"{key}, each series (Holm over its series):",
+                verdict.format_series(out["by_series"]),
+            ]
+    return "\n".join(lines)
+
+
+WORDS = {"beats": "beats", "level": "is level with", "behind": "is behind"}
+
+
+def set_sentence(out: dict, rows: list[dict]) -> str:
+    """One sentence: the set's family rows at their Holm p, then what reads beside them."""
+    parts = []
+    for r in rows:
+        row = r["row"].partition(": ")[2]
+        subject, _, bar = FAMILY_ROWS[row].partition(" against ")
+        parts.append(f"{subject} {WORDS[r['verdict']]} {bar} (Holm p {r['p_holm']:.2g})")
+    name, p90 = strongest(out)
+    text = f"{out['preregistration']['set']}: " + "; ".join(parts)
+    text += f". Its strongest single row on the test stretch is {name} at P90 {p90:.4f}"
+    text += f" against the TFT's {out['pooled']['tft']['test']['q_risk_90']:.4f}"
+    calm = out.get("without_stress")
+    if calm:
+        text += (
+            f"; without {calm['from']}..{calm['until']} ({calm['windows_dropped']} windows) "
+            f"the TFT {WORDS[calm['verdict']]} the chosen baseline (p {calm['vs']['dm_p90']['p']:.2g})"
+        )
+    return text + "."
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python experiments/verdicts.py", description=__doc__.split("\n\n")[0]
@@ -129,7 +291,16 @@ def main(argv: list[str] | None = None) -> int:
         help="a panel's per-series rows too (each in the Holm family)",
     )
     args = p.parse_args(argv)
-    rows, text = table([load(a) for a in args.runs], args.per_series)
+    runs = [load(a) for a in args.runs]
+    registered = [label for label, out in runs if "preregistration" in out]
+    if registered and len(registered) < len(runs):
+        from tftjax.errors import DataError
+
+        raise DataError(
+            f"{registered[0]} is a pre-registered run and other runs given are not: its "
+            "Holm family is the recipe's, so give pre-registered runs alone"
+        )
+    rows, text = preregistered(runs) if registered else table(runs, args.per_series)
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
