@@ -46,6 +46,7 @@ this map names every module::
   data.identity            a data file's content hash, and finding the file again
   data.feature_stats       feature statistics fitted on the training rows (z-scores, scale)
   data.rolling             rolling sums, means and extremes (the features' look-backs)
+  data.covariates          your own columns → observed, known-future and static inputs
   data.features            bars → 210 historical, 10 known and 5 static features, the target
   data.windows             time-ordered splits, start-index batches, the on-device gather
   data.anchors             the --anchor's volatility forecasts on every row of a series

@@ -50,6 +50,7 @@ def run(argv: list[str] | None = None) -> int:
         unknown_instrument=args.unknown_instrument,
         instrument=args.instrument,
         stale_after=args.stale_after,
+        future=args.future,
     )
     f.write(args.out)
     for w in f.warnings:

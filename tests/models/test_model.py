@@ -99,6 +99,8 @@ def test_settings_that_do_not_touch_the_parameters_share_one_init(model):
         target="cumulative",
         anchor_median="zero",
         anchor_loss="vol",
+        max_ffill=3,
+        max_categories=20,
     )
     from tftjax.config import SECTIONS
     from tftjax.config.fields import is_neutral
@@ -127,6 +129,7 @@ def test_settings_that_do_not_touch_the_parameters_share_one_init(model):
         ("execution", "kernels"),
         ("execution", "kernels_exclude"),
         ("execution", "memory_budget"),
+        ("data", "static_file"),  # needs --static, which adds inputs
     }
     assert variant.init_key() == CFG.init_key()
     direct = jax.jit(TFT(variant).init)(jax.random.key(0), *dummy_inputs(variant, 2))["params"]

@@ -140,6 +140,9 @@ class PredictOptions:
     stale_after: int = 1
     """Warn when more than this many calendar slots after a series' origin, up to --as-of,
     have no bar."""
+    future: Path | None = None
+    """A model with --known columns of your own: their values after the bars, a parquet
+    file of a time column, those columns and (several series) a symbol column."""
     out: Path = Path("forecast.parquet")
     """The forecast file: .parquet (metadata in its schema) or .csv (metadata in FILE.json)."""
     int8: bool = False

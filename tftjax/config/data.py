@@ -6,7 +6,7 @@ import dataclasses
 from typing import Literal, get_args
 
 from tftjax.config.fields import choice_errors, setting
-from tftjax.errors import check, finite
+from tftjax.errors import ConfigError, check, finite
 
 # TFT-225 layout (docs/tft-spec.md).
 NUM_STATIC = 5
@@ -22,6 +22,8 @@ WARMUP = max(LOOKBACKS)
 Target = Literal["bar", "cumulative"]
 FeatureSet = Literal["v1", "v2"]
 Normalisation = Literal["train", "expanding", "rolling"]
+ROLES = ("static", "observed", "known")
+"""The roles a column of your own takes (tftjax.data.covariates)."""
 TARGETS: tuple[str, ...] = get_args(Target)
 FEATURE_SETS: tuple[str, ...] = get_args(FeatureSet)
 NORMALISATIONS: tuple[str, ...] = get_args(Normalisation)
@@ -69,6 +71,52 @@ class DataConfig:
     rolling (of the rows up to each one; causal: a row's z-score reads no later row)."""
     normalise_window: int = 500
     """Rows of --normalise rolling."""
+    observed: tuple[str, ...] = ()
+    """Your own columns of the bars file known up to each bar (historical inputs, e.g. a
+    funding rate): each is an input of the encoder beside a flag that says it was missing."""
+    known: tuple[str, ...] = ()
+    """Your own columns known in advance for every decoder step (e.g. a scheduled event):
+    taken as scheduled, read at each decoder slot's own time (docs/covariates.md)."""
+    static: tuple[str, ...] = ()
+    """Your own columns with one value per series (e.g. a sector), from the bars file or
+    --static-file."""
+    categorical: tuple[str, ...] = ()
+    """Which of the --observed, --known and --static columns are categories (embedded, a
+    vocabulary from the training rows and an unknown bucket); the rest are reals."""
+    static_file: str | None = setting(None, neutral=True)
+    """A parquet or CSV table of the --static columns keyed by a symbol column (instead of
+    reading them from the bars file)."""
+    max_ffill: int | None = setting(None, neutral=True)
+    """Bars an observed value missing from the file is carried forward (default: one
+    window); past that, every window whose encoder holds it is left out, like a missing bar."""
+    max_categories: int = setting(1000, neutral=True)
+    """The most levels a --categorical column may have in the training rows."""
+
+    @property
+    def covariates(self) -> tuple[tuple[str, str], ...]:
+        """``(column, role)`` of every column of your own, in input order: static, observed,
+        known (each in the order given)."""
+        return tuple((c, role) for role in ROLES for c in getattr(self, role))
+
+    @property
+    def ffill_rows(self) -> int:
+        return self.window if self.max_ffill is None else self.max_ffill
+
+    def _check_roles(self) -> None:
+        seen: dict[str, str] = {}
+        for column, role in self.covariates:
+            if column in seen:
+                raise ConfigError(
+                    f"column {column!r} is named in two roles (--{seen[column]} and --{role}): "
+                    "give each column one role"
+                )
+            seen[column] = role
+        if bad := [c for c in self.categorical if c not in seen]:
+            raise ConfigError(
+                f"--categorical {','.join(bad)}: not named by --observed, --known or --static"
+            )
+        if self.static_file is not None and not self.static:
+            raise ConfigError("--static-file: name its columns with --static")
 
     @property
     def window(self) -> int:
@@ -95,8 +143,12 @@ class DataConfig:
                 finite(self.target_clip) and self.target_clip >= 0,
             f"--normalise-window must be >= 20 rows, got {self.normalise_window}":
                 self.normalise_window >= 20,
+            f"--max-ffill must be >= 0 bars, got {self.max_ffill}":
+                self.max_ffill is None or self.max_ffill >= 0,
+            f"--max-categories must be >= 1, got {self.max_categories}": self.max_categories >= 1,
             **choice_errors(self),
         }, "data config")  # fmt: skip
+        self._check_roles()
         if self.bar_interval is not None:
             from tftjax.data.calendar import parse_interval
 

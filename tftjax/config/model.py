@@ -68,6 +68,9 @@ class ModelConfig:
     """Instruments in the embedding vocabulary of static input 0 (set from the training data:
     one learned row each and one reserved row for an unknown instrument); 0: no embedding (a
     model from before vocabularies: static input 0 is then a real-valued code)."""
+    categories: tuple[int, ...] = setting((), cli=False)
+    """Rows of each --categorical column's embedding table, in --categorical's order (set
+    from the training rows' vocabularies: one row a level and one for an unknown level)."""
     instrument_dropout: float = setting(0.1, neutral=True)
     """Share of training windows whose instrument is replaced by the vocabulary's unknown row,
     so that the row learns a pooled instrument (what --unknown-instrument embed serves)."""
@@ -91,6 +94,8 @@ class ModelConfig:
             f"--instrument-dropout must be in [0, 1), got {self.instrument_dropout}":
                 finite(self.instrument_dropout) and 0 <= self.instrument_dropout < 1,
             f"--ensemble must be >= 1 member, got {self.ensemble}": self.ensemble >= 1,
+            f"categories must be >= 2 rows each, got {self.categories}":
+                all(c >= 2 for c in self.categories),
         }, "model config")  # fmt: skip
 
 
@@ -220,6 +225,10 @@ class TFTConfig:
             "are float32)": not (self.quant.qat and self.execution.precision == "bf16"),
             "--ensemble and --qat do not go together (one int8 model is exported, not N)":
                 self.model.ensemble == 1 or not self.quant.qat,
+            f"categories ({len(self.model.categories)}) must give one table size for each "
+            f"--categorical column ({len(self.data.categorical)})":
+                not self.model.categories
+                or len(self.model.categories) == len(self.data.categorical),
         }, "model config")  # fmt: skip
 
     # ---- building and changing

@@ -68,13 +68,20 @@ class Bars:
     symbol: str | None = None
     """The instrument of a series read from a long file's symbol column (None: the file
     is the series)."""
+    columns: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    """Your own columns read beside the bars (``--observed``, ``--known``, ``--static``), as
+    the file holds them: numbers as float64 (NaN where missing), anything else as text
+    (None where missing). tftjax.data.covariates makes inputs of them."""
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
 
     def slice(self, start: int, stop: int) -> Bars:
         return dataclasses.replace(
-            self, **{f: getattr(self, f)[start:stop] for f in ("ts",) + VALUE_COLUMNS}, sha256=""
+            self,
+            **{f: getattr(self, f)[start:stop] for f in ("ts",) + VALUE_COLUMNS},
+            columns={k: v[start:stop] for k, v in self.columns.items()},
+            sha256="",
         )
 
     def replace(self, **columns: np.ndarray) -> Bars:
@@ -245,26 +252,31 @@ def validate(bars: Bars, min_rows: int) -> None:
         )
 
 
-def read_bars(path: str | os.PathLike, *, min_rows: int | None = None) -> Bars:
+def read_bars(
+    path: str | os.PathLike, *, min_rows: int | None = None, columns: tuple[str, ...] = ()
+) -> Bars:
     """Read a parquet file of one series' OHLCV bars and validate it (``min_rows``: fewest
-    rows accepted; default one window plus the feature warm-up).
+    rows accepted; default one window plus the feature warm-up; ``columns``: your own
+    columns to read beside them, :attr:`Bars.columns`).
 
     Raises:
       DataError: naming the file, the column and the first offending row.
     """
     table, sha, path_s = read_table(path)
     notes = _check_one_instrument(table, path_s)
-    return _from_table(table, path_s, sha, tuple(notes), min_rows)
+    return _from_table(table, path_s, sha, tuple(notes), min_rows, columns)
 
 
-def read_series(path: str | os.PathLike, *, min_rows: int | None = None) -> list[Bars]:
+def read_series(
+    path: str | os.PathLike, *, min_rows: int | None = None, columns: tuple[str, ...] = ()
+) -> list[Bars]:
     """The series of a parquet file: one, or for a long file (a symbol column whose
     instruments interleave or overlap in time) one per symbol, in the order of their names,
     each validated on its own (``path`` reads ``FILE[SYMBOL]`` in messages)."""
     table, sha, path = read_table(path)
     found = _check_one_instrument(table, path, long=True)
     if isinstance(found, list):
-        return [_from_table(table, path, sha, tuple(found), min_rows)]
+        return [_from_table(table, path, sha, tuple(found), min_rows, columns)]
     name, symbols = found
     col = table.column(name)
     out = []
@@ -272,9 +284,38 @@ def read_series(path: str | os.PathLike, *, min_rows: int | None = None) -> list
         part = table.filter(pc.equal(col, pa.scalar(sym, col.type)))
         out.append(
             dataclasses.replace(
-                _from_table(part, f"{path}[{sym}]", sha, (), min_rows), symbol=str(sym)
+                _from_table(part, f"{path}[{sym}]", sha, (), min_rows, columns), symbol=str(sym)
             )
         )
+    return out
+
+
+def read_columns(table: pa.Table, path: str, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Your own columns of ``table`` as the file holds them: numbers (and booleans) as
+    float64 with NaN where missing, anything else as text with None where missing.
+
+    Raises:
+      DataError: a column the file lacks (naming the file and what it has).
+    """
+    out = {}
+    for name in names:
+        actual = name if name in table.column_names else _find_column(table, name.lower(), path)
+        if actual is None:
+            raise DataError(
+                f"{path}: no column {name!r} (named by --observed, --known or --static; "
+                f"found {', '.join(table.column_names)})"
+            )
+        col = table.column(actual)
+        t = col.type
+        if pa.types.is_boolean(t):
+            col, t = pc.cast(col, pa.float64()), pa.float64()
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+            out[name] = _numeric(col, path, actual)
+        else:
+            if pa.types.is_dictionary(t):
+                col = pc.cast(col, t.value_type)
+            text = pc.cast(col, pa.string()) if not pa.types.is_string(col.type) else col
+            out[name] = np.asarray(text.to_pylist(), dtype=object)
     return out
 
 
@@ -298,7 +339,12 @@ def _time_column(table: pa.Table, path: str) -> str | None:
 
 
 def _from_table(
-    table: pa.Table, path_s: str, sha: str | None, notes: tuple, min_rows: int | None
+    table: pa.Table,
+    path_s: str,
+    sha: str | None,
+    notes: tuple,
+    min_rows: int | None,
+    columns: tuple[str, ...] = (),
 ) -> Bars:
     time_name = _time_column(table, path_s)
     if time_name is None:
@@ -325,6 +371,7 @@ def _from_table(
         sha256=sha or "",
         tz=tz,
         notes=notes,
+        columns=read_columns(table, path_s, columns),
     )
     validate(bars, default_min_rows() if min_rows is None else min_rows)
     return bars

@@ -26,6 +26,16 @@ from tftjax.data.anchors import with_anchor
 from tftjax.data.bars import Bars, read_series
 from tftjax.data.bundled import DATASETS, bundled_path, default_parquet
 from tftjax.data.calendar import format_interval
+from tftjax.data.covariates import (
+    Schema,
+    SeriesFit,
+    drop_windows,
+    fit_schema,
+    fit_series,
+    pooled_fit,
+    read_static_file,
+    static_values,
+)
 from tftjax.data.feature_stats import pooled_stats
 from tftjax.data.features import FeatureSet, FeatureStats, build_features
 from tftjax.data.identity import combined_identity, data_identity
@@ -84,6 +94,8 @@ class Dataset:
     anchor: tuple[str, tuple[float, ...]] | None = None
     """The ``--anchor`` whose forecasts ride on every row, and its quantiles
     (:attr:`tftjax.config.HeadConfig.dataset_anchor`; None: no anchor)."""
+    schema: Schema = Schema()
+    """Your own columns (:mod:`tftjax.data.covariates`; empty: none)."""
 
     @classmethod
     def single(
@@ -212,6 +224,7 @@ class Dataset:
             ],
             "vocab": None if self.vocab is None else list(self.vocab),
             "cuts": None if self.cuts is None else list(self.cuts),
+            **({"covariates": self.schema.to_json()} if self.schema.columns else {}),
         }
 
 
@@ -230,6 +243,7 @@ def saved_featurisation(meta: dict) -> dict:
             "vocab": None if meta.get("vocab") is None else tuple(meta["vocab"]),
             "cuts": None if meta.get("cuts") is None else tuple(meta["cuts"]),
             "anchor": anchor,
+            "schema": Schema.from_json(meta.get("covariates")),
         }
     return {"stats": FeatureStats.from_json(meta["feature_stats"]), "vocab": None, "anchor": anchor}
 
@@ -255,6 +269,8 @@ def load_dataset(
     need_splits: bool = True,
     fold: tuple[int, int, int] | None = None,
     anchor: tuple[str, tuple[float, ...]] | None = None,
+    schema: Schema | None = None,
+    future=None,
 ) -> Dataset:
     """Read ``path`` (one file, or a list of files; default: the bundled ES bars) into
     features and splits.
@@ -279,6 +295,9 @@ def load_dataset(
         fitted on its training rows.
       anchor: an anchored model's ``(anchor, quantiles)``, whose forecasts ride on every row
         (:attr:`tftjax.config.HeadConfig.dataset_anchor`).
+      schema: a trained model's columns of your own (None: fitted on these training rows,
+        as ``cfg`` names them).
+      future: a table of the known columns' values after the bars (a forecast's horizon).
 
     Raises:
       DataError: bad or too little data, naming the file; an unknown instrument.
@@ -292,7 +311,7 @@ def load_dataset(
     short = (
         None if fold is not None else WARMUP + (cfg.window if need_splits else cfg.encoder_steps)
     )
-    bars, names = read_named(paths, short, instrument)
+    bars, names = read_named(paths, short, instrument, own_columns(cfg, schema))
     names = as_the_one_instrument(names, bars, stats, instrument, unknown)
     absent: tuple[str, ...] = ()
     if fold is not None and len(bars) > 1:  # a panel: each series joins where it has data
@@ -308,9 +327,8 @@ def load_dataset(
     given = [saved_stats(name, b, stats, unknown, len(bars)) for name, b in zip(names, bars)]
     if (len(bars) > 1 or cuts is not None) and fold is None:
         cuts = cuts or global_cuts([b.ts for b in bars], cfg)
-    series, warn = [], []
-    for name, b, own in zip(names, bars, given):
-        sp, own, src = series_splits(
+    split = [
+        series_splits(
             b,
             own,
             stats,
@@ -320,7 +338,15 @@ def load_dataset(
             partial=bool(absent) or len(bars) > 1,
             need_splits=need_splits,
         )
-        features = build_features(b, cfg, train_rows=sp.train_rows, stats=own)
+        for b, own in zip(bars, given)
+    ]
+    schema, fits = own_inputs(cfg, schema, names, bars, split)
+    series, warn = [], []
+    for name, b, (sp, own, src), fit in zip(names, bars, split, fits):
+        mine = None if fit is None else (schema, fit, future)
+        features = build_features(b, cfg, train_rows=sp.train_rows, stats=own, own=mine)
+        if features.own is not None:  # stale observed values, unscheduled known slots
+            sp = without_unknown_inputs(sp, features.own, cfg.encoder_steps)
         index = vocab.index(name) if vocab is not None and name in vocab else len(vocab or ())
         series.append(Series(name, b, features, sp, index, src))
         warn += series_warnings(b, features)
@@ -333,17 +359,68 @@ def load_dataset(
         tuple(warn),
         absent,
         anchor,
+        schema,
     )
 
 
-def read_named(paths: list, min_rows: int | None, instrument: str | None):
+def own_columns(cfg: DataConfig, schema: Schema | None) -> tuple[str, ...]:
+    """The columns of your own to read from the bars files (a model's, or ``cfg``'s; the
+    statics only when no --static-file gives them)."""
+    named = [(c.name, c.role) for c in schema.columns] if schema is not None else cfg.covariates
+    return tuple(c for c, role in named if role != "static" or cfg.static_file is None)
+
+
+def own_inputs(cfg: DataConfig, schema: Schema | None, names, bars, split):
+    """``(schema, each series' fit or None)``: a trained model's schema and each series'
+    saved fit (a series it never saw: fitted on its own training rows, or pooled), or
+    both fitted on these series' training rows."""
+    if schema is None:
+        schema = Schema() if not cfg.covariates else None
+    if schema is not None and not schema.columns:
+        return schema, [None] * len(bars)
+    table = read_static_file(cfg)
+    statics = [
+        static_values(cfg, n, b, table and table.get(n, table.get("*")))
+        for n, b in zip(names, bars)
+    ]
+    if schema is None:
+        rows = [train_block_or_none(sp.train_rows) for sp, _, _ in split]
+        fitted = [(n, b, r, st) for n, b, r, st in zip(names, bars, rows, statics) if r]
+        if not fitted:
+            raise DataError("no series has training rows to fit its columns of your own on")
+        schema = fit_schema(cfg, fitted)
+    fits = []
+    for b, (sp, own, _), st in zip(bars, split, statics):
+        saved = SeriesFit.from_json(own.covariates) if own is not None else None
+        rows = train_block_or_none(sp.train_rows)
+        fits.append(saved or (fit_series(schema, b, rows, st) if rows else None))
+    trained = [f for f in fits if f is not None]
+    fits = [f or pooled_fit(trained, st) for f, st in zip(fits, statics)]
+    return schema, fits
+
+
+def train_block_or_none(rows: tuple[int, int]) -> tuple[int, int] | None:
+    a, b = max(rows[0], WARMUP), rows[1]
+    return (a, b) if b - a >= 2 else None
+
+
+def without_unknown_inputs(sp: Splits, own, encoder_steps: int) -> Splits:
+    """A series' splits without the windows that hold a stale observed value or need an
+    unscheduled known one (:func:`~tftjax.data.covariates.drop_windows`)."""
+    cut = lambda starts: drop_windows(starts, own, encoder_steps)
+    return dataclasses.replace(sp, train=cut(sp.train), val=cut(sp.val), test=cut(sp.test))
+
+
+def read_named(
+    paths: list, min_rows: int | None, instrument: str | None, columns: tuple[str, ...] = ()
+):
     """Every series of ``paths`` and its name (``instrument`` names a one-series file).
 
     Raises:
       DataError: two series of one name, ``instrument`` for a file of several, or series
         whose dates disagree.
     """
-    bars = [b for p in paths for b in read_series(p, min_rows=min_rows)]
+    bars = [b for p in paths for b in read_series(p, min_rows=min_rows, columns=columns)]
     names = [series_name(b) for b in bars]
     if instrument is not None:
         if len(bars) != 1 or bars[0].symbol is not None:

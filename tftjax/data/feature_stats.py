@@ -72,6 +72,9 @@ class FeatureStats:
     rows' ``hist_mean``/``hist_std``, or causally (``--normalise expanding|rolling``)."""
     normalise: str = "train"
     normalise_window: int = 500
+    covariates: dict | None = None
+    """The series' own statistics and static values of your columns
+    (:class:`tftjax.data.covariates.SeriesFit`; None: none)."""
 
     def to_json(self) -> dict:
         return {
@@ -88,6 +91,7 @@ class FeatureStats:
             "known_names": list(KNOWN_NAMES),
             "static_names": list(STATIC_NAMES),
             **({"anchor_fit": self.anchor_fit} if self.anchor_fit else {}),
+            **({"covariates": self.covariates} if self.covariates else {}),
         }
 
     @classmethod
@@ -115,6 +119,7 @@ class FeatureStats:
             features=features,
             normalise=d.get("normalise", "train"),
             normalise_window=int(d.get("normalise_window", 500)),
+            covariates=d.get("covariates"),
         )
 
     def save(self, path: str | Path) -> None:

@@ -73,11 +73,13 @@ decoder step ``k`` forecasts the bar of the ``k``-th calendar slot after the ori
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
 from tftjax.config import NUM_HISTORICAL, WARMUP, DataConfig
 from tftjax.data.calendar import KNOWN_NAMES, NS_MIN, Clock, Timeline, calendar_features, make_clock
+from tftjax.data.covariates import Inputs, Schema, SeriesFit, covariate_inputs, future_schedule
 from tftjax.data.feature_stats import (
     FAMILIES,
     HISTORICAL_NAMES,
@@ -267,6 +269,10 @@ class FeatureSet:
     anchor_z: np.ndarray | None = None
     instrument: np.ndarray | None = None
     """``[n]`` int32: each row's instrument, its row of the model's vocabulary (None: 0)."""
+    own: Inputs | None = None
+    """Your own columns' inputs (already appended to ``historical``, ``known``, ``future``
+    and ``static``): which rows hold a stale observed value or an unscheduled known slot
+    (:mod:`tftjax.data.covariates`). None: no columns of your own."""
 
     def __len__(self) -> int:
         return int(self.historical.shape[0])
@@ -284,6 +290,7 @@ def build_features(
     *,
     train_rows: tuple[int, int] | None = None,
     stats: FeatureStats | None = None,
+    own: tuple[Schema, SeriesFit, Any] | None = None,
 ) -> FeatureSet:
     """Compute the TFT-225 features of ``bars``.
 
@@ -298,6 +305,8 @@ def build_features(
         ``stats`` is given; default all rows).
       stats: statistics from a previous fit (e.g. restored from a checkpoint); their
         clock wins over ``cfg``'s options.
+      own: your own columns' ``(schema, this series' fit, a table of known values after
+        the bars or None)``, appended to the built-in inputs (:mod:`tftjax.data.covariates`).
     """
     n = len(bars)
     hist = np.empty((n, NUM_HISTORICAL), dtype=np.float32)
@@ -339,7 +348,7 @@ def build_features(
     if cfg.target_clip > 0:
         target = np.clip(target, -cfg.target_clip, cfg.target_clip)
     target = target.astype(np.float32)
-    return FeatureSet(
+    out = FeatureSet(
         historical=hist,
         known=known,
         future=future,
@@ -350,4 +359,23 @@ def build_features(
         decoder_target=decoder_targets(
             target, timeline.slot_index(), cfg.decoder_steps, cfg.target == "cumulative"
         ),
+    )
+    return out if own is None or not own[0].columns else with_own(out, bars, cfg, *own)
+
+
+def with_own(
+    f: FeatureSet, bars, cfg: DataConfig, schema: Schema, fit: SeriesFit, future_table: Any
+) -> FeatureSet:
+    """``f`` with your own columns' inputs appended (and their fit kept with its statistics)."""
+    assert f.timeline is not None  # built from bars: placed in calendar time
+    schedule = future_schedule(cfg, future_table, bars, f.stats.clock)
+    own = covariate_inputs(schema, fit, bars, f.timeline.slot_index(), cfg, schedule)
+    return dataclasses.replace(
+        f,
+        historical=np.concatenate([f.historical, own.historical], axis=1),
+        known=np.concatenate([f.known, own.known], axis=1),
+        future=np.concatenate([f.future, own.future], axis=2),
+        static=np.concatenate([f.static, own.static]),
+        stats=dataclasses.replace(f.stats, covariates=fit.to_json()),
+        own=own,
     )

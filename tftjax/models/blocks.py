@@ -78,16 +78,23 @@ class Blocks:
         )
 
     # ---- variable selection
-    def vsn(self, m: int, name: str, vocab: int = 0) -> VariableSelection:
+    def vsn(self, m: int, name: str, vocab: int = 0, categorical: tuple = ()) -> VariableSelection:
         """A variable selection network over ``m`` variables, chunked and recomputed as the
         plan says (chunks recomputed in the backward pass, or every residual kept; offload:
         the tagged intermediates to the host), through the fused CPU kernel or the Pallas
-        kernels where they run. ``vocab``: variable 0 is an instrument of that many values
-        (the stacked path)."""
+        kernels where they run. ``vocab``: variable 0 is an instrument of that many values;
+        ``categorical``: further categorical variables (both: the stacked path, whole)."""
         cfg, plan = self.cfg, self.plan
-        if vocab:
+        if vocab or categorical:
             return VariableSelection(
-                m, cfg.model.d_v, self.d, self.rate, quant=self.quant, vocab=vocab, name=name
+                m,
+                cfg.model.d_v,
+                self.d,
+                self.rate,
+                quant=self.quant,
+                vocab=vocab,
+                categorical=categorical,
+                name=name,
             )
         chunked = plan.vsn or plan.vsn_scan
         offload = plan.name == "offload" and plan.note == ""

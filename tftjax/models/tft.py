@@ -41,6 +41,46 @@ class Interpretation(NamedTuple):
     attention: Array  # [B, T_d, T], head-averaged
 
 
+class Categorical(NamedTuple):
+    """Where your own categorical columns sit in each variable selection's inputs:
+    ``(position, table rows, column)`` each (tftjax.data.covariates lays them out)."""
+
+    static: tuple[tuple[int, int, str], ...] = ()
+    encoder: tuple[tuple[int, int, str], ...] = ()  # historical, then the known at past steps
+    decoder: tuple[tuple[int, int, str], ...] = ()
+
+    @property
+    def any(self) -> bool:
+        return bool(self.static or self.encoder or self.decoder)
+
+
+@functools.lru_cache(maxsize=None)
+def covariate_layout(cfg: TFTConfig) -> Categorical:
+    """Your own columns come after the built-in inputs of their group, in the order given:
+    statics; each observed column's value and its missing flag; the known columns."""
+    d, m = cfg.data, cfg.model
+    rows = dict(zip(d.categorical, m.categories))
+    if not rows:
+        return Categorical()
+    at = lambda names, base, stride=1: tuple(
+        (base + stride * i, rows[c], c) for i, c in enumerate(names) if c in rows
+    )
+    hist_base = m.num_historical - 2 * len(d.observed)
+    known_base = m.num_known - len(d.known)
+    return Categorical(
+        static=at(d.static, m.num_static - len(d.static)),
+        encoder=at(d.observed, hist_base, 2) + at(d.known, m.num_historical + known_base),
+        decoder=at(d.known, known_base),
+    )
+
+
+def indices(x: Array, where: tuple[tuple[int, int, str], ...]) -> Array | None:
+    """The categorical columns' indices (exact integers in float32) as int32 ``[..., k]``."""
+    if not where:
+        return None
+    return x[..., np.array([p for p, _, _ in where])].astype(jnp.int32)
+
+
 def causal_mask(encoder_steps: int, decoder_steps: int) -> Array:
     """``[T_d, T]``: decoder step k (position T_e + k) sees positions ``<= T_e + k``."""
     q = encoder_steps + np.arange(decoder_steps)[:, None]  # numpy: a constant of the program
@@ -68,19 +108,22 @@ class TFT(nn.Module):
         blocks = Blocks.of(cfg, self.mode, self.calibration, det)
         te = historical.shape[1]
         td = known.shape[1] - te
+        lay = covariate_layout(cfg)
+        past = jnp.concatenate([historical, known[:, :te]], axis=-1)  # [B, T_e, F_h + F_k]
+        future = known[:, te:]
+        cats = [indices(x, w) for x, w in zip((static, past, future), lay)]
+        if lay.any and (dt := self.compute_dtype()) is not None:  # indices read in float32
+            static, past, future = (a.astype(dt) for a in (static, past, future))
 
         # 1-2. Static covariates and their four contexts.
-        zeta, static_w = self.static_selection(
-            blocks, static, instrument, historical.dtype
-        )  # [B, d]
-        c_s, c_e, c_h, c_c = blocks.static_contexts(zeta.astype(historical.dtype))
+        zeta, static_w = self.static_selection(blocks, static, instrument, past.dtype, cats[0])
+        c_s, c_e, c_h, c_c = blocks.static_contexts(zeta.astype(past.dtype))
 
         # 3. Variable selection at every step (context c_s).
-        past = jnp.concatenate([historical, known[:, :te]], axis=-1)  # [B, T_e, F_h + F_k]
-        xi_enc, hist_w = blocks.vsn(past.shape[-1], "encoder_vsn")(past, c_s[:, None, :], det)
-        xi_dec, fut_w = blocks.vsn(cfg.model.num_known, "decoder_vsn")(
-            known[:, te:], c_s[:, None, :], det
-        )
+        enc_vsn = blocks.vsn(past.shape[-1], "encoder_vsn", categorical=lay.encoder)
+        xi_enc, hist_w = enc_vsn(past, c_s[:, None, :], det, categories=cats[1])
+        dec_vsn = blocks.vsn(cfg.model.num_known, "decoder_vsn", categorical=lay.decoder)
+        xi_dec, fut_w = dec_vsn(future, c_s[:, None, :], det, categories=cats[2])
 
         # 4. LSTM encoder seeded by the static context, decoder from its final state.
         carry, h_enc = blocks.lstm("lstm_encoder")((c_c, c_h), xi_enc)
@@ -104,16 +147,29 @@ class TFT(nn.Module):
         interp = Interpretation(static_w, hist_w, fut_w, attn_w)
         return pred, jax.tree.map(lambda a: a.astype(jnp.float32), interp)
 
+    def compute_dtype(self):
+        """The dtype :func:`apply_fn` would cast the inputs to (None: float32, as given)."""
+        if self.cfg.execution.precision == "f32" or quant_spec(self.cfg, self.mode) is not None:
+            return None
+        return COMPUTE_DTYPES[self.cfg.execution.precision]
+
     def static_selection(
-        self, blocks: Blocks, static: Array, instrument: Array | None, dtype
+        self,
+        blocks: Blocks,
+        static: Array,
+        instrument: Array | None,
+        dtype,
+        categories: Array | None = None,
     ) -> tuple[Array, Array]:
         """``(ζ, the static weights)``. Under a vocabulary, static input 0 is the instrument:
         ``instrument`` [B] int32 indexes a learned table (its last row: unknown, which
         ``--instrument-dropout`` trains; an index outside it is refused on the host,
-        tftjax.training.trainer)."""
+        tftjax.training.trainer). ``categories``: your own static categories' indices."""
         cfg, det = self.cfg, blocks.deterministic
+        own = covariate_layout(cfg).static
         if not cfg.model.instruments:
-            return blocks.vsn(cfg.model.num_static, "static_vsn")(static, None, det)
+            vsn = blocks.vsn(cfg.model.num_static, "static_vsn", categorical=own)
+            return vsn(static, None, det, categories=categories)
         if instrument is None:
             raise ValueError(
                 "a TFT over an instrument vocabulary needs `instrument`, the "
@@ -126,8 +182,10 @@ class TFT(nn.Module):
             )
             idx = jnp.where(drop, cfg.model.instruments, idx)
         static = static.at[:, 0].set(0).astype(dtype)
-        vsn = blocks.vsn(cfg.model.num_static, "static_vsn", vocab=cfg.model.instruments + 1)
-        return vsn(static, None, det, idx)
+        vsn = blocks.vsn(
+            cfg.model.num_static, "static_vsn", vocab=cfg.model.instruments + 1, categorical=own
+        )
+        return vsn(static, None, det, idx, categories)
 
     def head(self, blocks: Blocks, psi_t: Array) -> Array:
         """The float32 quantile head (bf16: its parameters are not cast, see
@@ -157,8 +215,11 @@ def apply_fn(cfg: TFTConfig, mode: str | None = None):
         return model.apply
     dt = COMPUTE_DTYPES[cfg.execution.precision]
 
+    own_categories = covariate_layout(cfg).any  # their indices are read in float32: TFT casts
+
     def cast(a):
-        return a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a
+        floating = jnp.issubdtype(a.dtype, jnp.floating)
+        return a.astype(dt) if floating and not own_categories else a
 
     def apply(variables, static, historical, known, *args, **kw):
         params = compute_params(cfg, variables["params"], mode=mode)

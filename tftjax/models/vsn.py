@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
@@ -48,6 +49,15 @@ STACKED_KERNELS = ("emb_k", "fc2_k", "skip_k", "fc1_k", "glu_k")
 _MATMULS = ("fc1_k", "glu_k")  # real [m, N, d_v] × [m, d_v, ·] matmuls; the rest fold a scalar
 
 
+def add_rows(acc: Array, extra: tuple[tuple[int, ...], Array], kernel: Array) -> Array:
+    """``acc[j] += rows_j · kernel[j]`` at the categorical positions ``j`` (``[m, N, o]``)."""
+    pos, rows = extra
+    if len(pos) == 1:  # one table (the instrument's): a plain matmul
+        return acc.at[pos[0]].add(rows[0] @ kernel[pos[0]])
+    idx = np.asarray(pos)
+    return acc.at[idx].add(jnp.einsum("knv,kvo->kno", rows, kernel[idx]))
+
+
 class StackedQuant(NamedTuple):
     """Static quantization settings of one stacked-GRN call (closed over, not scanned)."""
 
@@ -64,7 +74,7 @@ def stacked_grn(
     rate: float,
     sq: StackedQuant | None = None,
     stats: dict | None = None,
-    extra: Array | None = None,
+    extra: tuple[tuple[int, ...], Array] | None = None,
 ):
     """m per-variable GRNs and their weighted sum.
 
@@ -78,8 +88,8 @@ def stacked_grn(
       rate: dropout rate on ``η_1``.
       sq, stats: quantization (None: float) and the per-variable observers
         (``MinMax`` with ``[m]`` leaves) of the inputs of ``fc1_k`` and ``glu_k``.
-      extra: ``[N, d_v]`` added to variable 0's embedding ``e_0`` (a categorical variable's
-        table row), or None.
+      extra: ``(positions, rows [k, N, d_v])``: categorical variables' table rows, added
+        to their embeddings ``e_j`` (their real inputs are 0), or None.
 
     Returns:
       ``Σ_j w_j GRN_j(e_j)``, ``[N, d]``, and the observers after this batch.
@@ -130,9 +140,9 @@ def stacked_grn(
     skip = xv * sk + (sb + p["skip_b"][:, None, :])  # [m, N, d]
     fk, fb = fold(kern("fc2_k"))
     h = xv * fk + (fb + p["fc2_b"][:, None, :])  # [m, N, d_v]
-    if extra is not None:  # e_0 += table row: W e_0 gains W · row
-        skip = skip.at[0].add(extra @ kern("skip_k")[0])
-        h = h.at[0].add(extra @ kern("fc2_k")[0])
+    if extra is not None:  # e_j += table row: W e_j gains W · row
+        skip = add_rows(skip, extra, kern("skip_k"))
+        h = add_rows(h, extra, kern("fc2_k"))
     h = nn.elu(h)
     h = bmm("fc1_k", h) + p["fc1_b"][:, None, :]  # η_1 [m, N, d_v]
     if keep is not None:
@@ -176,6 +186,10 @@ class VariableSelection(nn.Module):
     """Variable 0 is categorical with this many values (0: every variable is real): its
     embedding is a row of a learned ``[vocab, d_v]`` table (``instrument_table``), chosen by
     the ``index`` argument (variable 0's real value is ignored)."""
+    categorical: tuple[tuple[int, int, str], ...] = ()
+    """Further categorical variables ``(position, table rows, column name)``: each one's
+    embedding is a row of its own learned table (``COLUMN_table``), chosen by the
+    ``categories`` argument's column (their real values are ignored)."""
     fused: bool = False
     """Float per-variable GRNs through the fused recomputing kernel (tftjax.models.kernels.fused)
     instead of ``chunk``/``policy``: same function and gradients, a fraction of the time
@@ -192,6 +206,7 @@ class VariableSelection(nn.Module):
         context: Array | None = None,
         deterministic: bool = True,
         index: Array | None = None,
+        categories: Array | None = None,
     ) -> tuple[Array, Array]:
         m, d = self.num_vars, self.hidden
         lead = x.shape[:-1]
@@ -200,15 +215,9 @@ class VariableSelection(nn.Module):
         p = self._stacked_params()
         sq, stats, variables = self._quantize(p)
         emb_k = qt.dequantize((p["emb_k"], p["emb_k_scale"])) if "emb_k_scale" in p else p["emb_k"]
-        extra = None
-        if self.vocab:
-            table = self.param(
-                "instrument_table", nn.initializers.normal(1.0), (self.vocab, self.d_v)
-            )
-            if index is None:
-                raise ValueError("a categorical variable 0 needs its `index`")
-            extra = jnp.take(table, index.reshape(-1), axis=0, mode="clip").astype(xf.dtype)
-            xf = xf.at[:, 0].set(0)
+        extra = self._table_rows(index, categories, n, xf.dtype)
+        if extra is not None:
+            xf = xf.at[:, np.asarray(extra[0])].set(0)
         ctx = None
         if context is not None:
             ctx = jnp.broadcast_to(context, lead + context.shape[-1:]).reshape(n, -1)
@@ -220,6 +229,29 @@ class VariableSelection(nn.Module):
         self._record_ranges(sq, variables, new_stats)
         out = checkpoint_name(out.astype(x.dtype), "vsn_out")
         return out.reshape(lead + (d,)), w.reshape(lead + (m,))
+
+    def _table_rows(self, index, categories, n: int, dtype):
+        """``(positions, rows [k, N, d_v])`` of the categorical variables (None: none)."""
+        pos, rows = [], []
+        if self.vocab:
+            table = self.param(
+                "instrument_table", nn.initializers.normal(1.0), (self.vocab, self.d_v)
+            )
+            if index is None:
+                raise ValueError("a categorical variable 0 needs its `index`")
+            pos.append(0)
+            rows.append(jnp.take(table, index.reshape(-1), axis=0, mode="clip"))
+        if self.categorical:
+            if categories is None:
+                raise ValueError("categorical variables need their `categories`")
+            cats = categories.reshape(n, len(self.categorical))
+            for j, (at, size, name) in enumerate(self.categorical):
+                table = self.param(f"{name}_table", nn.initializers.normal(1.0), (size, self.d_v))
+                pos.append(at)
+                rows.append(jnp.take(table, cats[:, j], axis=0, mode="clip"))
+        if not pos:
+            return None
+        return tuple(pos), jnp.stack(rows).astype(dtype)
 
     def _stacked_params(self) -> dict:
         m, dv, d = self.num_vars, self.d_v, self.hidden
@@ -270,7 +302,7 @@ class VariableSelection(nn.Module):
         else:
             flat = xf[:, :, None] * emb_k + emb_b  # [N, m, d_v]
             if extra is not None:
-                flat = flat.at[:, 0].add(extra)
+                flat = flat.at[:, np.asarray(extra[0])].add(jnp.swapaxes(extra[1], 0, 1))
             flat = flat.reshape(n, m * dv)  # [N, m·d_v]
             weight_grn = nn.remat(GRN, static_argnums=(3,)) if self.remat_weights else GRN
             logits = weight_grn(min(d, m), m, self.dropout, self.quant, name="weights")(

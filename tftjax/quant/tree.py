@@ -37,7 +37,7 @@ def fold_kernel(emb_k: jax.Array, kernel: jax.Array) -> jax.Array:
 def folded(params: dict, quant: QuantSpec, path: tuple = ()) -> dict:
     """``params`` with every covered folded selection-GRN input kernel (a VSN's
     ``weights/fc2`` and ``weights/skip``, when its embeddings are wider than 1 and it has no
-    instrument table) replaced by the folded float ``[m, out]`` kernel, and the embedding
+    categorical table, the instrument's or a column's) replaced by the folded float ``[m, out]`` kernel, and the embedding
     biases' share added as ``fold_bias`` (what the int8 ``FoldedDense`` reads). The
     embeddings folded are those the model uses: fake-quantized where ``emb_k`` is covered."""
     out = {
@@ -47,7 +47,7 @@ def folded(params: dict, quant: QuantSpec, path: tuple = ()) -> dict:
     if (
         "emb_k" in params
         and "weights" in params
-        and "instrument_table" not in params
+        and not any(k.endswith("_table") for k in params)  # categories: the flat path
         and params["emb_k"].shape[1] != 1
     ):
         emb = params["emb_k"]

@@ -115,6 +115,7 @@ class Model:
         unknown_instrument: Literal["refuse", "embed"] = "refuse",
         instrument: str | None = None,
         stale_after: int = 1,
+        future: Any = None,
     ):
         """The :class:`~tftjax.serving.forecast.Forecast` (table, metadata, dataset, raw
         arrays).
@@ -135,6 +136,9 @@ class Model:
             one-instrument model reads such a table as its own instrument).
           stale_after: warn when more than this many calendar slots without a bar lie
             between an origin and ``as_of``.
+          future: a model trained with known columns of your own: their values after the
+            bars (a pandas DataFrame, pyarrow Table or parquet file: a time column, the
+            columns, and a ``symbol`` column for several series).
 
         Raises:
           ConfigError: a bad argument value (named as this method's argument).
@@ -162,6 +166,7 @@ class Model:
             unknown=unknown_instrument,
             instrument=instrument,
             stale_after=stale_after,
+            future=future,
         )
 
     def forecast(self, bars: Any = None, **kw: Any) -> pd.DataFrame:

@@ -24,7 +24,7 @@ import numpy as np
 from tftjax.config import WARMUP
 from tftjax.data import Dataset, to_device
 from tftjax.data.instants import parse_times
-from tftjax.errors import ConfigError
+from tftjax.errors import ConfigError, DataError
 from tftjax.serving.table import SPLITS, Forecast, build, split_of
 
 
@@ -116,7 +116,7 @@ def choose_origins(
     return np.concatenate(out)
 
 
-def forecast(
+def forecast(  # noqa: PLR0913
     saved,
     bars: Any = None,
     *,
@@ -130,6 +130,7 @@ def forecast(
     unknown: str = "refuse",
     instrument: str | None = None,
     stale_after: int = 1,
+    future: Any = None,
 ) -> Forecast:
     """Forecast from a :class:`~tftjax.training.SavedModel`.
 
@@ -146,12 +147,20 @@ def forecast(
       instrument: the name of a one-series file without a symbol column.
       stale_after: warn when more than this many calendar slots lie between an origin and
         the as-of with no bar (a stale last bar).
+      future: a model with --known columns: their values after the bars (a table or file
+        of a time column, the columns, and for several series a symbol column).
+
+    Raises:
+      DataError: an origin whose encoder holds a stale observed value, or whose decoder
+        needs a known value no row gives (naming the column and the time).
     """
     from tftjax.training.evaluation import saved_dataset
     from tftjax.training.trainer import inference_config, predict_windows
 
     cfg = saved.cfg
-    ds = saved_dataset(saved, bars, unknown=unknown, instrument=instrument, need_splits=False)
+    ds = saved_dataset(
+        saved, bars, unknown=unknown, instrument=instrument, need_splits=False, future=future
+    )
     if series:
         missing = [n for n in series if n not in ds.names]
         if missing:
@@ -169,6 +178,7 @@ def forecast(
     rows = choose_origins(
         ds, e, as_of, origins, start=start, end=end, split=split, own_splits=own, only=series
     )
+    check_own_inputs(ds, rows, e)
     starts = (rows - (e - 1)).astype(np.int32)
     variables = saved.variables
     if mode == "float" and saved.float_variables is not None:
@@ -180,6 +190,44 @@ def forecast(
     return build(
         saved, ds, rows, starts, pred, as_of=as_of, own_splits=own, stale_after=stale_after
     )
+
+
+def check_own_inputs(ds: Dataset, rows: np.ndarray, encoder_steps: int) -> None:
+    """Refuse an origin whose inputs of your own are unknown: a stale observed value in its
+    encoder, or a decoder step whose known value no row gives (never filled from later
+    bars: tftjax.data.covariates).
+
+    Raises:
+      DataError: naming the series, the column and the time.
+    """
+    from tftjax.data.covariates import time_text
+
+    which = ds.series_of(rows)
+    for r, i in zip(rows, which):
+        s = ds.series[i]
+        own, tl = s.features.own, s.features.timeline
+        if own is None or tl is None:
+            continue
+        local = int(r - ds.offsets[i])
+        why = own.why_not(local, encoder_steps, tl.slot_index(), ds.cfg.known)
+        if not why:
+            continue
+        kind, column, at = why.split(":")
+        if kind == "stale":
+            raise DataError(
+                f"{s.bars.path}: column {column!r} has had no value since before "
+                f"{time_text(s.bars.ts[int(at)], s.bars.tz)}, more than --max-ffill "
+                f"{ds.cfg.ffill_rows} bars, inside the encoder of the origin at "
+                f"{time_text(s.bars.ts[local], s.bars.tz)}"
+            )
+        step = int(at)
+        utc, wall = tl.future(ds.cfg.decoder_steps)
+        when = (utc if s.bars.tz else wall)[local, step - 1]
+        raise DataError(
+            f"{s.bars.path}: no value of --known {column} for decoder step {step} at "
+            f"{time_text(int(when), s.bars.tz)} (origin {time_text(s.bars.ts[local], s.bars.tz)}): "
+            "give the known values after the bars with --future FILE (future= in Python)"
+        )
 
 
 def saved_vocab(saved) -> tuple[str, ...]:

@@ -28,16 +28,23 @@ def saved_dataset(
     unknown: str = "refuse",
     instrument: str | None = None,
     need_splits: bool = True,
+    future=None,
 ) -> Dataset:
     """The data a saved model is evaluated or asked on: ``parquet_file`` (one or a list), or
     the files it was trained on (found relative to its run folder or at their recorded
     paths, refused when their content changed), featurised with the *training* statistics
-    of each series (``unknown``, ``instrument``: :func:`tftjax.data.load_dataset`)."""
+    of each series (``unknown``, ``instrument``, ``future``: :func:`tftjax.data.load_dataset`)."""
     path = parquet_file if parquet_file is not None else find_data_files(saved.data, saved.run_dir)
     kw = saved.featurisation or {"stats": saved.feature_stats, "vocab": None}
     kw = {"anchor": saved.cfg.head.dataset_anchor, **kw}
     return load_dataset(
-        path, saved.cfg.data, **kw, unknown=unknown, instrument=instrument, need_splits=need_splits
+        path,
+        saved.cfg.data,
+        **kw,
+        unknown=unknown,
+        instrument=instrument,
+        need_splits=need_splits,
+        future=future,
     )
 
 

@@ -6,12 +6,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tftjax.config import ConfigError, TFTConfig, TrainConfig
+from tftjax.config import NUM_HISTORICAL, NUM_KNOWN, NUM_STATIC, ConfigError, TFTConfig, TrainConfig
 from tftjax.data import Dataset, find_data_files, load_dataset, saved_featurisation
 from tftjax.runner import loop as runloop
 from tftjax.training.anchoring import resolve_anchor
 from tftjax.training.restore import initial_weights
 from tftjax.training.task import TFTTask
+
+
+def model_inputs(cfg: TFTConfig, ds: Dataset) -> TFTConfig:
+    """``cfg`` with the input widths and category tables of ``ds``: the built-in inputs
+    and your own columns (tftjax.data.covariates)."""
+    if not ds.schema.columns:
+        return cfg
+    w = ds.schema.widths
+    return cfg.override(
+        num_static=NUM_STATIC + w["static"],
+        num_historical=NUM_HISTORICAL + w["historical"],
+        num_known=NUM_KNOWN + w["known"],
+        categories=ds.schema.categories(cfg.data.categorical),
+    )
 
 
 def train_and_evaluate(
@@ -70,8 +84,10 @@ def train_and_evaluate(
                 if path is None:
                     path = find_data_files(saved["identity"]["data"], workdir)
             ds = load_dataset(path, cfg.data, **kw)
-        # the model's instrument vocabulary is the data's (its unknown row included)
+        # the model's instrument vocabulary is the data's (its unknown row included), and
+        # its inputs the built-in ones and your own
         model = cfg if ds.vocab is None else cfg.override(instruments=len(ds.vocab))
+        model = model_inputs(model, ds)
         model, ds, scores = resolve_anchor(model, ds)  # --anchor auto: chosen on validation
         if scores:
             log(
