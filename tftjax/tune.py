@@ -71,12 +71,16 @@ def run(argv: list[str] | None = None) -> int:
         tensorboard=opts.tensorboard,
     )
     (workdir / "trials.json").write_text(json.dumps(out, indent=1))
+    settings = out["settings"]
+    # the inputs the trials trained on: --config best.json trains on them again
+    settings["model"] = {**own_inputs(cfg), **settings["model"]}
     best = {
-        **out["settings"],
+        **settings,
         "tuned": {
             "trials": opts.trials,
             "sampler_seed": opts.sampler_seed,
             "objective": "best validation loss",
+            "covariates": out["covariates"],
         },
     }
     (workdir / "best.json").write_text(json.dumps(best, indent=1))
@@ -85,6 +89,17 @@ def run(argv: list[str] | None = None) -> int:
         f"wrote {workdir / 'best.json'} (python -m tftjax.train --config {workdir / 'best.json'})"
     )
     return 0
+
+
+def own_inputs(cfg) -> dict:
+    """The settings of your own columns that ``cfg`` sets (their names, roles, categories)."""
+    d = cfg.data
+    names = ("observed", "known", "static", "categorical")
+    out = {k: list(getattr(d, k)) for k in names if getattr(d, k)}
+    for k in ("static_file", "max_ffill"):
+        if getattr(d, k) is not None:
+            out[k] = getattr(d, k)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

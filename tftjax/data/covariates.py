@@ -96,22 +96,6 @@ class Schema:
     def from_json(cls, d: list[dict] | None) -> Schema:
         return cls(tuple(Column(**{**c, "levels": tuple(c["levels"])}) for c in d or ()))
 
-    def notes(self, series: str, bars) -> list[str]:
-        """Levels a series' rows hold that training never saw (served by the unknown
-        bucket): what a forecast's notes say."""
-        out = []
-        for c in self.columns:
-            if not c.categorical or c.name not in bars.columns:
-                continue
-            seen = {level_of(v) for v in bars.columns[c.name] if not is_missing(v)}
-            if new := sorted(seen - set(c.levels)):
-                shown = ", ".join(new[:5]) + (f" and {len(new) - 5} more" if len(new) > 5 else "")
-                out.append(
-                    f"{series}: column {c.name!r} holds level(s) {shown} not seen in training: "
-                    "served by its unknown bucket"
-                )
-        return out
-
 
 @dataclasses.dataclass(frozen=True)
 class SeriesFit:
@@ -144,6 +128,8 @@ class Inputs:
     """Each observed column's stale rows."""
     scheduled_until: int | None = None
     """The last calendar slot with known values (the bars', or the ``--future`` table's)."""
+    notes: tuple[str, ...] = ()
+    """Levels of a category that training never saw (served by its unknown bucket)."""
 
     def why_not(self, row: int, encoder_steps: int, slots: np.ndarray, known: tuple) -> str:
         """Why an origin at ``row`` cannot be forecast ("" where it can)."""
@@ -392,6 +378,21 @@ def real_input(values: np.ndarray, mean: float, std: float, cfg: DataConfig) -> 
     return np.nan_to_num(np.clip(z, -CLIP, CLIP), nan=0.0).astype(np.float32)
 
 
+def unseen_levels(c: Column, values: np.ndarray, where: str) -> list[str]:
+    """A note naming the levels of ``values`` that training never saw (none: [])."""
+    if not c.categorical:
+        return []
+    seen = {level_of(v) for v in values if not is_missing(v)}
+    new = sorted(seen - set(c.levels))
+    if not new:
+        return []
+    shown = ", ".join(new[:5]) + (f" and {len(new) - 5} more" if len(new) > 5 else "")
+    return [
+        f"{where}: column {c.name!r} holds level(s) {shown} not seen in the training rows: "
+        "served by its unknown bucket"
+    ]
+
+
 def column_input(c: Column, values: np.ndarray, fit: SeriesFit, cfg: DataConfig) -> np.ndarray:
     if c.categorical:
         return c.index(values)
@@ -417,6 +418,13 @@ def covariate_inputs(
       DataError: a known value missing in the bars (naming the column and its time).
     """
     n, d = len(bars), cfg.decoder_steps
+    notes = []
+    for c in schema.of("observed") + schema.of("known"):
+        notes += unseen_levels(c, bars.columns[c.name], str(bars.path))
+        if schedule is not None and c.role == "known":
+            notes += unseen_levels(c, schedule[1][c.name], f"{bars.path} --future")
+    for c in schema.of("static"):
+        notes += unseen_levels(c, np.array([fit.static[c.name]], dtype=object), str(bars.path))
     hist = np.zeros((n, 2 * len(schema.of("observed"))), np.float32)
     stale = np.zeros(n, bool)
     stale_by = {}
@@ -461,7 +469,7 @@ def covariate_inputs(
     until = None
     if known_cols and n:
         until = int(slots[-1] if schedule is None or not schedule[0].size else schedule[0][-1])
-    return Inputs(hist, known, future, static, stale, unscheduled, stale_by, until)
+    return Inputs(hist, known, future, static, stale, unscheduled, stale_by, until, tuple(notes))
 
 
 def slot_values(

@@ -347,6 +347,7 @@ def load_dataset(
         features = build_features(b, cfg, train_rows=sp.train_rows, stats=own, own=mine)
         if features.own is not None:  # stale observed values, unscheduled known slots
             sp = without_unknown_inputs(sp, features.own, cfg.encoder_steps)
+            warn += list(features.own.notes)
         index = vocab.index(name) if vocab is not None and name in vocab else len(vocab or ())
         series.append(Series(name, b, features, sp, index, src))
         warn += series_warnings(b, features)

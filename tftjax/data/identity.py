@@ -80,6 +80,13 @@ def find_data_files(identity: dict, run_dir: str | os.PathLike) -> str | list[st
     return list(dict.fromkeys(find_data_file(p, run_dir) for p in identity["series"]))
 
 
+def the_file(path: str) -> str:
+    """The file of a recorded series path: a long file's series reads ``FILE[SYMBOL]``."""
+    if path.endswith("]") and "[" in path and not Path(path).exists():
+        return path[: path.rindex("[")]
+    return path
+
+
 def find_data_file(identity: dict, run_dir: str | os.PathLike) -> str:
     """The recorded data file, checked against its hash.
 
@@ -90,13 +97,13 @@ def find_data_file(identity: dict, run_dir: str | os.PathLike) -> str:
     Raises:
       DataError: when no candidate exists or the file's content changed.
     """
-    f = identity["file"]
+    f = the_file(identity["file"])
     if f.startswith(BUNDLED):
         name = PurePosixPath(f).name
         candidates = [bundled_path(k) for k, v in DATASETS.items() if v == name] or [Path(f)]
     else:
         rel = identity.get("file_from_run")
-        candidates = [(Path(run_dir) / rel).resolve()] if rel else []
+        candidates = [(Path(run_dir) / the_file(rel)).resolve()] if rel else []
         candidates.append(Path(f))
     found = [c for c in candidates if c.is_file()]
     if not found:

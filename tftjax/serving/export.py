@@ -179,7 +179,7 @@ def export(
         "format": FORMAT,
         "model": cfg.to_json(),
         "feature_stats": ck.meta["feature_stats"],
-        **{k: ck.meta[k] for k in ("series", "vocab", "cuts") if k in ck.meta},
+        **{k: ck.meta[k] for k in ("series", "vocab", "cuts", "covariates") if k in ck.meta},
         "data": ck.meta["identity"]["data"],
         "source": source,
         "files": sorted(files),

@@ -173,7 +173,7 @@ def build(
         [p["sha256"] for p in ident["series"]] if "series" in ident else [ident["sha256"]]
     )
     out["data_sha256"] = rep(shas[which])
-    meta = table_meta(saved, ident, as_of, zone, cumulative)
+    meta = {**table_meta(saved, ident, as_of, zone, cumulative), "notes": json.dumps(warnings)}
     return Forecast(out, meta, zone, ds, rows, starts, pred, tuple(warnings))
 
 

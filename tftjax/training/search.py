@@ -161,6 +161,7 @@ def tune(
         "best": {"trial": best.number, "val_loss": best.value, **settings},
         "settings": settings,
         "searched": list(SPACE),
+        "covariates": ds.schema.to_json(),
     }
 
 
