@@ -119,7 +119,7 @@ def training_plots(workdir: Path, history, trainer, params, ds, cfg, write: bool
     """Loss curves, quantile fans and variable importance. ``write=False`` (the other
     processes of a multi-host run) runs the predictions, in which every process takes part,
     and draws nothing."""
-    from tftjax.data.features import KNOWN_NAMES, STATIC_NAMES, historical_names
+    from tftjax.data.covariates import input_names
     from tftjax.training.evaluation import window_targets
 
     test = ds.splits.test
@@ -138,15 +138,15 @@ def training_plots(workdir: Path, history, trainer, params, ds, cfg, write: bool
     if len(ds.series) > 1:
         titles = [f"{ds.names[i]}: {t}" for i, t in zip(ds.series_of(picks), titles)]
     quantile_fan(workdir / "quantile_fan.png", past, future, pred, cfg.head.quantiles, titles)
-    hist_names = list(historical_names(cfg.data.features)) + [f"{n} (known)" for n in KNOWN_NAMES]
+    static_names, encoder_names, decoder_names = input_names(cfg.data)
     variable_importance(
         workdir / "variable_importance.png",
         interp.static_weights.mean(0),
         interp.historical_weights.mean((0, 1)),
         interp.future_weights.mean((0, 1)),
-        STATIC_NAMES,
-        hist_names,
-        KNOWN_NAMES,
+        static_names,
+        encoder_names,
+        decoder_names,
     )
 
 

@@ -142,6 +142,20 @@ class Inputs:
         return ""
 
 
+def input_names(cfg: DataConfig) -> tuple[list[str], list[str], list[str]]:
+    """The names of the static, encoder (historical, then the known at past steps) and
+    decoder inputs: the built-in ones, then your own columns (an observed column's value
+    and its missing flag)."""
+    from tftjax.data.calendar import KNOWN_NAMES
+    from tftjax.data.feature_stats import STATIC_NAMES, historical_names
+
+    static = list(STATIC_NAMES) + list(cfg.static)
+    observed = [x for c in cfg.observed for x in (c, f"{c} (missing)")]
+    known = list(KNOWN_NAMES) + list(cfg.known)
+    encoder = list(historical_names(cfg.features)) + observed + [f"{n} (known)" for n in known]
+    return static, encoder, known
+
+
 # ------------------------------------------------------------------ reading values
 def is_missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and np.isnan(v))
