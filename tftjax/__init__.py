@@ -34,6 +34,7 @@ this map names every module::
   stats.garch              GJR-GARCH(1,1) with filtered historical simulation
   stats.caviar             symmetric-absolute-value CAViaR, fitted on the pinball loss
   stats.seasonal           the range EWMA with an hour-of-week profile (intraday bars)
+  stats.levels             the last value and the seasonal naive of a level target
   stats.baselines          EWMA, rolling and naive quantile forecasts on the same windows
   stats.scoring            block bootstrap, Diebold-Mariano, Holm, Kupiec/Christoffersen, CRPS
   stats.encompassing       Giacomini-Komunjer quantile encompassing, inference by date
@@ -101,6 +102,7 @@ this map names every module::
   training.restore         open and restore checkpoints, --init-from, the SavedModel record
   training.evaluation      metrics beside the baselines, the summary table
   training.anchoring       --anchor: the anchor chosen on validation, the data carrying it
+  training.finetune        --init-from on new bars: the data checked to extend, its lineage
   plots                    loss curves, quantile fans, variable importance, DQN equity
   training.task            the TFT's part of the run loop
   training.run             train_and_evaluate: the whole TFT job

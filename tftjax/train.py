@@ -7,12 +7,13 @@ Examples:
   python -m tftjax.train --preset tft225-gpu --memory-budget 24GB   # bf16, Pallas, remat auto
   python -m tftjax.train --resume --workdir runs/tft --epochs 20
   python -m tftjax.train --qat --init-from runs/tft/run_001 --epochs 3   # QAT fine-tuning
+  python -m tftjax.train --init-from runs/tft/run_001 --parquet-file new.parquet --epochs 2
 
 The flags are the fields of :class:`~tftjax.config.TFTConfig`'s parts and of
 :class:`~tftjax.config.TrainConfig` (the preset's values as defaults) plus the run options
 below. With ``--resume`` the defaults are the checkpoint's own settings and data file: a
-flag that contradicts them is refused (only ``--epochs`` and how the model runs may change).
-"""
+flag that contradicts them is refused (only ``--epochs`` and how the model runs may change);
+with ``--init-from`` (and no ``--preset``) they are the parent run's."""
 
 from __future__ import annotations
 
@@ -40,19 +41,11 @@ def configs(parsed: Parsed) -> tuple[TFTConfig, TrainConfig, TrainOptions]:
     the preset's (or on ``--resume`` the checkpoint's) settings, the ``--config`` file, then
     the flags. A ``--preset`` given with ``--resume`` sets the model, so that a different
     one is refused."""
-    from tftjax.runner.resume import latest_meta
+    from tftjax.training.finetune import run_settings
 
     opts = parsed.options(TrainOptions)
     workdir = run_folder(opts.workdir, "runs/tft", opts.resume)
-    saved = None
-    if opts.resume:
-        meta = latest_meta(workdir / "checkpoints", "tft")
-        model = TFTConfig.from_json(meta["identity"]["model"])
-        if parsed.given_flag("options", "preset"):
-            from tftjax.config import get_preset
-
-            model = get_preset(opts.preset).model
-        saved = (model, TrainConfig.from_json(meta["identity"]["train"]))
+    saved = run_settings(parsed, opts, workdir)
     cfg, tc = tft_configs(parsed, opts.preset, settings=opts.config, saved=saved, anchor_auto=True)
     return cfg, tc, dataclasses.replace(opts, workdir=workdir)
 

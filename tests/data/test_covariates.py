@@ -182,7 +182,7 @@ def test_more_levels_than_allowed_a_text_real_and_a_varying_static_are_refused(p
         load_dataset(panel, preset("tiny").override(static=("close",)).data)
     with pytest.raises(DataError, match=r"column 'flow' row [0-9]+: a --static value is missing"):
         load_dataset(panel, preset("tiny").override(static=("flow",)).data)
-    with pytest.raises(DataError, match=r"no column 'fundng' \(named by --observed"):
+    with pytest.raises(DataError, match=r"no column 'fundng' \(named by --target-column"):
         load_dataset(panel, preset("tiny").override(observed=("fundng",)).data)
     with pytest.raises(
         ConfigError, match=r"column 'flow' is named in two roles \(--observed and --known\)"
@@ -247,3 +247,43 @@ def test_the_schema_round_trips_and_sets_the_models_widths(panel):
     assert f.historical.shape[1] == 212 and f.future.shape[2] == 11 and f.static.shape[1] == 7
     c = ds.series[2]
     assert c.features.own.stale[LONG_GAP[0] :].sum() == (LONG_GAP[1] - LONG_GAP[0]) - E - D
+
+
+def test_known_values_ahead_come_from_rows_with_empty_prices_or_a_future_table(tmp_path):
+    n, ahead = 400, 5
+    ev = lambda m: np.array([f"e{i % 3}" for i in range(m)], dtype=object)
+
+    def prices_then_nothing(n_all):  # the last rows: no prices, the schedule only
+        path = one_series(tmp_path, n=n_all, ev=ev)
+        t = pq.read_table(path)
+        for c in ("open", "high", "low", "close", "volume"):
+            v = t.column(c).to_numpy().copy()
+            v[n:] = np.nan
+            t = t.set_column(t.schema.get_field_index(c), c, pa.array(v))
+        pq.write_table(t, path)
+        return path
+
+    cfg = preset("tiny").override(known=("ev",), categorical=("ev",))
+    ds = load_dataset(prices_then_nothing(n + ahead), cfg.data, need_splits=False)
+    s = ds.series[0]
+    assert len(s.bars) == n and s.bars.ahead is not None and s.bars.ahead[0].size == ahead
+    levels = ds.schema.columns[0].levels
+    want = [levels.index(f"e{i % 3}") for i in range(n, n + ahead)]
+    np.testing.assert_array_equal(s.features.future[n - 1, :, -1], want)
+    assert not s.features.own.unscheduled[n - 1]
+    # the same values from a --future table; its times must share the bars' zone-awareness
+    days = pq.read_table(prices_then_nothing(n + ahead)).column("ts").to_numpy()[n:]
+    fut = tmp_path / "future.parquet"
+    pq.write_table(pa.table({"ts": days, "ev": ev(n + ahead)[n:].tolist()}), fut)
+    plain = one_series(tmp_path, n=n, ev=ev)
+    f = load_dataset(plain, cfg.data, need_splits=False, future=str(fut)).series[0].features
+    np.testing.assert_array_equal(f.future[n - 1, :, -1], want)
+    zoned = tmp_path / "zoned.parquet"
+    pq.write_table(
+        pa.table({"ts": pa.array(days).cast(pa.timestamp("ns", tz="UTC")), "ev": ["e0"] * ahead}),
+        zoned,
+    )
+    with pytest.raises(
+        DataError, match=r"its times are in the zone UTC, and the bars' .* are naive"
+    ):
+        load_dataset(plain, cfg.data, need_splits=False, future=str(zoned))

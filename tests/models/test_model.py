@@ -101,6 +101,7 @@ def test_settings_that_do_not_touch_the_parameters_share_one_init(model):
         anchor_loss="vol",
         max_ffill=3,
         max_categories=20,
+        season=24,
     )
     from tftjax.config import SECTIONS
     from tftjax.config.fields import is_neutral

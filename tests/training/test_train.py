@@ -179,7 +179,7 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
             ["--optimizer-kernel", "apex"],
             "--optimizer-kernel must be one of xla, pallas, got 'apex'",
         ),
-        (["--epochs", "0"], "epochs must be >= 1, got 0"),
+        (["--epochs", "0"], "--epochs 0 keeps the --init-from weights as they are"),
         (["--seed", "-1"], "seed must be in [0, 2**32), got -1"),
         (["--hidden-size", "0"], "--hidden-size must be >= 1, got 0"),
         (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),

@@ -207,6 +207,12 @@ def default_anchor(cfg):
     """``cfg`` anchored on the baseline chosen on validation (``--anchor auto``), or as it
     is where its head sets the scale or the order itself (said in one line)."""
     head = cfg.head
+    if not cfg.data.returns_target:
+        print(
+            "--anchor auto (the default) resolves to none: the anchors forecast the bars' "
+            "log returns, and the target is another"
+        )
+        return cfg
     if head.vol_target or head.monotone_quantiles:
         flag = "--vol-target" if head.vol_target else "--monotone-quantiles"
         print(f"--anchor auto (the default) resolves to none: {flag} sets the head itself")

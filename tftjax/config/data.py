@@ -20,6 +20,11 @@ WARMUP = max(LOOKBACKS)
 """Rows before this index have incomplete look-backs: never an encoder row."""
 
 Target = Literal["bar", "cumulative"]
+TargetTransform = Literal["log_return", "diff", "level", "log"]
+Inputs = Literal["builtin", "own"]
+RETURNS = ("log_return", "diff")
+"""Transforms forecast as changes: their decoder targets sum over a gap, and may be
+cumulative; ``level`` and ``log`` forecast the value at each step's slot."""
 FeatureSet = Literal["v1", "v2"]
 Normalisation = Literal["train", "expanding", "rolling"]
 ROLES = ("static", "observed", "known")
@@ -91,12 +96,30 @@ class DataConfig:
     window); past that, every window whose encoder holds it is left out, like a missing bar."""
     max_categories: int = setting(1000, neutral=True)
     """The most levels a --categorical column may have in the training rows."""
+    target_column: str = "close"
+    """The column to forecast (with --inputs own, any numeric column of the file)."""
+    target_transform: TargetTransform = "log_return"
+    """How the target column is forecast: log_return (log x_t - log x_{t-1}), diff
+    (x_t - x_{t-1}), level (x_t) or log (log x_t); reported in the column's own units too."""
+    inputs: Inputs = "builtin"
+    """builtin: the 210 engineered features of OHLCV bars, the calendar and the statics (and
+    your columns); own: your columns, the calendar and the target itself only, for a file
+    that is not OHLCV bars (its price columns are then not needed)."""
+    season: int | None = setting(None, neutral=True)
+    """Bars in a season (e.g. 48 half-hours a day): adds the seasonal naive baseline of a
+    target that is not a return."""
 
     @property
     def covariates(self) -> tuple[tuple[str, str], ...]:
         """``(column, role)`` of every column of your own, in input order: static, observed,
         known (each in the order given)."""
         return tuple((c, role) for role in ROLES for c in getattr(self, role))
+
+    @property
+    def returns_target(self) -> bool:
+        """The bars' log returns (the default target): what the volatility baselines and
+        the anchors forecast."""
+        return self.target_column == "close" and self.target_transform == "log_return"
 
     @property
     def ffill_rows(self) -> int:
@@ -146,6 +169,11 @@ class DataConfig:
             f"--max-ffill must be >= 0 bars, got {self.max_ffill}":
                 self.max_ffill is None or self.max_ffill >= 0,
             f"--max-categories must be >= 1, got {self.max_categories}": self.max_categories >= 1,
+            f"--season must be >= 1 bar, got {self.season}": self.season is None or self.season >= 1,
+            "--target cumulative sums changes: a --target-transform log_return or diff":
+                self.target == "bar" or self.target_transform in RETURNS,
+            "--features v2 reads OHLCV bars: it needs --inputs builtin":
+                self.features == "v1" or self.inputs == "builtin",
             **choice_errors(self),
         }, "data config")  # fmt: skip
         self._check_roles()

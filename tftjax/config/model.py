@@ -26,7 +26,7 @@ import dataclasses
 import math
 from typing import Any, Literal
 
-from tftjax.config.data import NUM_HISTORICAL, NUM_KNOWN, NUM_STATIC, DataConfig
+from tftjax.config.data import NUM_HISTORICAL, NUM_KNOWN, NUM_STATIC, RETURNS, DataConfig
 from tftjax.config.execution import LEGACY_KERNEL_FLAGS, ExecutionConfig, legacy_kernels
 from tftjax.config.fields import (
     choice_errors,
@@ -229,6 +229,11 @@ class TFTConfig:
             f"--categorical column ({len(self.data.categorical)})":
                 not self.model.categories
                 or len(self.model.categories) == len(self.data.categorical),
+            "--anchor reads the bars' volatility: it needs their log returns as the target "
+            "(--target-column close --target-transform log_return)":
+                self.head.anchor == "none" or self.data.returns_target,
+            "--vol-target scales changes: it needs --target-transform log_return or diff":
+                not self.head.vol_target or self.data.target_transform in RETURNS,
         }, "model config")  # fmt: skip
 
     # ---- building and changing

@@ -16,7 +16,7 @@ class TrainConfig:
     may grow)."""
 
     epochs: int = 10
-    """Maximum epochs."""
+    """Maximum epochs (0, with --init-from: the weights scored and saved as they are)."""
     batch_size: int = 64
     """Windows per step."""
     learning_rate: float = 1e-3
@@ -58,11 +58,19 @@ class TrainConfig:
     own): a noisy validation stretch picks noise less often."""
     init_from: str | None = None
     """Start from the weights of this checkpoint or run folder (its final checkpoint): the
-    same model and data, e.g. a float run to fine-tune with --qat."""
+    same model (its settings are this run's defaults), on its data (e.g. a float run to
+    fine-tune with --qat) or on data that extends it (new bars: docs/training.md)."""
+    refit_stats: bool = False
+    """With --init-from on new bars: fit the input statistics on this run's training rows
+    instead of keeping the parent's (its vocabularies stay: they are the model's shapes)."""
 
     def __post_init__(self) -> None:
         check({
-            f"epochs must be >= 1, got {self.epochs}": self.epochs >= 1,
+            f"epochs must be >= 0, got {self.epochs}": self.epochs >= 0,
+            "--epochs 0 keeps the --init-from weights as they are: give --init-from":
+                self.epochs != 0 or self.init_from is not None,
+            "--refit-stats needs --init-from (new bars for a trained model)":
+                not self.refit_stats or self.init_from is not None,
             f"batch_size must be >= 1, got {self.batch_size}": self.batch_size >= 1,
             f"learning_rate must be a finite number >= 0, got {self.learning_rate}":
                 _finite(self.learning_rate) and self.learning_rate >= 0,

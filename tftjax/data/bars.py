@@ -72,6 +72,9 @@ class Bars:
     """Your own columns read beside the bars (``--observed``, ``--known``, ``--static``), as
     the file holds them: numbers as float64 (NaN where missing), anything else as text
     (None where missing). tftjax.data.covariates makes inputs of them."""
+    ahead: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
+    """Rows after the last bar with every price and the volume empty (a forecast's
+    horizon): their times and your columns (the known values ahead), or None."""
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
@@ -81,6 +84,7 @@ class Bars:
             self,
             **{f: getattr(self, f)[start:stop] for f in ("ts",) + VALUE_COLUMNS},
             columns={k: v[start:stop] for k, v in self.columns.items()},
+            ahead=self.ahead if stop >= len(self) else None,
             sha256="",
         )
 
@@ -196,8 +200,15 @@ def _first(mask: np.ndarray) -> int | None:
     return int(np.argmax(mask)) if mask.any() else None
 
 
-def validate(bars: Bars, min_rows: int) -> None:
-    """Raise :class:`DataError` at the first problem found."""
+def validate(bars: Bars, min_rows: int, prices: bool = True) -> None:
+    """Raise :class:`DataError` at the first problem found (``prices`` False: a file that is
+    not bars, whose time order and length alone are checked)."""
+    if prices:
+        check_prices(bars)
+    check_times(bars, min_rows)
+
+
+def check_prices(bars: Bars) -> None:
     path = bars.path
     for name in VALUE_COLUMNS:
         values = getattr(bars, name)
@@ -230,6 +241,10 @@ def validate(bars: Bars, min_rows: int) -> None:
             f"{path}: column 'low' row {row}: low {float(bars.low[row])!r} is above "
             f"min(open, close) = {float(bottom[row])!r}"
         )
+
+
+def check_times(bars: Bars, min_rows: int) -> None:
+    path = bars.path
     step = np.diff(bars.ts)
     row = _first(step <= 0)
     if row is not None:
@@ -253,7 +268,11 @@ def validate(bars: Bars, min_rows: int) -> None:
 
 
 def read_bars(
-    path: str | os.PathLike, *, min_rows: int | None = None, columns: tuple[str, ...] = ()
+    path: str | os.PathLike,
+    *,
+    min_rows: int | None = None,
+    columns: tuple[str, ...] = (),
+    target: str | None = None,
 ) -> Bars:
     """Read a parquet file of one series' OHLCV bars and validate it (``min_rows``: fewest
     rows accepted; default one window plus the feature warm-up; ``columns``: your own
@@ -264,19 +283,26 @@ def read_bars(
     """
     table, sha, path_s = read_table(path)
     notes = _check_one_instrument(table, path_s)
-    return _from_table(table, path_s, sha, tuple(notes), min_rows, columns)
+    return _from_table(table, path_s, sha, tuple(notes), min_rows, columns, target)
 
 
 def read_series(
-    path: str | os.PathLike, *, min_rows: int | None = None, columns: tuple[str, ...] = ()
+    path: str | os.PathLike,
+    *,
+    min_rows: int | None = None,
+    columns: tuple[str, ...] = (),
+    target: str | None = None,
 ) -> list[Bars]:
     """The series of a parquet file: one, or for a long file (a symbol column whose
     instruments interleave or overlap in time) one per symbol, in the order of their names,
-    each validated on its own (``path`` reads ``FILE[SYMBOL]`` in messages)."""
+    each validated on its own (``path`` reads ``FILE[SYMBOL]`` in messages). ``target``:
+    a file that need not be OHLCV bars (``--inputs own``), whose rows are those where this
+    column of ``columns`` has a value (the prices, where the file has them, are read but
+    not checked)."""
     table, sha, path = read_table(path)
     found = _check_one_instrument(table, path, long=True)
     if isinstance(found, list):
-        return [_from_table(table, path, sha, tuple(found), min_rows, columns)]
+        return [_from_table(table, path, sha, tuple(found), min_rows, columns, target)]
     name, symbols = found
     col = table.column(name)
     out = []
@@ -284,7 +310,8 @@ def read_series(
         part = table.filter(pc.equal(col, pa.scalar(sym, col.type)))
         out.append(
             dataclasses.replace(
-                _from_table(part, f"{path}[{sym}]", sha, (), min_rows, columns), symbol=str(sym)
+                _from_table(part, f"{path}[{sym}]", sha, (), min_rows, columns, target),
+                symbol=str(sym),
             )
         )
     return out
@@ -302,7 +329,8 @@ def read_columns(table: pa.Table, path: str, names: tuple[str, ...]) -> dict[str
         actual = name if name in table.column_names else _find_column(table, name.lower(), path)
         if actual is None:
             raise DataError(
-                f"{path}: no column {name!r} (named by --observed, --known or --static; "
+                f"{path}: no column {name!r} (named by --target-column, --observed, --known "
+                "or --static; "
                 f"found {', '.join(table.column_names)})"
             )
         col = table.column(actual)
@@ -345,6 +373,7 @@ def _from_table(
     notes: tuple,
     min_rows: int | None,
     columns: tuple[str, ...] = (),
+    target: str | None = None,
 ) -> Bars:
     time_name = _time_column(table, path_s)
     if time_name is None:
@@ -355,12 +384,24 @@ def _from_table(
     cols: dict[str, Any] = {}
     for name in VALUE_COLUMNS:
         actual = _find_column(table, name, path_s)
+        if actual is None and target is not None:  # not bars: no prices needed
+            cols[name] = np.full(table.num_rows, np.nan)
+            continue
         if actual is None:
             raise DataError(
                 f"{path_s}: missing column '{name}' (found {', '.join(table.column_names)})"
             )
         cols[name] = _numeric(table.column(actual), path_s, actual)
     ts = _time_to_ns(table.column(time_name), path_s, time_name)
+    own = read_columns(table, path_s, columns)
+    ahead = None
+    if columns:  # rows after the last bar with no prices (target): the known values ahead
+        empty = (
+            np.all([np.isnan(cols[c]) for c in VALUE_COLUMNS], axis=0)
+            if target is None
+            else empty_values(own[target], path_s, target)
+        )
+        ts, cols, own, ahead = split_ahead(ts, cols, own, empty)
     t = table.column(time_name).type
     # an integer epoch counts from 1970-01-01 UTC: instants, not a wall clock
     tz = t.tz if pa.types.is_timestamp(t) and t.tz else "UTC" if pa.types.is_integer(t) else None
@@ -371,10 +412,29 @@ def _from_table(
         sha256=sha or "",
         tz=tz,
         notes=notes,
-        columns=read_columns(table, path_s, columns),
+        columns=own,
+        ahead=ahead,
     )
-    validate(bars, default_min_rows() if min_rows is None else min_rows)
+    validate(bars, default_min_rows() if min_rows is None else min_rows, target is None)
     return bars
+
+
+def empty_values(values: np.ndarray, path: str, name: str) -> np.ndarray:
+    """Where a target column of your own has no value (it must hold numbers)."""
+    if values.dtype == object:
+        raise DataError(f"{path}: column {name!r} (--target-column) holds text, not numbers")
+    return np.isnan(values)
+
+
+def split_ahead(ts: np.ndarray, cols: dict, own: dict, empty: np.ndarray):
+    """``(ts, cols, own, ahead)``: the trailing ``empty`` rows (no prices, or no target)
+    cut off as ``ahead`` (their times and your columns; None when there are none)."""
+    filled = np.flatnonzero(~empty)
+    n = int(filled[-1]) + 1 if filled.size else 0
+    if n == ts.size:
+        return ts, cols, own, None
+    cut = lambda d: {k: v[:n] for k, v in d.items()}
+    return ts[:n], cut(cols), cut(own), (ts[n:], {k: v[n:] for k, v in own.items()})
 
 
 def write_bars(bars: Bars, path: str | os.PathLike) -> None:

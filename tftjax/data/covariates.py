@@ -147,12 +147,13 @@ def input_names(cfg: DataConfig) -> tuple[list[str], list[str], list[str]]:
     decoder inputs: the built-in ones, then your own columns (an observed column's value
     and its missing flag)."""
     from tftjax.data.calendar import KNOWN_NAMES
-    from tftjax.data.feature_stats import STATIC_NAMES, historical_names
+    from tftjax.data.feature_stats import STATIC_NAMES, input_history
 
     static = list(STATIC_NAMES) + list(cfg.static)
     observed = [x for c in cfg.observed for x in (c, f"{c} (missing)")]
     known = list(KNOWN_NAMES) + list(cfg.known)
-    encoder = list(historical_names(cfg.features)) + observed + [f"{n} (known)" for n in known]
+    history = list(input_history(cfg.features, cfg.inputs))
+    encoder = history + observed + [f"{n} (known)" for n in known]
     return static, encoder, known
 
 
@@ -518,46 +519,67 @@ def drop_windows(starts: np.ndarray, inputs: Inputs, encoder_steps: int) -> np.n
 def future_schedule(
     cfg: DataConfig, future, bars, clock, source: str = "--future"
 ) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
-    """The known columns' rows after a series' last bar, from ``future`` (a table: a time
-    column, the --known columns, and for several series a symbol column), as ``(their
-    calendar slots on the bars' timeline, column → values)``; None without known columns
-    or a table.
+    """The known columns' rows after a series' last bar, as ``(their calendar slots on the
+    bars' timeline, column → values)``: from ``future`` (a table: a time column, the --known
+    columns, and for several series a symbol column), else from the rows after the bars in
+    their own file with the prices empty (:attr:`Bars.ahead`); None without known columns
+    or either.
 
     Raises:
-      DataError: a table without the known columns, or rows that do not lie after the bars.
+      DataError: a table without a time column or the known columns, times whose zone the
+        bars' do not share, or a missing value.
     """
-    if future is None or not cfg.known:
+    if not cfg.known:
         return None
-    from tftjax.data.bars import SYMBOL_COLUMNS, _time_column, _time_to_ns, read_columns
+    if future is not None:
+        ts, values, path = future_rows(cfg, future, bars, source)
+    elif bars.ahead is not None:
+        ts, values, path = bars.ahead[0], bars.ahead[1], f"{bars.path} (its rows ahead)"
+    else:
+        return None
+    later = ts > bars.ts[-1]
+    ts, values = ts[later], {k: np.asarray(values[k])[later] for k in cfg.known}
+    for name, v in values.items():
+        row = first_missing(v)
+        if row is not None:
+            raise DataError(
+                f"{path}: column {name!r} at {time_text(ts[row], bars.tz)}: a --known "
+                "value is missing"
+            )
     from tftjax.data.calendar import Timeline
+
+    slots = Timeline(np.concatenate([bars.ts, ts]), clock, 0, path).slot_index()
+    return slots[len(bars) :], values
+
+
+def future_rows(cfg: DataConfig, future, bars, source: str):
+    """``(times, column → values, name)`` of a ``--future`` table's rows for ``bars``'
+    series, in time order."""
+    import pyarrow as pa
+
+    from tftjax.data.bars import SYMBOL_COLUMNS, _time_column, _time_to_ns, pc, read_columns
     from tftjax.data.sources import read_table
 
     table, _, path = read_table(future)
     path = source if path == "<table>" else path
     key = next((c for c in table.column_names if c.lower() in SYMBOL_COLUMNS), None)
     if key is not None and bars.symbol is not None:
-        import pyarrow as pa
-
-        from tftjax.data.bars import pc
-
         col = table.column(key)
         table = table.filter(pc.equal(pc.cast(col, pa.string()), bars.symbol))
     tname = _time_column(table, path)
     if tname is None:
         raise DataError(f"{path}: no time column (ts, timestamp, date, ...)")
+    t = table.column(tname).type
+    zoned = pa.types.is_timestamp(t) and t.tz is not None
+    if zoned != (bars.tz is not None):
+        raise DataError(
+            f"{path}: its times are "
+            + (f"in the zone {t.tz}" if zoned else "naive (no zone)")
+            + f", and the bars' of {bars.path} "
+            + (f"carry the zone {bars.tz}" if bars.tz else "are naive")
+            + ": give both with a zone, or both without"
+        )
     ts = _time_to_ns(table.column(tname), path, tname)
     order = np.argsort(ts, kind="stable")
-    ts = ts[order]
-    later = ts > bars.ts[-1]
     values = read_columns(table, path, tuple(cfg.known))
-    values = {k: v[order][later] for k, v in values.items()}
-    for name, v in values.items():
-        row = first_missing(v)
-        if row is not None:
-            raise DataError(
-                f"{path}: column {name!r} at {time_text(ts[later][row], bars.tz)}: a --known "
-                "value is missing"
-            )
-    both = np.concatenate([bars.ts, ts[later]])
-    slots = Timeline(both, clock, 0, path).slot_index()
-    return slots[len(bars) :], values
+    return ts[order], {k: v[order] for k, v in values.items()}, path

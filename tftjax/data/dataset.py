@@ -311,7 +311,8 @@ def load_dataset(
     short = (
         None if fold is not None else WARMUP + (cfg.window if need_splits else cfg.encoder_steps)
     )
-    bars, names = read_named(paths, short, instrument, own_columns(cfg, schema))
+    not_bars = cfg.target_column if cfg.inputs == "own" else None
+    bars, names = read_named(paths, short, instrument, own_columns(cfg, schema), not_bars)
     names = as_the_one_instrument(names, bars, stats, instrument, unknown)
     absent: tuple[str, ...] = ()
     if fold is not None and len(bars) > 1:  # a panel: each series joins where it has data
@@ -368,7 +369,10 @@ def own_columns(cfg: DataConfig, schema: Schema | None) -> tuple[str, ...]:
     """The columns of your own to read from the bars files (a model's, or ``cfg``'s; the
     statics only when no --static-file gives them)."""
     named = [(c.name, c.role) for c in schema.columns] if schema is not None else cfg.covariates
-    return tuple(c for c, role in named if role != "static" or cfg.static_file is None)
+    mine = [c for c, role in named if role != "static" or cfg.static_file is None]
+    if cfg.target_column != "close" or cfg.inputs == "own":  # the target: a column of yours
+        mine = [cfg.target_column] + [c for c in mine if c != cfg.target_column]
+    return tuple(mine)
 
 
 def own_inputs(cfg: DataConfig, schema: Schema | None, names, bars, split):
@@ -413,7 +417,11 @@ def without_unknown_inputs(sp: Splits, own, encoder_steps: int) -> Splits:
 
 
 def read_named(
-    paths: list, min_rows: int | None, instrument: str | None, columns: tuple[str, ...] = ()
+    paths: list,
+    min_rows: int | None,
+    instrument: str | None,
+    columns: tuple[str, ...] = (),
+    target: str | None = None,
 ):
     """Every series of ``paths`` and its name (``instrument`` names a one-series file).
 
@@ -421,7 +429,9 @@ def read_named(
       DataError: two series of one name, ``instrument`` for a file of several, or series
         whose dates disagree.
     """
-    bars = [b for p in paths for b in read_series(p, min_rows=min_rows, columns=columns)]
+    bars = [
+        b for p in paths for b in read_series(p, min_rows=min_rows, columns=columns, target=target)
+    ]
     names = [series_name(b) for b in bars]
     if instrument is not None:
         if len(bars) != 1 or bars[0].symbol is not None:

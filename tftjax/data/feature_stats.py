@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from tftjax.config import LOOKBACKS, NUM_HISTORICAL, NUM_KNOWN, NUM_STATIC, WARMUP
+from tftjax.config.data import RETURNS
 from tftjax.data.calendar import KNOWN_NAMES, NS_MIN, Clock
 from tftjax.errors import DataError
 
@@ -39,6 +40,12 @@ def historical_names(features: str = "v1") -> tuple[str, ...]:
     if features == "v1":
         return HISTORICAL_NAMES
     return tuple(f"{f}_{c}" for f in V2_FAMILIES for c in (LPV_COLUMNS if f == "lpv" else WINDOWS))
+
+
+def input_history(features: str = "v1", inputs: str = "builtin") -> tuple[str, ...]:
+    """The built-in historical inputs' names: the 210 engineered ones, or (``--inputs
+    own``) the target itself."""
+    return ("target",) if inputs == "own" else historical_names(features)
 
 
 assert len(HISTORICAL_NAMES) == NUM_HISTORICAL
@@ -75,6 +82,11 @@ class FeatureStats:
     covariates: dict | None = None
     """The series' own statistics and static values of your columns
     (:class:`tftjax.data.covariates.SeriesFit`; None: none)."""
+    target_loc: float = 0.0
+    """Subtracted from the transformed target before the scale divides it: 0 for a change
+    (log_return, diff), the training rows' mean for a level or log target."""
+    inputs: str = "builtin"
+    """``--inputs``: builtin (the 210 engineered inputs) or own (the target itself)."""
 
     def to_json(self) -> dict:
         return {
@@ -84,7 +96,9 @@ class FeatureStats:
             "static": self.static.tolist(),
             "train_rows": list(self.train_rows),
             "clock": self.clock.to_json(),
-            "historical_names": list(historical_names(self.features)),
+            "historical_names": list(input_history(self.features, self.inputs)),
+            "target_loc": float(self.target_loc),
+            "inputs": self.inputs,
             "features": self.features,
             "normalise": self.normalise,
             "normalise_window": self.normalise_window,
@@ -96,10 +110,10 @@ class FeatureStats:
 
     @classmethod
     def from_json(cls, d: dict) -> FeatureStats:
-        features = d.get("features", "v1")
+        features, inputs = d.get("features", "v1"), d.get("inputs", "builtin")
         if (
             features not in ("v1", "v2")
-            or list(d.get("historical_names", ())) != list(historical_names(features))
+            or list(d.get("historical_names", ())) != list(input_history(features, inputs))
             or list(d.get("known_names", ())) != list(KNOWN_NAMES)
             or "clock" not in d
         ):
@@ -120,6 +134,8 @@ class FeatureStats:
             normalise=d.get("normalise", "train"),
             normalise_window=int(d.get("normalise_window", 500)),
             covariates=d.get("covariates"),
+            target_loc=float(d.get("target_loc", 0.0)),
+            inputs=inputs,
         )
 
     def save(self, path: str | Path) -> None:
@@ -183,9 +199,14 @@ def robust_scale(r: np.ndarray, winsorize: float) -> float:
     return scale if scale > 0 else 1.0
 
 
-def finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg) -> FeatureStats:
-    r = log_returns(bars.close)[max(start, 1) : stop]
-    scale = robust_scale(r, cfg.winsorize)
+def finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg, raw) -> FeatureStats:
+    """The statistics of one series' training rows ``[start, stop)``; ``raw``: its
+    transformed target (:func:`target_values`), whose scale (and, for a level or log
+    target, location) they fit."""
+    change = cfg.target_transform in RETURNS
+    block = raw[max(start, 1) : stop] if change else raw[start:stop]
+    loc = 0.0 if change else float(np.mean(block))
+    scale = robust_scale(block - loc, cfg.winsorize)
     static = _static_features(bars, train_rows[0], stop, scale)
     return FeatureStats(
         mean,
@@ -197,7 +218,38 @@ def finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg) -> Featur
         features=cfg.features,
         normalise=cfg.normalise,
         normalise_window=cfg.normalise_window,
+        target_loc=loc,
+        inputs=cfg.inputs,
     )
+
+
+def target_values(bars, cfg) -> np.ndarray:
+    """The target column transformed (``--target-column``, ``--target-transform``), float64
+    ``[n]``: a change's first row is 0.
+
+    Raises:
+      DataError: a missing value, or a value of zero or less under a log transform
+        (naming the file, the column and the row).
+    """
+    col = cfg.target_column
+    x = bars.close if col == "close" else np.asarray(bars.columns[col], np.float64)
+    if col != "close" and (row := first_true(~np.isfinite(x))) is not None:
+        raise DataError(f"{bars.path}: column {col!r} row {row}: the target is missing")
+    how = cfg.target_transform
+    if how in ("log_return", "log") and (row := first_true(x <= 0)) is not None:
+        raise DataError(
+            f"{bars.path}: column {col!r} row {row}: value {float(x[row])!r} is zero or less, "
+            f"and --target-transform {how} takes its log: use diff or level"
+        )
+    if how == "log_return":
+        return log_returns(x)
+    if how == "diff":
+        return np.concatenate([[0.0], np.diff(x)])
+    return np.log(x) if how == "log" else x.astype(np.float64)
+
+
+def first_true(mask: np.ndarray) -> int | None:
+    return int(np.argmax(mask)) if mask.any() else None
 
 
 def pooled_stats(stats: list[FeatureStats]) -> FeatureStats:
@@ -217,6 +269,7 @@ def pooled_stats(stats: list[FeatureStats]) -> FeatureStats:
         hist_std=np.where(std > 0, std, 1.0),
         target_scale=float(np.sqrt(sum(wi * s.target_scale**2 for wi, s in zip(w, stats)))),
         static=sum(wi * s.static for wi, s in zip(w, stats)),
+        target_loc=float(sum(wi * s.target_loc for wi, s in zip(w, stats))),
         train_rows=(0, 0),
     )
 
@@ -241,7 +294,11 @@ def causal_z(col: np.ndarray, window: int | None, min_rows: int = 20) -> np.ndar
 
 
 def decoder_targets(
-    target: np.ndarray, slot: np.ndarray | None, steps: int, cumulative: bool = False
+    target: np.ndarray,
+    slot: np.ndarray | None,
+    steps: int,
+    cumulative: bool = False,
+    level: bool = False,
 ) -> np.ndarray:
     """Every row's decoder targets on the calendar grid, ``[n, steps]`` float32.
 
@@ -250,7 +307,8 @@ def decoder_targets(
     ``steps`` rows after ``t`` (a window's own rows); else NaN. Its value is the sum of the
     per-bar ``target`` since the previous bar (``cumulative``: since ``t``); with no gap that
     is ``target[t + k]`` exactly (``cumulative``: ``Σ target[t+1 .. t+k]``).
-    ``slot`` None: no gaps (step ``k`` is row ``t + k``)."""
+    ``slot`` None: no gaps (step ``k`` is row ``t + k``). ``level``: a level target's
+    value on the slot itself (no sum: a level is not a change)."""
     target = np.asarray(target, np.float32)
     n = target.shape[0]
     t = np.arange(n, dtype=np.int64)[:, None]
@@ -268,7 +326,9 @@ def decoder_targets(
         ok = (row >= 0) & (slot[np.clip(row, 0, n - 1)] == want) & (row <= t + steps)
     row, prev = np.clip(row, 0, n - 1), np.clip(prev, 0, n - 1)
     csum = np.concatenate([[0.0], np.cumsum(target, dtype=np.float64)])  # csum[i] = Σ target[:i]
-    if cumulative:
+    if level:
+        val = target[row]
+    elif cumulative:
         val = csum[row + 1] - csum[t + 1]
     else:  # one bar since the previous: the bar's own target, exactly
         val = np.where(prev == row - 1, target[row], csum[row + 1] - csum[prev + 1])

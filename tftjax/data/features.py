@@ -78,6 +78,7 @@ from typing import Any
 import numpy as np
 
 from tftjax.config import NUM_HISTORICAL, WARMUP, DataConfig
+from tftjax.config.data import RETURNS
 from tftjax.data.calendar import KNOWN_NAMES, NS_MIN, Clock, Timeline, calendar_features, make_clock
 from tftjax.data.covariates import Inputs, Schema, SeriesFit, covariate_inputs, future_schedule
 from tftjax.data.feature_stats import (
@@ -93,7 +94,7 @@ from tftjax.data.feature_stats import (
     decoder_targets,
     finish_stats,
     historical_names,
-    log_returns,
+    target_values,
     train_block,
 )
 from tftjax.data.rolling import Extreme, Rolling, shift
@@ -309,12 +310,10 @@ def build_features(
         the bars or None)``, appended to the built-in inputs (:mod:`tftjax.data.covariates`).
     """
     n = len(bars)
-    hist = np.empty((n, NUM_HISTORICAL), dtype=np.float32)
     fit = stats is None
-    if fit:
-        train_rows = train_rows or (0, n)
-        start, stop = train_block(train_rows)
-        mean, std = np.zeros(NUM_HISTORICAL), np.ones(NUM_HISTORICAL)
+    train_rows = train_rows or (0, n)
+    start, stop = train_block(train_rows) if fit else (0, 0)
+    if stats is None:
         clock = make_clock(
             bars.ts,
             getattr(bars, "tz", None),
@@ -324,30 +323,23 @@ def build_features(
             calendar=cfg.calendar,
         )
     else:
-        mean, std = stats.hist_mean, stats.hist_std
         # the trained clock; whether these timestamps are instants is this file's own business
         tz = getattr(bars, "tz", None)
         clock = dataclasses.replace(stats.clock, data_zone=tz, zone=stats.clock.zone or tz)
     known, future, timeline = known_inputs(bars.ts, clock, cfg.decoder_steps, str(bars.path))
-    which, how, window = (
-        (cfg.features, cfg.normalise, cfg.normalise_window)
-        if fit
-        else (stats.features, stats.normalise, stats.normalise_window)
-    )
-    for j, col in historical_columns(bars, timeline.slot_index(), which):
-        if fit:
-            mean[j], std[j] = column_stats(col, start, stop)
-        hist[:, j] = (
-            _normalise(col, mean[j], std[j])
-            if how == "train"
-            else _normalise(causal_z(col, window if how == "rolling" else None), 0.0, 1.0)
-        )
-    if fit:
-        stats = finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg)
-    target = log_returns(bars.close) / stats.target_scale
+    raw = target_values(bars, cfg)
+    if cfg.inputs == "own":  # no engineered inputs: the target itself is the history
+        hist, mean, std = np.zeros((n, 1), np.float32), np.zeros(1), np.ones(1)
+    else:
+        hist, mean, std = builtin_historical(bars, timeline, cfg, stats, (start, stop))
+    if stats is None:
+        stats = finish_stats(bars, mean, std, train_rows, start, stop, clock, cfg, raw)
+    target = (raw - stats.target_loc) / stats.target_scale
     if cfg.target_clip > 0:
         target = np.clip(target, -cfg.target_clip, cfg.target_clip)
     target = target.astype(np.float32)
+    if cfg.inputs == "own":
+        hist[:, 0] = np.clip(target, -CLIP, CLIP)
     out = FeatureSet(
         historical=hist,
         known=known,
@@ -357,10 +349,36 @@ def build_features(
         stats=stats,
         timeline=timeline,
         decoder_target=decoder_targets(
-            target, timeline.slot_index(), cfg.decoder_steps, cfg.target == "cumulative"
+            target,
+            timeline.slot_index(),
+            cfg.decoder_steps,
+            cfg.target == "cumulative",
+            level=cfg.target_transform not in RETURNS,
         ),
     )
     return out if own is None or not own[0].columns else with_own(out, bars, cfg, *own)
+
+
+def builtin_historical(bars, timeline, cfg: DataConfig, stats, block: tuple[int, int]):
+    """``(hist [n, 210], mean, std)``: the engineered inputs, normalised by ``stats`` or by
+    statistics fitted on the rows ``block`` (``stats`` None)."""
+    n = len(bars)
+    hist = np.empty((n, NUM_HISTORICAL), dtype=np.float32)
+    if stats is None:
+        mean, std = np.zeros(NUM_HISTORICAL), np.ones(NUM_HISTORICAL)
+        which, how, window = cfg.features, cfg.normalise, cfg.normalise_window
+    else:
+        mean, std = stats.hist_mean, stats.hist_std
+        which, how, window = stats.features, stats.normalise, stats.normalise_window
+    for j, col in historical_columns(bars, timeline.slot_index(), which):
+        if stats is None:
+            mean[j], std[j] = column_stats(col, *block)
+        hist[:, j] = (
+            _normalise(col, mean[j], std[j])
+            if how == "train"
+            else _normalise(causal_z(col, window if how == "rolling" else None), 0.0, 1.0)
+        )
+    return hist, mean, std
 
 
 def with_own(

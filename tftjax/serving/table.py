@@ -15,6 +15,11 @@ Columns (README, "Forecasting"):
 - ``close_at_origin``, ``q{p}`` the quantiles of bar k's log return (with a cumulative
   target: of the k-bar log return from the origin) in log-return units, and with a
   cumulative target only ``price_q{p}`` = close × exp(q{p}), the k-bar close's quantiles;
+- a target of your own (``--target-column``, ``--target-transform``): ``value_at_origin``
+  (the column at the origin), ``q{p}`` in the transform's units (a level's or log's own
+  scale, a change's), and ``level_q{p}`` in the column's own units where a quantile maps
+  onto them exactly: a level (the same), a log (exp), a cumulative change (added to the
+  origin's value: × exp for a log return, + for a diff);
 - ``realised`` the scored target in log-return units (NaN where the slot has no bar yet:
   the target the model was scored on, clipped at ``target_clip`` training stds) and
   ``loss_q50``/``loss_q90`` its pinball loss at those levels (a per-origin loss is the mean
@@ -105,7 +110,8 @@ def build(
     d = cfg.data.decoder_steps
     which = ds.series_of(rows)
     scale = np.array([s.features.stats.target_scale for s in ds.series])[which]
-    q = pred.astype(np.float64) * scale[:, None, None]
+    loc = np.array([s.features.stats.target_loc for s in ds.series])[which]
+    q = pred.astype(np.float64) * scale[:, None, None] + loc[:, None, None]
     n = rows.size
     origin_ts = ds.ts[rows]
     target_ts, expected = np.empty((n, d), np.int64), np.ones((n, d), bool)
@@ -145,7 +151,7 @@ def build(
             f", and every step of every series' forecast lies before it (drop "
             "--as-of to forecast from each series' last bar)"
         )
-    realised = y * scale[:, None]
+    realised = y * scale[:, None] + loc[:, None]
     zone = _zone(ds)
     rep = lambda a: np.repeat(a, d)  # per origin → per row
     out = {
@@ -167,6 +173,8 @@ def build(
     )
     cumulative = cfg.data.target == "cumulative"
     quantile_columns(out, q, realised, cfg.head.quantiles, cumulative)
+    if not cfg.data.returns_target:
+        own_units(out, ds, rows, cfg)
     out["stats_from"] = rep(np.array([s.stats_from for s in ds.series])[which])
     ident = ds.identity()
     shas = np.array(
@@ -193,6 +201,33 @@ def quantile_columns(out: dict, q: np.ndarray, realised: np.ndarray, quantiles, 
             out[f"loss_q{level * 100:g}"] = np.maximum(level * err, (level - 1.0) * err)
 
 
+def own_units(out: dict, ds: Dataset, rows: np.ndarray, cfg) -> None:
+    """A target of your own: the column at the origin, and the quantiles in its own units
+    where they map onto them exactly (the module docstring)."""
+    d = cfg.data
+    col = d.target_column
+    values = np.concatenate(
+        [
+            s.bars.close if col == "close" else np.asarray(s.bars.columns[col], np.float64)
+            for s in ds.series
+        ]
+    )
+    at = np.repeat(values[rows], d.decoder_steps)
+    out["value_at_origin"] = at
+    how, cumulative = d.target_transform, d.target == "cumulative"
+    if how in ("log_return", "diff") and not cumulative:
+        return  # a bar's change: its quantiles do not add up to a level's
+    for p in cfg.head.quantiles:
+        name = f"q{p * 100:g}"
+        v = out[name]
+        out[f"level_{name}"] = {
+            "level": v,
+            "log": np.exp(v),
+            "log_return": at * np.exp(v),
+            "diff": at + v,
+        }[how]
+
+
 def table_meta(saved, ident: dict, as_of: str | None, zone: str | None, cumulative: bool) -> dict:
     """The file's metadata: the model, its weights' hash, the data, the clock, the target."""
     from tftjax.runner.provenance import tree_sha256
@@ -205,9 +240,24 @@ def table_meta(saved, ident: dict, as_of: str | None, zone: str | None, cumulati
         "data": json.dumps(ident),
         "as_of": as_of or "",
         "time_zone": zone or "none: naive bars, their clock as stored",
-        "target": "k-bar log return from the origin" if cumulative else "1-bar log return of bar k",
+        "target": target_text(saved.cfg.data),
         "quantiles": json.dumps(list(saved.cfg.head.quantiles)),
     }
+
+
+def target_text(d) -> str:
+    """What ``q{p}`` forecasts, in words."""
+    if d.returns_target:
+        cumulative = d.target == "cumulative"
+        return "k-bar log return from the origin" if cumulative else "1-bar log return of bar k"
+    what = {
+        "log_return": "log return",
+        "diff": "change",
+        "level": "value",
+        "log": "log of the value",
+    }[d.target_transform]
+    span = "k bars from the origin" if d.target == "cumulative" else "bar k"
+    return f"{what} of column {d.target_column!r}, {span}"
 
 
 def zone_notes(saved, ds) -> list[str]:

@@ -86,6 +86,8 @@ NAMES = {
     "caviar": "CAViaR (symmetric abs.)",
     "qr": "linear quantile regression (features)",
     "qr_har": "quantile HAR (fixed inputs)",
+    "last_value": "last value",
+    "seasonal_naive": "seasonal naive (--season)",
 }
 QR_COMPONENTS = 16
 QR_STEPS = 400

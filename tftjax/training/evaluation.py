@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from tftjax.config import ConfigError, TFTConfig
+from tftjax.config.data import RETURNS
 from tftjax.data import Dataset, find_data_files, load_dataset, to_device
 from tftjax.data.sessions import DAILY
 from tftjax.quant.ptq import calibrate
@@ -275,9 +276,11 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
     from tftjax.stats import baselines as bl
 
     starts = np.asarray(starts)
+    if ds.cfg.target_transform not in RETURNS:  # a level: the last value, the seasonal naive
+        return level_baselines(ds, quantiles, starts)
     which = ds.series_of(starts)
     preds: dict[str, np.ndarray] = {}
-    inputs = [anchor_inputs(s) for s in ds.series]
+    inputs = [anchor_inputs(s, ds.cfg.target_column == "close") for s in ds.series]
     # a panel's late starters (too few training rows of their own) read every series' pool
     late = [len(inputs) > 1 and b - a < bl.LATE_ROWS for a, b in (i["train_rows"] for i in inputs)]
     pools = bl.pooled_residuals(inputs) if any(late) else None
@@ -305,18 +308,47 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
     return preds
 
 
-def anchor_inputs(series) -> dict:
+def anchor_inputs(series, bars_target: bool = True) -> dict:
     """A series' volatility models' inputs (:func:`tftjax.stats.volatility.anchor`): its
-    targets, training rows, range variance in target units² and whether it is daily."""
+    targets, training rows, range variance in target units² (None where the target is not
+    the bars' close: their ranges are another series') and whether it is daily."""
     from tftjax.stats import baselines as bl
 
     b, stats = series.bars, series.features.stats
     return {
         "target": series.features.target,
         "train_rows": series.splits.train_rows,
-        "ranges": bl.range_variance(b.open, b.high, b.low, b.close) / stats.target_scale**2,
+        "ranges": bl.range_variance(b.open, b.high, b.low, b.close) / stats.target_scale**2
+        if bars_target
+        else None,
         "daily": stats.clock.interval >= DAILY[0],
     }
+
+
+def level_baselines(ds, quantiles, starts: np.ndarray) -> dict[str, np.ndarray]:
+    """A level target's baselines (:mod:`tftjax.stats.levels`), each series' fitted on its
+    own training rows, ``[n, D, Q]`` for the windows at ``starts``."""
+    from tftjax.data.windows import window_decoder_targets
+    from tftjax.stats import levels
+
+    which = ds.series_of(starts)
+    preds: dict[str, np.ndarray] = {}
+    for i, s in enumerate(ds.series):
+        sel = which == i
+        if not sel.any():
+            continue
+        origins = starts[sel] - ds.offsets[i] + ds.cfg.encoder_steps - 1
+        f = s.features
+        for name, p in levels.forecasts(
+            f.target,
+            window_decoder_targets(f),
+            origins,
+            quantiles,
+            s.splits.train_rows,
+            ds.cfg.season,
+        ).items():
+            preds.setdefault(name, np.empty((starts.size,) + p.shape[1:], p.dtype))[sel] = p
+    return preds
 
 
 def intraday_hours(features, decoder_steps: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -191,10 +191,13 @@ class Initial(NamedTuple):
     note: str
 
 
-def initial_weights(init_from: str | Path, cfg: TFTConfig, ds: Dataset) -> Initial:
+def initial_weights(
+    init_from: str | Path, cfg: TFTConfig, ds: Dataset, *, new_bars: bool = False
+) -> Initial:
     """The weights of ``--init-from`` (a float or QAT checkpoint / run folder) for a run of
     ``cfg`` on ``ds``: the same model (quantization and execution settings aside) trained on
-    the same data, else ConfigError naming what differs."""
+    the same data (or, ``new_bars``, on data :func:`tftjax.training.finetune.on_new_bars`
+    checked to extend it), else ConfigError naming what differs."""
     try:
         ck = open_checkpoint(init_from, "--init-from")
     except DataError as e:
@@ -208,7 +211,7 @@ def initial_weights(init_from: str | Path, cfg: TFTConfig, ds: Dataset) -> Initi
             + "; ".join(diff).replace("in the checkpoint", "there")
         )
     src, now = ck.meta["identity"]["data"], ds.identity()
-    if src.get("sha256") != now["sha256"]:
+    if src.get("sha256") != now["sha256"] and not new_bars:
         raise ConfigError(
             f"--init-from {ck.path}: trained on {src.get('file')} (sha256 "
             f"{str(src.get('sha256'))[:12]}…), this run reads {now['file']} (sha256 "

@@ -10,19 +10,22 @@ from tftjax.config import NUM_HISTORICAL, NUM_KNOWN, NUM_STATIC, ConfigError, TF
 from tftjax.data import Dataset, find_data_files, load_dataset, saved_featurisation
 from tftjax.runner import loop as runloop
 from tftjax.training.anchoring import resolve_anchor
+from tftjax.training.finetune import lineage, on_new_bars
 from tftjax.training.restore import initial_weights
 from tftjax.training.task import TFTTask
 
 
 def model_inputs(cfg: TFTConfig, ds: Dataset) -> TFTConfig:
-    """``cfg`` with the input widths and category tables of ``ds``: the built-in inputs
-    and your own columns (tftjax.data.covariates)."""
-    if not ds.schema.columns:
+    """``cfg`` with the input widths and category tables of ``ds``: the built-in inputs (the
+    210 engineered ones, or with ``--inputs own`` the target itself) and your own columns
+    (tftjax.data.covariates)."""
+    if not ds.schema.columns and cfg.data.inputs == "builtin":
         return cfg
     w = ds.schema.widths
+    builtin = NUM_HISTORICAL if cfg.data.inputs == "builtin" else 1  # own: the target itself
     return cfg.override(
         num_static=NUM_STATIC + w["static"],
-        num_historical=NUM_HISTORICAL + w["historical"],
+        num_historical=builtin + w["historical"],
         num_known=NUM_KNOWN + w["known"],
         categories=ds.schema.categories(cfg.data.categorical),
     )
@@ -84,9 +87,12 @@ def train_and_evaluate(
                 if path is None:
                     path = find_data_files(saved["identity"]["data"], workdir)
             ds = load_dataset(path, cfg.data, **kw)
+        model, parent = cfg, None
+        if saved is None and tc.init_from and not isinstance(data, Dataset):
+            model, ds, parent = on_new_bars(tc.init_from, cfg, ds, path, tc.refit_stats, log)
         # the model's instrument vocabulary is the data's (its unknown row included), and
         # its inputs the built-in ones and your own
-        model = cfg if ds.vocab is None else cfg.override(instruments=len(ds.vocab))
+        model = model if ds.vocab is None else model.override(instruments=len(ds.vocab))
         model = model_inputs(model, ds)
         model, ds, scores = resolve_anchor(model, ds)  # --anchor auto: chosen on validation
         if scores:
@@ -97,7 +103,7 @@ def train_and_evaluate(
             )
         init = None
         if saved is None and tc.init_from:  # on resume the run's own checkpoint has them
-            init = initial_weights(tc.init_from, model, ds)
+            init = initial_weights(tc.init_from, model, ds, new_bars=parent is not None)
         return TFTTask(
             model,
             tc,
@@ -109,6 +115,7 @@ def train_and_evaluate(
             log=log,
             par=par,
             plots=plots,
+            lineage=lineage(parent, ds, tc.init_from) if parent is not None else None,
         )
 
     return runloop.run(

@@ -49,8 +49,10 @@ class TFTTask:
         log: Callable = print,
         par=None,
         plots: bool = True,
+        lineage: list[dict] | None = None,
     ):
         self.cfg, self.tc, self.ds, self.log, self.init = cfg, tc, ds, log, init
+        self.lineage = lineage
         # the mesh: all local devices unless told (one on a plain CPU); the batch is sharded
         # over it, the state replicated
         f = ds.features
@@ -86,10 +88,17 @@ class TFTTask:
                 f"--evals-per-epoch {self.checks} exceeds the "
                 f"{steps_per_epoch(tc, ds.splits.train.size)} steps of an epoch"
             )
-        # epoch 0 is the anchor: early stopping may keep it (not under QAT: its observers
-        # need a training step before fake-quant can run), ranking epochs on the validation
-        # P90 the anchor was chosen on, so the weights kept are never worse there than it
-        self.score_at_start = cfg.head.anchor != "none" and not cfg.quant.qat
+        # epoch 0 is the anchor, or the --init-from weights: early stopping may keep it (not
+        # under QAT: its observers need a training step before fake-quant can run); anchored,
+        # ranking epochs on the validation P90 the anchor was chosen on, so the weights kept
+        # are never worse there than it
+        start = cfg.head.anchor != "none" or init is not None
+        self.score_at_start = start and not cfg.quant.qat
+        if tc.epochs == 0 and not self.score_at_start:
+            raise ConfigError(
+                "--epochs 0 keeps the --init-from weights as they are, scored on this "
+                "data: give --init-from (a float model's; QAT's observers need a step)"
+            )
         if cfg.head.anchor != "none":
             self.score = "val_q_risk_90"
         self.total_steps = steps_per_epoch(tc, ds.splits.train.size) * tc.epochs
@@ -112,7 +121,9 @@ class TFTTask:
         return self._identity
 
     def extra_meta(self) -> dict:
-        return self.ds.stats_meta()
+        from tftjax.training.finetune import lineage
+
+        return {**self.ds.stats_meta(), "lineage": self.lineage or lineage(None, self.ds, None)}
 
     def init_state(self) -> TrainState:
         state = create_train_state(
