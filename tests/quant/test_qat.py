@@ -601,7 +601,8 @@ def test_init_from_another_model_and_bad_exports_exit_2(qat_run, tmp_path, capsy
         tmp_path / "run",
     )
     err = capsys.readouterr().err
-    assert rc == 2 and "other.parquet (sha256" in err and "fine-tune on the data" in err, err
+    # other data that does not continue the parent's: refused (tftjax.training.finetune)
+    assert rc == 2 and "other.parquet: its first bar" in err and "continues its parent" in err, err
     rc = call(export_cli.main, "--checkpoint", tmp_path / "missing", "--out", tmp_path / "o")
     err = capsys.readouterr().err
     assert rc == 2 and "no such checkpoint" in err and not (tmp_path / "o").exists()

@@ -7,8 +7,9 @@ it descends from. A fine-tune on other data than its parent's must extend it:
 
 * the same bar interval, the same columns of your own (the model config's comparison
   refuses another schema as another model);
-* every series the parent knew ends no earlier than it did; new series are served by the
-  vocabulary's unknown row;
+* every series the parent knew begins no later than the parent's last training bar (the
+  history, continued) and ends no earlier than the parent's data did; new series are
+  served by the vocabulary's unknown row;
 * the parent's input statistics, instrument vocabulary and category levels are kept, so
   that inputs mean what they meant (``--refit-stats``: the statistics are fitted again on
   the fine-tune's own training rows; the vocabularies stay, as the model's shapes do).
@@ -112,6 +113,13 @@ def check_extends(parent: dict, ds: Dataset, where: str) -> None:
                 f"{s.bars.path}: bars of {format_interval(now)}, and --init-from {where} was "
                 f"trained on bars of {format_interval(was['interval'])}: fine-tune on the "
                 "same interval"
+            )
+        until = was.get("train_until")
+        if until is not None and int(s.bars.ts[0]) > until:
+            raise DataError(
+                f"{s.bars.path}: its first bar ({time_text(s.bars.ts[0], s.bars.tz)}) is after "
+                f"the last bar --init-from {where} trained on ({time_text(until, s.bars.tz)}): "
+                "a fine-tune's data continues its parent's (give the history with the new bars)"
             )
         if int(s.bars.ts[-1]) < was["last"]:
             raise DataError(
