@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 SERIES = {"a": ("tech", 1.2), "b": ("energy", 0.8), "c": ("tech", 1.0)}
-DAYS = 700
-LONG_GAP = (500, 540)  # series c's observed gap: 40 bars, past the tiny window of 25
+DAYS = 450
+LONG_GAP = (300, 340)  # series c's observed gap: 40 bars, past the tiny window of 25
 
 
 def business_days(n: int, first: str = "2015-01-02") -> np.ndarray:
