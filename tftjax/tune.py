@@ -93,11 +93,12 @@ def run(argv: list[str] | None = None) -> int:
 
 def own_inputs(cfg) -> dict:
     """The settings of your own columns that ``cfg`` sets (their names, roles, categories)."""
-    d = cfg.data
+    d, default = cfg.data, type(cfg.data)()
     names = ("observed", "known", "static", "categorical")
     out = {k: list(getattr(d, k)) for k in names if getattr(d, k)}
-    for k in ("static_file", "max_ffill"):
-        if getattr(d, k) is not None:
+    for k in ("static_file", "max_ffill", "max_categories", "season", "target_column",
+              "target_transform", "inputs"):  # fmt: skip
+        if getattr(d, k) != getattr(default, k):
             out[k] = getattr(d, k)
     return out
 

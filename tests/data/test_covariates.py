@@ -177,9 +177,9 @@ def test_more_levels_than_allowed_a_text_real_and_a_varying_static_are_refused(p
     ):
         load_dataset(path, preset("tiny").override(observed=("kind",)).data)
     with pytest.raises(
-        DataError, match=r"panel.parquet\[a\]: column 'close' takes [0-9]+ values within one series"
+        DataError, match=r"panel.parquet\[a\]: column 'volume' takes [0-9]+ values within one series"
     ):
-        load_dataset(panel, preset("tiny").override(static=("close",)).data)
+        load_dataset(panel, preset("tiny").override(static=("volume",)).data)
     with pytest.raises(DataError, match=r"column 'flow' row [0-9]+: a --static value is missing"):
         load_dataset(panel, preset("tiny").override(static=("flow",)).data)
     with pytest.raises(DataError, match=r"no column 'fundng' \(named by --target-column"):
@@ -214,7 +214,7 @@ def test_the_train_command_refuses_bad_columns_in_one_line_before_training(panel
     for flags, says in (
         (["--observed", "nope"], "no column 'nope'"),
         (["--observed", "flow", "--known", "flow"], "named in two roles"),
-        (["--static", "close"], "values within one series"),
+        (["--static", "volume"], "values within one series"),
         (["--observed", "event"], "holds text ('none'), and --observed takes it as a real"),
     ):
         rc = call(main, "--preset", "tiny", "--parquet-file", panel, "--workdir", run, *flags)
@@ -287,3 +287,25 @@ def test_known_values_ahead_come_from_rows_with_empty_prices_or_a_future_table(t
         DataError, match=r"its times are in the zone UTC, and the bars' .* are naive"
     ):
         load_dataset(plain, cfg.data, need_splits=False, future=str(zoned))
+
+
+def test_statics_from_a_static_file_equal_those_from_the_bars(panel, tmp_path):
+    from covariate_panel import SERIES
+
+    table = tmp_path / "statics.csv"
+    rows = [f"{n},{sector},{beta}" for n, (sector, beta) in SERIES.items()]
+    table.write_text("symbol,sector,beta\n" + "\n".join(rows) + "\n")
+    from_file = load_dataset(panel, CFG.override(static_file=str(table)).data)
+    np.testing.assert_array_equal(
+        from_file.features.static, load_dataset(panel, CFG.data).features.static
+    )
+    table.write_text("symbol,sector,beta\n" + "\n".join(rows[:2]) + "\n")
+    with pytest.raises(DataError, match=r"statics.csv: no row for series 'c'"):
+        load_dataset(panel, CFG.override(static_file=str(table)).data)
+
+
+def test_the_target_cannot_be_known_ahead():
+    with pytest.raises(
+        ConfigError, match=r"--known close: the target column cannot be an input known"
+    ):
+        preset("tiny").override(known=("close",))

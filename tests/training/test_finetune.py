@@ -75,6 +75,13 @@ def test_a_fine_tune_extends_its_parent_and_refuses_what_does_not(tmp_path, caps
     assert days(now["last"]) > days(was["last"]) and now["first"] == was["first"]
     assert meta["weights_epoch"] == 0
 
+    # a chain: the child's own child, from a parent saved with --epochs 0
+    grandchild = tmp_path / "grandchild"
+    rc = call(train, "--init-from", child, "--parquet-file", new, "--epochs", "0",
+              "--no-progress", "--workdir", grandchild)  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    assert len(read_meta(open_checkpoint(grandchild).path)["lineage"]) == 3
+
     short = daily(tmp_path / "short.parquet", PARENT_ROWS - 40)
     sparse = daily(tmp_path / "sparse.parquet", ROWS, step=2)
     flow = {"flow": np.random.default_rng(0).normal(size=ROWS)}

@@ -119,7 +119,11 @@ class DataConfig:
     def returns_target(self) -> bool:
         """The bars' log returns (the default target): what the volatility baselines and
         the anchors forecast."""
-        return self.target_column == "close" and self.target_transform == "log_return"
+        return (
+            self.target_column == "close"
+            and self.target_transform == "log_return"
+            and self.inputs == "builtin"
+        )
 
     @property
     def ffill_rows(self) -> int:
@@ -134,6 +138,17 @@ class DataConfig:
                     "give each column one role"
                 )
             seen[column] = role
+        if self.target_column in self.known + self.static:
+            role = "known" if self.target_column in self.known else "static"
+            raise ConfigError(
+                f"--{role} {self.target_column}: the target column cannot be an input known "
+                "ahead or fixed per series (its future values would reach the decoder)"
+            )
+        if bad := [c for c in seen if "/" in c or c == "instrument"]:
+            raise ConfigError(
+                f"column {bad[0]!r}: rename it (a name with '/' or 'instrument' would clash "
+                "with the model's own parameter names)"
+            )
         if bad := [c for c in self.categorical if c not in seen]:
             raise ConfigError(
                 f"--categorical {','.join(bad)}: not named by --observed, --known or --static"

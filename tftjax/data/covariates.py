@@ -131,15 +131,19 @@ class Inputs:
     notes: tuple[str, ...] = ()
     """Levels of a category that training never saw (served by its unknown bucket)."""
 
-    def why_not(self, row: int, encoder_steps: int, slots: np.ndarray, known: tuple) -> str:
-        """Why an origin at ``row`` cannot be forecast ("" where it can)."""
+    def why_not(
+        self, row: int, encoder_steps: int, slots: np.ndarray, known: tuple
+    ) -> tuple[str, str, int] | None:
+        """Why an origin at ``row`` cannot be forecast: ``("stale", column, the stale
+        row)`` or ``("unscheduled", columns, the first decoder step without a value)``;
+        None where it can."""
         for name, gone in self.stale_by.items():
             hit = np.flatnonzero(gone[max(row - encoder_steps + 1, 0) : row + 1])
             if hit.size:
-                return f"stale:{name}:{row - encoder_steps + 1 + int(hit[0])}"
+                return "stale", name, row - encoder_steps + 1 + int(hit[0])
         if self.unscheduled[row] and self.scheduled_until is not None:
-            return f"unscheduled:{','.join(known)}:{self.scheduled_until - int(slots[row]) + 1}"
-        return ""
+            return "unscheduled", ",".join(known), self.scheduled_until - int(slots[row]) + 1
+        return None
 
 
 def input_names(cfg: DataConfig) -> tuple[list[str], list[str], list[str]]:
@@ -207,14 +211,15 @@ def static_values(cfg: DataConfig, name: str, bars, table: dict | None) -> dict[
         that is missing.
     """
     out = {}
+    row_of = None if table is None else table.get(name, table.get("*"))
+    if table is not None and row_of is None:
+        raise DataError(
+            f"{cfg.static_file}: no row for series {name!r} (it has "
+            f"{', '.join(map(str, list(table)[:5]))})"
+        )
     for col in cfg.static:
-        if table is not None:
-            if name not in table:
-                raise DataError(
-                    f"{cfg.static_file}: no row for series {name!r} (it has "
-                    f"{', '.join(map(str, list(table)[:5]))})"
-                )
-            v = table[name][col]
+        if row_of is not None:
+            v = row_of[col]
         else:
             values = bars.columns[col]
             row = first_missing(values)
@@ -408,9 +413,12 @@ def unseen_levels(c: Column, values: np.ndarray, where: str) -> list[str]:
     ]
 
 
-def column_input(c: Column, values: np.ndarray, fit: SeriesFit, cfg: DataConfig) -> np.ndarray:
+def column_input(
+    c: Column, values: np.ndarray, fit: SeriesFit, cfg: DataConfig, source: str = "data"
+) -> np.ndarray:
     if c.categorical:
         return c.index(values)
+    check_real(c.name, c.role, values, source)  # a model's real, given text: refused
     return real_input(values, fit.mean[c.name], fit.std[c.name], cfg)
 
 
@@ -445,7 +453,7 @@ def covariate_inputs(
     stale_by = {}
     for j, c in enumerate(schema.of("observed")):
         filled, missing, gone = forward_fill(bars.columns[c.name], cfg.ffill_rows)
-        hist[:, 2 * j] = column_input(c, filled, fit, cfg)
+        hist[:, 2 * j] = column_input(c, filled, fit, cfg, str(bars.path))
         if c.categorical:
             hist[gone, 2 * j] = len(c.levels)  # the unknown bucket
         else:
@@ -467,7 +475,7 @@ def covariate_inputs(
             )
         extra = None if schedule is None else schedule[1][c.name]
         all_values = values if extra is None else np.concatenate([values, extra])
-        encoded = column_input(c, all_values, fit, cfg)
+        encoded = column_input(c, all_values, fit, cfg, str(bars.path))
         known[:, j] = encoded[:n]
         at, gap = slot_values(encoded, slots, d, None if schedule is None else schedule[0])
         future[:, :, j] = at
@@ -476,7 +484,15 @@ def covariate_inputs(
         [
             c.index(np.array([fit.static[c.name]], dtype=object))[0]
             if c.categorical
-            else np.clip((float(fit.static[c.name]) - c.mean) / c.std, -CLIP, CLIP)
+            else np.clip(
+                (
+                    check_static_real(c.name, np.array([fit.static[c.name]], dtype=object))[0]
+                    - c.mean
+                )
+                / c.std,
+                -CLIP,
+                CLIP,
+            )
             for c in schema.of("static")
         ],
         np.float32,

@@ -341,7 +341,7 @@ def load_dataset(
         )
         for b, own in zip(bars, given)
     ]
-    schema, fits = own_inputs(cfg, schema, names, bars, split)
+    schema, fits = own_inputs(cfg, schema, names, bars, split, stats)
     series, warn = [], []
     for name, b, (sp, own, src), fit in zip(names, bars, split, fits):
         mine = None if fit is None else (schema, fit, future)
@@ -375,18 +375,22 @@ def own_columns(cfg: DataConfig, schema: Schema | None) -> tuple[str, ...]:
     return tuple(mine)
 
 
-def own_inputs(cfg: DataConfig, schema: Schema | None, names, bars, split):
+def own_inputs(cfg: DataConfig, schema: Schema | None, names, bars, split, stats=None):
     """``(schema, each series' fit or None)``: a trained model's schema and each series'
-    saved fit (a series it never saw: fitted on its own training rows, or pooled), or
-    both fitted on these series' training rows."""
+    saved fit (a series it never saw: fitted on its own training rows, or the trained
+    series' pooled statistics with its own statics), or both fitted on these series'
+    training rows. ``stats``: a trained model's statistics by series."""
     if schema is None:
         schema = Schema() if not cfg.covariates else None
     if schema is not None and not schema.columns:
         return schema, [None] * len(bars)
-    table = read_static_file(cfg)
+    saved = [
+        SeriesFit.from_json(own.covariates) if own is not None else None for _, own, _ in split
+    ]
+    table = read_static_file(cfg) if any(f is None for f in saved) else None
     statics = [
-        static_values(cfg, n, b, table and table.get(n, table.get("*")))
-        for n, b in zip(names, bars)
+        f.static if f is not None else static_values(cfg, n, b, table)
+        for n, b, f in zip(names, bars, saved)
     ]
     if schema is None:
         rows = [train_block_or_none(sp.train_rows) for sp, _, _ in split]
@@ -395,11 +399,15 @@ def own_inputs(cfg: DataConfig, schema: Schema | None, names, bars, split):
             raise DataError("no series has training rows to fit its columns of your own on")
         schema = fit_schema(cfg, fitted)
     fits = []
-    for b, (sp, own, _), st in zip(bars, split, statics):
-        saved = SeriesFit.from_json(own.covariates) if own is not None else None
+    for b, (sp, _, _), st, f in zip(bars, split, statics, saved):
         rows = train_block_or_none(sp.train_rows)
-        fits.append(saved or (fit_series(schema, b, rows, st) if rows else None))
-    trained = [f for f in fits if f is not None]
+        fits.append(f or (fit_series(schema, b, rows, st) if rows else None))
+    trained = [
+        f
+        for st in (stats.values() if isinstance(stats, dict) else ())
+        if (f := SeriesFit.from_json(st.covariates)) is not None
+    ]
+    trained = trained or [f for f in fits if f is not None]
     fits = [f or pooled_fit(trained, st) for f, st in zip(fits, statics)]
     return schema, fits
 

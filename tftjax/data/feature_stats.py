@@ -232,8 +232,11 @@ def target_values(bars, cfg) -> np.ndarray:
         (naming the file, the column and the row).
     """
     col = cfg.target_column
-    x = bars.close if col == "close" else np.asarray(bars.columns[col], np.float64)
-    if col != "close" and (row := first_true(~np.isfinite(x))) is not None:
+    raw = bars.close if col == "close" and cfg.inputs == "builtin" else bars.columns[col]
+    if raw.dtype == object:
+        raise DataError(f"{bars.path}: column {col!r} (--target-column) holds text, not numbers")
+    x = np.asarray(raw, np.float64)
+    if (row := first_true(~np.isfinite(x))) is not None:
         raise DataError(f"{bars.path}: column {col!r} row {row}: the target is missing")
     how = cfg.target_transform
     if how in ("log_return", "log") and (row := first_true(x <= 0)) is not None:
@@ -270,6 +273,7 @@ def pooled_stats(stats: list[FeatureStats]) -> FeatureStats:
         target_scale=float(np.sqrt(sum(wi * s.target_scale**2 for wi, s in zip(w, stats)))),
         static=sum(wi * s.static for wi, s in zip(w, stats)),
         target_loc=float(sum(wi * s.target_loc for wi, s in zip(w, stats))),
+        covariates=None,  # a series' own statics: never another's (tftjax.data.dataset)
         train_rows=(0, 0),
     )
 

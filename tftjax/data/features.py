@@ -386,7 +386,7 @@ def with_own(
 ) -> FeatureSet:
     """``f`` with your own columns' inputs appended (and their fit kept with its statistics)."""
     assert f.timeline is not None  # built from bars: placed in calendar time
-    schedule = future_schedule(cfg, future_table, bars, f.stats.clock)
+    schedule = future_schedule(cfg, future_table, bars, f.timeline.clock)  # as the bars
     own = covariate_inputs(schema, fit, bars, f.timeline.slot_index(), cfg, schedule)
     return dataclasses.replace(
         f,

@@ -210,9 +210,9 @@ def check_own_inputs(ds: Dataset, rows: np.ndarray, encoder_steps: int) -> None:
             continue
         local = int(r - ds.offsets[i])
         why = own.why_not(local, encoder_steps, tl.slot_index(), ds.cfg.known)
-        if not why:
+        if why is None:
             continue
-        kind, column, at = why.split(":")
+        kind, column, at = why
         if kind == "stale":
             raise DataError(
                 f"{s.bars.path}: column {column!r} has had no value since before "
@@ -220,7 +220,7 @@ def check_own_inputs(ds: Dataset, rows: np.ndarray, encoder_steps: int) -> None:
                 f"{ds.cfg.ffill_rows} bars, inside the encoder of the origin at "
                 f"{time_text(s.bars.ts[local], s.bars.tz)}"
             )
-        step = int(at)
+        step = at
         utc, wall = tl.future(ds.cfg.decoder_steps)
         when = (utc if s.bars.tz else wall)[local, step - 1]
         raise DataError(

@@ -172,7 +172,7 @@ def build(
         }
     )
     cumulative = cfg.data.target == "cumulative"
-    quantile_columns(out, q, realised, cfg.head.quantiles, cumulative)
+    quantile_columns(out, q, realised, cfg.head.quantiles, cumulative and cfg.data.returns_target)
     if not cfg.data.returns_target:
         own_units(out, ds, rows, cfg)
     out["stats_from"] = rep(np.array([s.stats_from for s in ds.series])[which])

@@ -280,7 +280,7 @@ def baselines_forecasts(ds: Dataset, quantiles, starts: np.ndarray) -> dict[str,
         return level_baselines(ds, quantiles, starts)
     which = ds.series_of(starts)
     preds: dict[str, np.ndarray] = {}
-    inputs = [anchor_inputs(s, ds.cfg.target_column == "close") for s in ds.series]
+    inputs = [anchor_inputs(s, ds.cfg.returns_target) for s in ds.series]
     # a panel's late starters (too few training rows of their own) read every series' pool
     late = [len(inputs) > 1 and b - a < bl.LATE_ROWS for a, b in (i["train_rows"] for i in inputs)]
     pools = bl.pooled_residuals(inputs) if any(late) else None

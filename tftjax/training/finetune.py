@@ -94,6 +94,8 @@ def on_new_bars(
     # one series of a file without a symbol column is the one series its parent knew
     vocab = [str(v) for v in kw.get("vocab") or ()]
     one = len(vocab) == 1 and len(ds.series) == 1 and ds.series[0].bars.symbol is None
+    if one and ds.names[0] != vocab[0]:
+        log(f"{ds.series[0].bars.path}: read as {vocab[0]}, the one series its parent knew")
     ds = load_dataset(path, cfg.data, **kw, unknown="embed", instrument=vocab[0] if one else None)
     check_extends(parent, ds, str(ck.path))
     say_overlap(parent, ds, log)
@@ -101,12 +103,17 @@ def on_new_bars(
 
 
 def check_extends(parent: dict, ds: Dataset, where: str) -> None:
-    """Refuse data that does not extend the parent's: another bar interval, or a series
-    that ends before the parent's did."""
+    """Refuse data that does not extend the parent's: no series the parent knew, another
+    bar interval, or a series that begins after the parent's training or ends before the
+    parent's data did."""
+    if not any(s.name in parent for s in ds.series):
+        raise DataError(
+            f"{', '.join(ds.names)}: none of these series is one --init-from {where} was "
+            f"trained on ({', '.join(parent)}): a fine-tune continues its parent's data"
+        )
+    interval = next(iter(parent.values()))["interval"]
     for s in ds.series:
-        was = parent.get(s.name)
-        if was is None:
-            continue
+        was = parent.get(s.name, {"interval": interval, "last": -1})
         now = int(np.median(np.diff(s.bars.ts)))  # the bars' own (the clock is the parent's)
         if now != was["interval"]:
             raise DataError(
@@ -172,4 +179,4 @@ def run_settings(parsed, opts, workdir) -> tuple[TFTConfig, TrainConfig] | None:
         ck = open_checkpoint(init_from, "--init-from")
     except DataError as e:
         raise ConfigError(str(e)) from None
-    return ck.cfg, dataclasses.replace(ck.tc, init_from=None, refit_stats=False)
+    return ck.cfg, dataclasses.replace(ck.tc, init_from=init_from, refit_stats=False)
