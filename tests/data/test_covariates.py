@@ -177,7 +177,8 @@ def test_more_levels_than_allowed_a_text_real_and_a_varying_static_are_refused(p
     ):
         load_dataset(path, preset("tiny").override(observed=("kind",)).data)
     with pytest.raises(
-        DataError, match=r"panel.parquet\[a\]: column 'volume' takes [0-9]+ values within one series"
+        DataError,
+        match=r"panel.parquet\[a\]: column 'volume' takes [0-9]+ values within one series",
     ):
         load_dataset(panel, preset("tiny").override(static=("volume",)).data)
     with pytest.raises(DataError, match=r"column 'flow' row [0-9]+: a --static value is missing"):
