@@ -288,6 +288,11 @@ def test_known_values_ahead_come_from_rows_with_empty_prices_or_a_future_table(t
         DataError, match=r"its times are in the zone UTC, and the bars' .* are naive"
     ):
         load_dataset(plain, cfg.data, need_splits=False, future=str(zoned))
+    two = tmp_path / "two.parquet"  # rows of two series for a file of one: refused
+    sym = ["x"] * (ahead - 1) + ["y"]
+    pq.write_table(pa.table({"ts": days, "symbol": sym, "ev": ["e0"] * ahead}), two)
+    with pytest.raises(DataError, match=r"its column 'symbol' names several series"):
+        load_dataset(plain, cfg.data, need_splits=False, future=str(two))
 
 
 def test_statics_from_a_static_file_equal_those_from_the_bars(panel, tmp_path):

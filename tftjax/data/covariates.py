@@ -582,15 +582,21 @@ def future_rows(cfg: DataConfig, future, bars, source: str):
     if key is not None and bars.symbol is not None:
         col = table.column(key)
         table = table.filter(pc.equal(pc.cast(col, pa.string()), bars.symbol))
+    elif key is not None and len(pc.unique(table.column(key))) > 1:
+        raise DataError(
+            f"{path}: its column {key!r} names several series, and {bars.path} is one series "
+            "without a symbol column: give its rows alone"
+        )
     tname = _time_column(table, path)
     if tname is None:
         raise DataError(f"{path}: no time column (ts, timestamp, date, ...)")
     t = table.column(tname).type
-    zoned = pa.types.is_timestamp(t) and t.tz is not None
+    # an integer epoch counts from 1970-01-01 UTC, as the bars' reader takes it
+    zoned = (pa.types.is_timestamp(t) and t.tz is not None) or pa.types.is_integer(t)
     if zoned != (bars.tz is not None):
         raise DataError(
             f"{path}: its times are "
-            + (f"in the zone {t.tz}" if zoned else "naive (no zone)")
+            + (f"in the zone {getattr(t, 'tz', None) or 'UTC'}" if zoned else "naive (no zone)")
             + f", and the bars' of {bars.path} "
             + (f"carry the zone {bars.tz}" if bars.tz else "are naive")
             + ": give both with a zone, or both without"

@@ -115,7 +115,12 @@ def train_and_evaluate(
             log=log,
             par=par,
             plots=plots,
-            lineage=lineage(parent, ds, tc.init_from) if parent is not None else None,
+            # a resumed run keeps the lineage it recorded; a new one descends from its parent
+            lineage=saved.get("lineage")
+            if saved is not None
+            else lineage(parent, ds, tc.init_from)
+            if parent is not None
+            else None,
         )
 
     return runloop.run(
