@@ -51,8 +51,36 @@ def load(arg: str) -> tuple[str, dict]:
     return label or str(Path(path).parent.name), out
 
 
-def table(runs: list[tuple[str, dict]], per_series: bool = False) -> tuple[list[dict], str]:
+def comparison(vs: dict) -> dict:
+    """A row's fields of one comparison: the P90 difference, its interval, and DM's
+    statistic, p-value and lags."""
+    dm = vs["dm_p90"]
+    return {
+        "p90_diff": vs["p90_diff"],
+        "p90_diff_ci95": vs["p90_diff_ci95"],
+        "dm_p90": dm["stat"],
+        "p": dm["p"],
+        "lags": dm["lags"],
+    }
+
+
+def with_holm(rows: list[dict], key: str) -> None:
+    """Holm over the rows' p-values, each adjusted p under ``key`` and its verdict beside
+    it (a row without a p, a set not yet run, counts as p = 1 and gets neither)."""
     from tftjax.stats import scoring, verdict
+
+    for r, adj in zip(rows, scoring.holm([r.get("p", 1.0) for r in rows])):
+        if "p" in r:
+            r[key] = float(adj)
+            r["verdict"] = verdict.verdict(
+                {"stat": r["dm_p90"], "p": r["p"], "p_holm": float(adj)},
+                r["p90_diff_ci95"],
+                "p_holm",
+            )
+
+
+def table(runs: list[tuple[str, dict]], per_series: bool = False) -> tuple[list[dict], str]:
+    from tftjax.stats import verdict
 
     rows = []
     for label, out in runs:
@@ -94,20 +122,12 @@ def table(runs: list[tuple[str, dict]], per_series: bool = False) -> tuple[list[
                     "tft_p90": tft,
                     "chosen_p90": chosen,
                     "picks": picks,
-                    "p90_diff": v["p90_diff"],
-                    "p90_diff_ci95": v["p90_diff_ci95"],
-                    "dm_p90": v["dm_p90"]["stat"],
-                    "p": v["dm_p90"]["p"],
-                    "lags": v["dm_p90"]["lags"],
+                    **comparison(v),
                     "dm_loss": v["dm_loss"]["stat"],
                     "p_loss": v["dm_loss"]["p"],
                 }
             )
-    for r, adj in zip(rows, scoring.holm([r["p"] for r in rows])):
-        r["p_holm_table"] = float(adj)
-        r["verdict"] = verdict.verdict(
-            {"stat": r["dm_p90"], "p": r["p"], "p_holm": float(adj)}, r["p90_diff_ci95"], "p_holm"
-        )
+    with_holm(rows, "p_holm_table")
     lines = [
         f"Holm over {len(rows)} rows (DM on the per-window P90 loss, TFT - the baseline "
         "chosen per fold; negative: the TFT is better)",
@@ -192,7 +212,6 @@ def strongest(out: dict) -> tuple[str, float]:
 
 def preregistered(runs: list[tuple[str, dict]]) -> tuple[list[dict], str]:
     """Holm over the recipes' family; one sentence per set."""
-    from tftjax.stats import scoring, verdict
 
     family, by_set = family_of(runs)
     rows = []
@@ -201,25 +220,9 @@ def preregistered(runs: list[tuple[str, dict]]) -> tuple[list[dict], str]:
         r: dict = {"row": name, "set": key}
         if key in by_set:
             model, bar, vs = family_row(by_set[key], row)
-            r |= {
-                "model_p90": model,
-                "bar_p90": bar,
-                "p90_diff": vs["p90_diff"],
-                "p90_diff_ci95": vs["p90_diff_ci95"],
-                "dm_p90": vs["dm_p90"]["stat"],
-                "lags": vs["dm_p90"]["lags"],
-                "p": vs["dm_p90"]["p"],
-            }
+            r |= {"model_p90": model, "bar_p90": bar, **comparison(vs)}
         rows.append(r)
-    adjusted = scoring.holm([r.get("p", 1.0) for r in rows])  # a set not run: p = 1
-    for r, adj in zip(rows, adjusted):
-        if "p" in r:
-            r["p_holm"] = float(adj)
-            r["verdict"] = verdict.verdict(
-                {"stat": r["dm_p90"], "p": r["p"], "p_holm": float(adj)},
-                r["p90_diff_ci95"],
-                "p_holm",
-            )
+    with_holm(rows, "p_holm")
     return rows, preregistered_text(rows, by_set)
 
 

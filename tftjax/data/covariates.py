@@ -327,7 +327,7 @@ def fit_schema(cfg: DataConfig, series: list[tuple[str, Any, tuple[int, int], di
                 Column(name, role, False, dtype, mean=float(real.mean()), std=std or 1.0)
             )
         else:
-            for v, _, path in parts:
+            for v, _, path in parts:  # before fit_series reads them as numbers
                 check_real(name, role, v, path)
             columns.append(Column(name, role, False, dtype))
     return Schema(tuple(columns))

@@ -181,7 +181,7 @@ def build(
         [p["sha256"] for p in ident["series"]] if "series" in ident else [ident["sha256"]]
     )
     out["data_sha256"] = rep(shas[which])
-    meta = {**table_meta(saved, ident, as_of, zone, cumulative), "notes": json.dumps(warnings)}
+    meta = {**table_meta(saved, ident, as_of, zone), "notes": json.dumps(warnings)}
     return Forecast(out, meta, zone, ds, rows, starts, pred, tuple(warnings))
 
 
@@ -228,7 +228,7 @@ def own_units(out: dict, ds: Dataset, rows: np.ndarray, cfg) -> None:
         }[how]
 
 
-def table_meta(saved, ident: dict, as_of: str | None, zone: str | None, cumulative: bool) -> dict:
+def table_meta(saved, ident: dict, as_of: str | None, zone: str | None) -> dict:
     """The file's metadata: the model, its weights' hash, the data, the clock, the target."""
     from tftjax.runner.provenance import tree_sha256
 
