@@ -10,7 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import call
-from covariate_panel import COVARIATE_FLAGS, DAYS, SERIES, business_days, events, write_panel
+from covariate_panel import (
+    COVARIATE_FLAGS,
+    DAYS,
+    LONG_GAP,
+    SERIES,
+    business_days,
+    events,
+    write_panel,
+)
 from tiny import TINY_TFT
 
 STEPS = ["--epochs", "1", "--max-steps-per-epoch", "2"]
@@ -60,6 +68,13 @@ def test_the_panel_trains_forecasts_exports_and_walks_forward(tmp_path, capsys):
     first = f"{business_days(DAYS + 1)[DAYS]}T00:00:00 (no zone)"  # the day after the data
     assert f"no value of --known event for decoder step 1 at {first}" in err
     assert not (tmp_path / "f0.parquet").exists()
+
+    # an origin whose encoder holds series c's stale flow (its 40-bar gap): refused too
+    inside = str(business_days(DAYS)[LONG_GAP[1] - 5])
+    rc = call(predict, "--checkpoint", run, "--as-of", inside, "--out", tmp_path / "f1.parquet")
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "panel.parquet[c]: column 'flow' has had no value since before" in err
 
     fut = future_table(tmp_path / "future.parquet", unseen=True)
     out = tmp_path / "f.parquet"

@@ -195,39 +195,47 @@ def forecast(  # noqa: PLR0913
 def check_own_inputs(ds: Dataset, rows: np.ndarray, encoder_steps: int) -> None:
     """Refuse an origin whose inputs of your own are unknown: a stale observed value in its
     encoder, or a decoder step whose known value no row gives (never filled from later
-    bars: tftjax.data.covariates).
+    bars: tftjax.data.covariates). The origins are screened per series at once, as the
+    training windows are (:func:`~tftjax.data.covariates.drop_windows`).
 
     Raises:
-      DataError: naming the series, the column and the time.
+      DataError: naming the series, the column and the time of the first such origin.
     """
-    from tftjax.data.covariates import time_text
+    from tftjax.data.covariates import drop_windows
 
     which = ds.series_of(rows)
-    for r, i in zip(rows, which):
-        s = ds.series[i]
+    for i, s in enumerate(ds.series):
         own, tl = s.features.own, s.features.timeline
-        if own is None or tl is None:
+        local = rows[which == i] - ds.offsets[i]
+        if own is None or tl is None or not local.size:
             continue
-        local = int(r - ds.offsets[i])
-        why = own.why_not(local, encoder_steps, tl.slot_index(), ds.cfg.known)
-        if why is None:
-            continue
-        kind, column, at = why
-        if kind == "stale":
-            raise DataError(
-                f"{s.bars.path}: column {column!r} has had no value since before "
-                f"{time_text(s.bars.ts[int(at)], s.bars.tz)}, more than --max-ffill "
-                f"{ds.cfg.ffill_rows} bars, inside the encoder of the origin at "
-                f"{time_text(s.bars.ts[local], s.bars.tz)}"
-            )
-        step = at
-        utc, wall = tl.future(ds.cfg.decoder_steps)
-        when = (utc if s.bars.tz else wall)[local, step - 1]
-        raise DataError(
-            f"{s.bars.path}: no value of --known {column} for decoder step {step} at "
-            f"{time_text(int(when), s.bars.tz)} (origin {time_text(s.bars.ts[local], s.bars.tz)}): "
-            "give the known values after the bars with --future FILE (future= in Python)"
+        starts = local - (encoder_steps - 1)
+        bad = local[~np.isin(starts, drop_windows(starts, own, encoder_steps))]
+        if bad.size:
+            raise DataError(why_refused(ds, s, int(bad[0]), encoder_steps))
+
+
+def why_refused(ds: Dataset, s, origin: int, encoder_steps: int) -> str:
+    """The message for an origin whose inputs of your own are unknown (its series' row)."""
+    from tftjax.data.covariates import time_text
+
+    tl, tz = s.features.timeline, s.bars.tz
+    why = s.features.own.why_not(origin, encoder_steps, tl.slot_index(), ds.cfg.known)
+    assert why is not None  # screened: a stale row or an unscheduled slot
+    kind, column, at = why
+    if kind == "stale":
+        return (
+            f"{s.bars.path}: column {column!r} has had no value since before "
+            f"{time_text(s.bars.ts[at], tz)}, more than --max-ffill {ds.cfg.ffill_rows} bars, "
+            f"inside the encoder of the origin at {time_text(s.bars.ts[origin], tz)}"
         )
+    utc, wall = tl.future(ds.cfg.decoder_steps)
+    when = (utc if tz else wall)[origin, at - 1]
+    return (
+        f"{s.bars.path}: no value of --known {column} for decoder step {at} at "
+        f"{time_text(int(when), tz)} (origin {time_text(s.bars.ts[origin], tz)}): "
+        "give the known values after the bars with --future FILE (future= in Python)"
+    )
 
 
 def saved_vocab(saved) -> tuple[str, ...]:
