@@ -31,6 +31,7 @@ this map names every module::
   config                   the configs' names in one place
   stats.losses             pinball loss, q-risk, coverage
   stats.volatility         EWMA, range and HAR volatility models; the anchors of --anchor
+  stats.memo               baseline fits kept by their inputs' content (a repeat is not refitted)
   stats.garch              GJR-GARCH(1,1) with filtered historical simulation
   stats.caviar             symmetric-absolute-value CAViaR, fitted on the pinball loss
   stats.seasonal           the range EWMA with an hour-of-week profile (intraday bars)

@@ -1,7 +1,7 @@
 """The covariates issue's panel fixture end to end (tests/covariate_panel.py: an observed real
 with gaps, a known categorical, a static categorical and a static real): train, predict with
 ``--future`` (a level training never saw: noted), the Python API, an int8 export, and a
-walk-forward of three folds; a forecast without the known values is refused in one line."""
+walk-forward of two folds; a forecast without the known values is refused in one line."""
 
 import json
 
@@ -99,12 +99,12 @@ def test_the_panel_trains_forecasts_exports_and_walks_forward(tmp_path, capsys):
     capsys.readouterr()
 
     bt = tmp_path / "bt"
-    argv = [*TINY_TFT, *STEPS, *COVARIATE_FLAGS, "--folds", "3", "--bootstrap", "50"]
+    argv = [*TINY_TFT, *STEPS, *COVARIATE_FLAGS, "--folds", "2", "--bootstrap", "50"]
     rc = call(backtest, *argv, "--parquet-file", panel, "--workdir", bt)
     assert rc == 0, capsys.readouterr().err
     record = json.loads((bt / "backtest.json").read_text())
-    assert len(record["folds"]) == 3
-    for k in (1, 2, 3):  # each fold fitted its own schema on its own training rows
+    assert len(record["folds"]) == 2
+    for k in (1, 2):  # each fold fitted its own schema on its own training rows
         ck = next((bt / f"fold_{k}" / "checkpoints").glob("tft_final_epoch*"))
         cov = read_meta(ck)["covariates"]
         assert [c["levels"] for c in cov if c["name"] == "event"] == [["none", "opex", "qend"]]

@@ -27,6 +27,8 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.signal import lfilter
 
+from tftjax.stats.memo import by_content
+
 SEARCH = 300
 """Random starting points per level (Engle and Manganelli search 10⁴ before their simplex;
 returns on a tick grid make the pinball loss flat in places, where a start on the empirical
@@ -61,9 +63,11 @@ def _loss(beta: np.ndarray, x: np.ndarray, q: float, init: float) -> float:
     return float(np.mean(np.maximum(q * err, (q - 1.0) * err)))
 
 
+@by_content(kept=64)
 def fit(r: np.ndarray, quantiles) -> SAV:
     """Each level's ``β`` on the training returns ``r`` (rescaled to unit mean square while
-    fitting, so the optimiser's tolerances mean the same on any scale)."""
+    fitting, so the optimiser's tolerances mean the same on any scale). A repeat of the same
+    rows and levels returns the kept fit (:func:`tftjax.stats.memo.by_content`)."""
     r = np.asarray(r, np.float64)
     scale = float(np.sqrt(np.mean(r * r))) or 1.0
     x = r / scale

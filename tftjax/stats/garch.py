@@ -20,6 +20,8 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.signal import lfilter
 
+from tftjax.stats.memo import by_content
+
 PATHS = 500
 """Simulated paths per origin (common to every origin: the same resampled residuals)."""
 SEED = 0
@@ -62,10 +64,12 @@ def _neg_loglik(theta: np.ndarray, r: np.ndarray, init: float) -> float:
     return 0.5 * float(np.sum(np.log(v) + r * r / v))
 
 
+@by_content(kept=64)
 def fit(r: np.ndarray) -> GJR:
     """Gaussian QML on the returns ``r`` (the training rows), the starting variance their
     mean square. Constraints: ``ω > 0``, ``α >= 0``, ``α + γ >= 0``, ``β >= 0`` and
-    stationarity ``α + γ/2 + β < 1``."""
+    stationarity ``α + γ/2 + β < 1``. A repeat of the same rows returns the kept fit
+    (:func:`tftjax.stats.memo.by_content`)."""
     r = np.asarray(r, np.float64)
     var = float(np.mean(r * r)) or 1e-12
     scale = np.sqrt(var)

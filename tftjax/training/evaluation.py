@@ -7,6 +7,7 @@ is the end-of-run summary of the run loop's task.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -119,24 +120,24 @@ def evaluate_model(
         "data": ds.identity(),
     }
     int8_export = saved.kind == "int8"
-    if int8_export:  # the int8 model, beside the export's float32 weights
-        summary["model"][split] = trainer.evaluate(variables, starts, "int8")
+    # an int8 export: the int8 model, its series rows too, beside its float32 weights
+    per_series = series_sums(trainer, variables, ds, split, "int8" if int8_export else None)
+    summary["model"][split] = losses.finalize(functools.reduce(losses.add, per_series.values()))
+    if int8_export:
         summary["variants"] = {
             "float": {split: trainer.evaluate(saved.float_variables, starts, "float")}
         }
-    else:
-        summary["model"][split] = trainer.evaluate(variables, starts)
-        if int8:
-            summary["variants"] = {
-                m: {split: trainer.evaluate(variables, starts, m)} for m in ("float", "int8")
-            }
+    elif int8:
+        summary["variants"] = {
+            m: {split: trainer.evaluate(variables, starts, m)} for m in ("float", "int8")
+        }
     summary["quantized"] = bool(cfg.quant.qat) and not int8_export
     if calibrate_batches:
         summary["ptq_batches"] = calibrate_batches
     for name, m in baselines(ds, cfg.head.quantiles, split).items():
         summary["baselines"][name] = {split: m}
     if len(ds.series) > 1:
-        summary["series"] = by_series(trainer, variables, ds, cfg, [split])
+        summary["series"] = by_series({split: per_series}, ds, cfg, [split])
     log(f"{what} on {source}, {split} split, {starts.size:,} windows")
     log(format_summary(summary, int8_model=int8_export, ptq=bool(calibrate_batches)))
     return summary
@@ -193,8 +194,12 @@ def summarize(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig) -> dict:
     weights run without fake-quant and with the int8 inference path (``variants``)."""
     out: dict[str, Any] = {"model": {}, "baselines": {}}
     splits = [s for s in ("train", "val", "test") if getattr(ds.splits, s).size]
+    # a panel's model runs once per window: each series' sums, pooled by adding them up
+    per_series = {split: series_sums(trainer, variables, ds, split) for split in splits}
     for split in splits:
-        out["model"][split] = trainer.evaluate(variables, getattr(ds.splits, split))
+        out["model"][split] = losses.finalize(
+            functools.reduce(losses.add, per_series[split].values())
+        )
     if cfg.quant.qat:
         out["variants"] = {
             m: {
@@ -206,14 +211,31 @@ def summarize(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig) -> dict:
         for name, m in baselines(ds, cfg.head.quantiles, split).items():
             out["baselines"].setdefault(name, {})[split] = m
     if len(ds.series) > 1:
-        out["series"] = by_series(trainer, variables, ds, cfg, splits)
+        out["series"] = by_series(per_series, ds, cfg, splits)
     return out
 
 
-def by_series(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig, splits) -> dict:
+def series_sums(
+    trainer: Trainer, variables, ds: Dataset, split: str, mode: str | None = None
+) -> dict[int, Any]:
+    """Series index → the model's metric sums over that series' windows of ``split`` (one
+    entry, the whole split, for a single series); ``mode``: :meth:`Trainer.evaluate`'s."""
+    starts = getattr(ds.splits, split)
+    if len(ds.series) == 1:
+        return {0: trainer.metric_sums(variables, starts, mode)}
+    which = ds.series_of(starts)
+    return {
+        i: trainer.metric_sums(variables, starts[which == i], mode)
+        for i in range(len(ds.series))
+        if (which == i).any()
+    }
+
+
+def by_series(per_series: dict, ds: Dataset, cfg: TFTConfig, splits) -> dict:
     """Series name → ``{"model": {split: metrics}, "baselines": {name: {split: metrics}}}``:
-    the model and every baseline on each series' own windows (the pooled ones weigh every
-    window alike, in each series' own target scale)."""
+    the model (its sums per split and series: :func:`series_sums`) and every baseline on
+    each series' own windows (the pooled ones weigh every window alike, in each series' own
+    target scale)."""
     out = {}
     for i, s in enumerate(ds.series):
         entry: dict[str, Any] = {"model": {}, "baselines": {}}
@@ -221,7 +243,7 @@ def by_series(trainer: Trainer, variables, ds: Dataset, cfg: TFTConfig, splits) 
             starts = getattr(ds.splits, split)
             starts = starts[ds.series_of(starts) == i]
             if starts.size:
-                entry["model"][split] = trainer.evaluate(variables, starts)
+                entry["model"][split] = losses.finalize(per_series[split][i])
                 for name, m in baselines(ds, cfg.head.quantiles, split, starts).items():
                     entry["baselines"].setdefault(name, {})[split] = m
         out[s.name] = entry

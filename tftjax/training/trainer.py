@@ -67,6 +67,11 @@ class Trainer:
     def evaluate(self, variables, starts: np.ndarray, mode: str | None = None) -> dict[str, float]:
         """Loss and q-risk over the windows at ``starts``; ``variables``: a Flax variables
         dict (or bare params), ``mode``: see :func:`model_variables`."""
+        return losses.finalize(self.metric_sums(variables, starts, mode))
+
+    def metric_sums(self, variables, starts: np.ndarray, mode: str | None = None):
+        """The sums :meth:`evaluate` finalizes (on device): sums of disjoint sets of windows
+        add up to those of their union, so a panel's pooled metrics need no second pass."""
         step = make_eval_step(self.cfg, mode, self.par)
         variables = model_variables(self.cfg, variables, mode)
         total = None
@@ -75,7 +80,7 @@ class Trainer:
             total = sums if total is None else losses.add(total, sums)
         if total is None:
             raise ValueError("no windows to evaluate")
-        return losses.finalize(total)
+        return total
 
     def predict(self, variables, starts: np.ndarray, mode: str | None = None):
         """Predictions ``[n, T_d, Q]`` and interpretation for windows at ``starts``."""
