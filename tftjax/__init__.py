@@ -85,10 +85,11 @@ this map names every module::
   models                   (the package's face)
   quant.ptq                post-training calibration of int8 activation ranges
   runner.devices           what a device says of its memory
-  runner.checkpoints       Orbax epoch and final checkpoints, their names
+  runner.checkpoints       Orbax epoch, step and final checkpoints, their names
   runner.provenance        how a result was made (command, versions, device, revision)
   runner.tensorboard       TensorBoard logs of a run: scalars per epoch, config, plots
   runner.resume            what a resume may change; the latest checkpoint's metadata
+  runner.preemption        signals, saves within an epoch, exit 75: "saved, resume me"
   runner.loop              the one host loop of every trainer: resume, early stop, NaN stop
   runner.mesh              device mesh, batch sharding, multi-host start-up
   runner                   (the package's face)
@@ -105,6 +106,7 @@ this map names every module::
   training.anchoring       --anchor: the anchor chosen on validation, the data carrying it
   training.finetune        --init-from on new bars: the data checked to extend, its lineage
   plots                    loss curves, quantile fans, variable importance, DQN equity
+  training.epoch           one epoch's running sums, loss checks and profiler window
   training.task            the TFT's part of the run loop
   training.run             train_and_evaluate: the whole TFT job
   training                 the training package's names in one place

@@ -6,6 +6,7 @@ Examples:
   python -m tftjax.train --remat=aggressive
   python -m tftjax.train --preset tft225-gpu --memory-budget 24GB   # bf16, Pallas, remat auto
   python -m tftjax.train --resume --workdir runs/tft --epochs 20
+  python -m tftjax.train --resume auto --workdir runs/tft --save-every-steps 200   # requeues
   python -m tftjax.train --qat --init-from runs/tft/run_001 --epochs 3   # QAT fine-tuning
   python -m tftjax.train --init-from runs/tft/run_001 --parquet-file new.parquet --epochs 2
 
@@ -28,7 +29,7 @@ from tftjax.cli import (
     tft_configs,
 )
 from tftjax.cli import main as cli_main
-from tftjax.cli.options import TrainOptions
+from tftjax.cli.options import TrainOptions, resume_mode
 from tftjax.config import AUTO, TFTConfig, TrainConfig
 
 COMMAND_LINE = tft_command_line(
@@ -44,7 +45,7 @@ def configs(parsed: Parsed) -> tuple[TFTConfig, TrainConfig, TrainOptions]:
     from tftjax.training.finetune import run_settings
 
     opts = parsed.options(TrainOptions)
-    workdir = run_folder(opts.workdir, "runs/tft", opts.resume)
+    workdir = run_folder(opts.workdir, "runs/tft", resume_mode(opts.resume))
     saved = run_settings(parsed, opts, workdir)
     cfg, tc = tft_configs(parsed, opts.preset, settings=opts.config, saved=saved, anchor_auto=True)
     return cfg, tc, dataclasses.replace(opts, workdir=workdir)
@@ -66,10 +67,17 @@ def run(argv: list[str] | None = None) -> int:
         par.size,
         "--batch-size" if tc.accumulate == 1 else f"--batch-size / --accumulate {tc.accumulate} =",
     )
+    from tftjax.runner.preemption import Saving
+    from tftjax.runner.resume import wants_checkpoint
+
+    mode = resume_mode(opts.resume)
+    saving = Saving(opts.save_every_steps, opts.save_every_minutes, opts.keep)
+    saving.check()
     if cfg.execution.remat == AUTO:  # the fastest tier that fits, at the largest batch
         from tftjax.memory import resolve_auto
 
-        cfg, tc = resolve_auto(cfg, tc, paths, par.size, opts.resume, opts.workdir)
+        continues = wants_checkpoint(mode, opts.workdir / "checkpoints")
+        cfg, tc = resolve_auto(cfg, tc, paths, par.size, continues, opts.workdir)
 
     from tftjax.runner.tensorboard import LOGDIR
     from tftjax.training import train_and_evaluate
@@ -80,7 +88,8 @@ def run(argv: list[str] | None = None) -> int:
         tc,
         opts.workdir,
         data=paths,
-        resume=opts.resume,
+        resume=mode,
+        saving=saving,
         progress=opts.progress and primary,
         profile_dir=str(opts.workdir / LOGDIR) if opts.profile else None,
         par=par,

@@ -4,7 +4,8 @@ Library code raises typed errors naming the file, field and value
 (:class:`~tftjax.errors.DataError`, :class:`~tftjax.errors.ConfigError`);
 :func:`main` turns them into one line on stderr and exit code 2, a diverged
 run into exit code 1 and Ctrl-C into 130, so that no user meets a traceback
-for a mistake of theirs. The flags are the config dataclasses' own fields
+for a mistake of theirs; a run that saved on a signal (SIGTERM, SIGINT, SIGUSR1) ends
+with 75, "saved, resume me" (:mod:`tftjax.runner.preemption`). The flags are the config dataclasses' own fields
 (:mod:`tftjax.cli.flags`: ``--batch-size``, not ``--train.batch-size``), read in one parse
 and laid over a preset, a settings file, or a checkpoint's own settings
 (:func:`tft_configs`).
@@ -38,11 +39,15 @@ __all__ = [
 def main(run: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run an entry point's body with the project's errors mapped to exit codes."""
     from tftjax.errors import ConfigError, DataError, TrainingDiverged, command_line
+    from tftjax.runner.preemption import EXIT_SAVED, Preempted
 
     enable_compilation_cache()
     try:
         with command_line():  # messages name flags, not the Python API's arguments
             return int(run(argv) or 0)
+    except Preempted as e:  # saved on a signal: a restart script reruns with --resume auto
+        print(f"stopped (exit {EXIT_SAVED}): {e}", file=sys.stderr)
+        return EXIT_SAVED
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -85,10 +90,11 @@ def first_paragraph(doc: str | None) -> str:
     return (doc or "").split("\n\n")[0]
 
 
-def run_folder(given: str | Path | None, root: str | Path, resume: bool) -> Path:
+def run_folder(given: str | Path | None, root: str | Path, resume: bool | str) -> Path:
     """The run folder: ``--workdir`` when given; else a new numbered folder under ``root``
     (``runs/tft/run_001``, ``run_002`` …) so that a second run never meets the first one's
-    checkpoints, or with ``--resume`` the newest of them that holds checkpoints.
+    checkpoints, or with ``--resume`` the newest of them that holds checkpoints (with
+    ``--resume auto`` the newest run folder, or a new one if there is none).
 
     Raises:
       ConfigError: ``--resume`` without ``--workdir`` and no run under ``root``.
@@ -105,7 +111,9 @@ def run_folder(given: str | Path | None, root: str | Path, resume: bool) -> Path
         (p for p in root.glob("run_*") if re.fullmatch(r"run_\d+", p.name)),
         key=lambda p: int(p.name[4:]),
     )
-    if resume:
+    if resume == "auto" and runs:
+        return runs[-1]
+    if resume and resume != "auto":
         done = [p for p in runs if list_checkpoints(p / "checkpoints")]
         if not done:
             raise ConfigError(

@@ -181,6 +181,8 @@ def _add(
     if base is bool:
         group.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
         return
+    if "bare" in f.metadata:  # the flag alone means this value: --resume, --resume auto
+        kw.update(nargs="?", const=f.metadata["bare"])
     if get_origin(base) is tuple:
         inner = get_args(base)[0]
         inner_choices = choices(inner)

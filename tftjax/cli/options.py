@@ -10,6 +10,14 @@ from typing import Literal
 
 from tftjax.config.presets import PresetName
 
+ResumeFlag = Literal["no", "yes", "auto"]
+"""``--resume`` (yes), ``--resume auto``, or neither (no): :func:`resume_mode` reads it."""
+
+
+def resume_mode(flag: ResumeFlag) -> bool | Literal["auto"]:
+    """What the run loop takes (:func:`tftjax.runner.loop.run`'s ``resume``)."""
+    return {"no": False, "yes": True, "auto": "auto"}[flag]
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainOptions:
@@ -30,8 +38,19 @@ class TrainOptions:
     workdir: Path | None = None
     """Checkpoints, metrics.jsonl, summary.json and plots go here (default: a new
     runs/tft/run_NNN; with --resume, the newest of them)."""
-    resume: bool = False
-    """Continue the latest complete checkpoint in --workdir with its own settings and data."""
+    resume: ResumeFlag = dataclasses.field(default="no", metadata={"bare": "yes"})
+    """--resume: continue the checkpoint furthest along in --workdir (an epoch's or one within
+    an epoch) with its own settings and data; refused where there is none. --resume auto: the
+    same where one exists, else a fresh run (a folder holding only a run's partial files, of
+    the same settings); for restart scripts."""
+    save_every_steps: int | None = None
+    """Also write a checkpoint every N optimizer steps within an epoch (tft_step_S; a resume
+    continues the epoch's batch order from it)."""
+    save_every_minutes: float | None = None
+    """Also write a checkpoint within an epoch when M minutes have passed since the last."""
+    keep: int = 2
+    """The checkpoints within an epoch kept (the latest K; epoch checkpoints keep the latest
+    2 and the best)."""
     config: Path | None = None
     """A settings file ({"model": {...}, "train": {...}}, e.g. python -m tftjax.tune's
     best.json) applied over the preset; flags still win."""

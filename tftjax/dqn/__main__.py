@@ -23,6 +23,7 @@ from typing import Literal
 
 from tftjax.cli import CommandLine, Parsed, data_file, first_paragraph, run_folder
 from tftjax.cli import main as cli_main
+from tftjax.cli.options import ResumeFlag, resume_mode
 from tftjax.dqn.config import DQN_PRESETS, DQNConfig
 
 
@@ -38,9 +39,11 @@ class DQNOptions:
     workdir: Path | None = None
     """Checkpoints, metrics.jsonl, summary.json and plots go here (default: a new
     runs/dqn/run_NNN; with --resume, the newest of them)."""
-    resume: bool = False
-    """Continue the latest complete checkpoint in --workdir (agent, buffer, ε, RNG) with its
-    own settings and data."""
+    resume: ResumeFlag = dataclasses.field(default="no", metadata={"bare": "yes"})
+    """--resume: continue the latest complete checkpoint in --workdir (agent, buffer, ε, RNG)
+    with its own settings and data; refused where there is none. --resume auto: the same
+    where one exists, else a fresh run (for restart scripts: a signal saves at the end of
+    the epoch in flight and exits 75)."""
     seeds: int = 1
     """Train this many agents (seeds --seed, --seed+1, …) in one vmapped program and report
     per seed and mean ± sd (Sharpe with its SE and PSR, costs, beats-flat counts); every seed
@@ -69,13 +72,13 @@ COMMAND_LINE = CommandLine(
 def configs(parsed: Parsed) -> tuple[DQNConfig, DQNOptions]:
     """The ``--env`` preset, or on ``--resume`` the checkpoint's settings (unless another
     ``--env`` is given), with the flags given on top."""
-    from tftjax.runner.resume import latest_meta
+    from tftjax.runner.resume import latest_meta, wants_checkpoint
 
     opts = parsed.options(DQNOptions)
-    workdir = run_folder(opts.workdir, "runs/dqn", opts.resume)
+    workdir = run_folder(opts.workdir, "runs/dqn", resume_mode(opts.resume))
     env = parsed.part("config").get("env")
     cfg = DQN_PRESETS.get(env or "trading", DQN_PRESETS["trading"])
-    if opts.resume:
+    if wants_checkpoint(resume_mode(opts.resume), workdir / "checkpoints"):
         saved = latest_meta(workdir / "checkpoints", "dqn")
         was = DQNConfig.from_json(saved["identity"]["config"])
         if env in (None, was.env):
@@ -95,7 +98,7 @@ def run(argv: list[str] | None = None) -> int:
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     if args.folds:
-        if args.resume:
+        if args.resume != "no":
             raise ConfigError("--folds trains afresh; --resume is for one run")
         from tftjax.dqn.walkforward import walk_forward
 
@@ -109,7 +112,7 @@ def run(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.seeds > 1:
-        if args.resume:
+        if args.resume != "no":
             raise ConfigError("--seeds N trains afresh (one program); --resume is for one seed")
         from tftjax.dqn.seeds import run_seeds
 
@@ -119,7 +122,7 @@ def run(argv: list[str] | None = None) -> int:
         cfg,
         args.workdir,
         parquet_file=data_file(args.parquet_file, args.dataset),
-        resume=args.resume,
+        resume=resume_mode(args.resume),
         progress=args.progress,
         tensorboard=args.tensorboard,
     )

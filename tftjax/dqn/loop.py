@@ -340,7 +340,7 @@ def run(
     workdir: str | Path,
     *,
     parquet_file=None,
-    resume: bool = False,
+    resume: bool | str = False,
     progress: bool = True,
     callback: Callable | None = None,
     log: Callable = print,
@@ -355,7 +355,9 @@ def run(
         resume, the file the run was trained on, found by its content hash).
       resume: continue the latest complete ``dqn_epoch_{N}`` checkpoint; ``cfg``
         must equal the checkpoint's (``epochs`` may grow; fields left ``None``
-        that the data fills in follow the checkpoint).
+        that the data fills in follow the checkpoint); ``"auto"``: that where one exists,
+        else a fresh run. A signal (SIGTERM, SIGINT, SIGUSR1) ends the run after the epoch
+        in flight and its checkpoint (:class:`~tftjax.runner.preemption.Preempted`).
       callback: ``(epoch, state, metrics, is_final)`` after each epoch's checkpoint.
 
     Returns:

@@ -5,8 +5,13 @@ Names come from one function, :func:`checkpoint_name`: every epoch writes
 ``{prefix}_final_epoch{N}`` holding the *best* epoch's state (the run loop,
 :mod:`tftjax.runner.loop`, decides which; the meta says ``weights_epoch``).
 
+Within an epoch (``--save-every-steps``, ``--save-every-minutes``, or a signal:
+:mod:`tftjax.runner.preemption`) a run writes ``{prefix}_step_{S}`` (S: the run's optimizer
+steps so far), whose meta says where the epoch stands (``within``).
+
 Retention (Orbax preservation policies): the latest 2 epoch checkpoints and
-the best one; final checkpoints are never deleted. Saves are atomic (written
+the best one, and the latest ``--keep`` step checkpoints; final checkpoints are never
+deleted. Saves are atomic (written
 as ``NAME.orbax-checkpoint-tmp-*``, renamed on commit), so an interrupted save
 is never mistaken for a checkpoint. Each checkpoint holds the state pytree and
 a JSON ``meta`` item (identity of data and configs, feature statistics,
@@ -86,6 +91,7 @@ class EpochCheckpointer:
         for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):
             shutil.rmtree(tmp, ignore_errors=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.within: ocp.CheckpointManager | None = None  # step checkpoints: made on first use
 
     def save(self, epoch: int, state: Any, metrics: dict, meta: dict, *, improved: bool) -> None:
         """``{prefix}_epoch_{epoch}`` (asynchronous; atomic on commit)."""
@@ -118,9 +124,32 @@ class EpochCheckpointer:
         )
         return fill(restored.state)
 
+    def save_within(self, step: int, state: Any, meta: dict, *, keep: int, wait: bool) -> Path:
+        """``{prefix}_step_{step}`` (asynchronous unless ``wait``; atomic on commit), the
+        latest ``keep`` of them kept."""
+        if self.within is None:
+            options = ocp.CheckpointManagerOptions(
+                step_prefix=f"{self.prefix}_step",
+                max_to_keep=keep,
+                enable_async_checkpointing=True,
+                cleanup_tmp_directories=False,  # done synchronously in __init__
+            )
+            self.within = ocp.CheckpointManager(self.directory, options=options)
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+        self.within.save(step, args=args, force=True)
+        if wait:
+            self.within.wait_until_finished()
+        return self.directory / step_name(self.prefix, step)
+
+    def restore_within(self, step: int, state_like: Any) -> Any:
+        """The state of step checkpoint ``step``."""
+        return restore_state(self.directory / step_name(self.prefix, step), state_like)
+
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        for manager in (self.manager, self.within):
+            if manager is not None:
+                manager.wait_until_finished()
+                manager.close()
 
 
 BEST_MARKER = "best_marker"
@@ -129,6 +158,17 @@ BEST_MARKER = "best_marker"
 def epoch_checkpoints(directory: str | Path, prefix: str) -> list[int]:
     """Epochs of the complete ``{prefix}_epoch_{N}`` checkpoints in ``directory``, sorted."""
     pat = re.compile(re.escape(prefix) + r"_epoch_(\d+)$")
+    return sorted(int(m.group(1)) for n in list_checkpoints(directory) if (m := pat.match(n)))
+
+
+def step_name(prefix: str, step: int) -> str:
+    """The directory name of a checkpoint within an epoch, after ``step`` optimizer steps."""
+    return f"{prefix}_step_{step}"
+
+
+def step_checkpoints(directory: str | Path, prefix: str) -> list[int]:
+    """Steps of the complete ``{prefix}_step_{S}`` checkpoints in ``directory``, sorted."""
+    pat = re.compile(re.escape(prefix) + r"_step_(\d+)$")
     return sorted(int(m.group(1)) for n in list_checkpoints(directory) if (m := pat.match(n)))
 
 

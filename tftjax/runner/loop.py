@@ -18,6 +18,14 @@ epoch of training, validation, the summary of the weights it is given):
   is closed in a ``finally`` (an interrupted async save commits or is ignored).
 * **Several processes**: all run the loop and the checkpoints; process 0 writes the files;
   the final checkpoint is written on resume when the last run ended before writing it.
+* **Preemption** (:mod:`tftjax.runner.preemption`): SIGTERM, SIGINT or SIGUSR1 ends the
+  run at the next step boundary with a checkpoint of that step (a task whose epoch is one
+  compiled call, the DQN's, at the end of the epoch in flight) and
+  :class:`~tftjax.runner.preemption.Preempted`; ``saving`` adds checkpoints within an epoch.
+  A resume from one continues the epoch's batch order at the next step, bit for bit.
+  ``resume="auto"`` resumes where a checkpoint exists and starts afresh where the folder
+  holds nothing but a run's own partial files (``run.json`` records the run's identity, so
+  a changed setting is refused there too).
 """
 
 from __future__ import annotations
@@ -38,8 +46,17 @@ from tftjax.runner.checkpoints import (
     supersede_finals,
 )
 from tftjax.runner.devices import memory_stats
+from tftjax.runner.preemption import Preempted, SaveSchedule, Saving, SignalWatch
 from tftjax.runner.provenance import provenance
-from tftjax.runner.resume import check_resume, latest_meta, resume_changes
+from tftjax.runner.resume import (
+    RUN_RECORD,
+    check_fresh_folder,
+    check_resume,
+    identity_diff,
+    latest_meta,
+    resume_changes,
+    wants_checkpoint,
+)
 from tftjax.runner.tensorboard import LOGDIR, Board
 
 
@@ -59,7 +76,8 @@ class Task(Protocol):
     def init_state(self) -> Any: ...
     def abstract_state(self) -> Any: ...  # shapes to restore into
     def describe(self, state) -> str: ...  # one line: parameters, data, sizes
-    def train_epoch(self, state, epoch: int) -> tuple[Any, dict]: ...  # may raise TrainingDiverged
+    # may raise TrainingDiverged; a task with ``steps_within`` takes ``within=`` (Within)
+    def train_epoch(self, state, epoch: int) -> tuple[Any, dict]: ...
     def validate(self, state) -> dict: ...  # {score: None} when there is nothing to validate on
     def epoch_line(self, metrics: dict) -> str: ...
     def summarize(self, state, workdir: Path, history: list[dict]) -> tuple[dict, str]: ...
@@ -74,11 +92,12 @@ def run(
     workdir: str | Path,
     *,
     kind: str,
-    resume: bool = False,
+    resume: bool | str = False,
     progress: bool = True,
     callback: Callable | None = None,
     log: Callable = print,
     tensorboard: bool = True,
+    saving: Saving | None = None,
 ) -> tuple[Any, dict]:
     """Train a task epoch by epoch, with checkpoints, early stopping and a summary.
 
@@ -87,13 +106,15 @@ def run(
         metadata on resume (the task reuses e.g. its feature statistics), else ``None``.
       workdir: the run folder.
       kind: the task's kind (``"tft"``, ``"dqn"``): a resume of another kind is refused.
-      resume: continue the latest complete epoch checkpoint in ``workdir``.
+      resume: continue the checkpoint furthest along in ``workdir`` (an epoch's, or one
+        within the next epoch); ``"auto"``: that where one exists, else a fresh run.
       progress: show a progress bar.
       callback: ``(epoch, state, metrics, is_final)`` after each epoch's
         checkpoint (``state``: that epoch's; the final *checkpoint* holds the best).
       log: where lines go.
       tensorboard: write ``workdir/tensorboard`` (:mod:`tftjax.runner.tensorboard`): each
         epoch's numbers, the device's memory, the config, and at the end the plots.
+      saving: checkpoints within an epoch (:class:`~tftjax.runner.preemption.Saving`).
 
     Returns:
       ``(the best epoch's state, the summary)`` (the summary is also
@@ -102,30 +123,38 @@ def run(
     Raises:
       ConfigError: another run in ``workdir``, or a resume that does not match.
       TrainingDiverged: a NaN/inf loss (the last good checkpoint is kept).
+      Preempted: a signal, after the checkpoint it asked for (exit code 75 at the CLI).
     """
     workdir = Path(workdir)
+    saving = saving or Saving()
+    saving.check()
     saved = _saved_run(workdir, kind, resume)
     task = make_task(saved)
     if saved is not None:
         check_resume(saved, task, workdir / "checkpoints")
+    elif resume == "auto":
+        _check_run_record(workdir, task)
     # Nothing in the folder changes before this line.
     workdir.mkdir(parents=True, exist_ok=True)
     log(f"run folder: {workdir}")
-    book = _Book(task, workdir, saved, log, tensorboard)
-    try:
-        state = book.first_state(saved)
-        log(task.describe(state))
-        state = book.train(state, progress, callback)
-        best_state, final = book.finish(state)
-    except BaseException:
-        book.board.close()
-        raise
-    finally:  # an interrupted run still completes (or cleanly abandons) the saves started
-        book.checkpointer.close()
-    return best_state, book.summarize(best_state, final)
+    with SignalWatch() as watch:
+        book = _Book(task, workdir, saved, log, tensorboard, watch, saving)
+        try:
+            state = book.first_state(saved)
+            log(task.describe(state))
+            state = book.train(state, progress, callback)
+            best_state, final = book.finish(state)
+        except BaseException:
+            book.board.close()
+            raise
+        finally:  # an interrupted run still completes (or cleanly abandons) the saves started
+            with watch.saving():
+                book.checkpointer.close()
+        # a signal from here on is not acted on: the run ends as it would have
+        return best_state, book.summarize(best_state, final)
 
 
-def _saved_run(workdir: Path, kind: str, resume: bool) -> dict | None:
+def _saved_run(workdir: Path, kind: str, resume: bool | str) -> dict | None:
     """The latest checkpoint's metadata on ``resume``; None for a new run.
 
     Raises:
@@ -134,8 +163,11 @@ def _saved_run(workdir: Path, kind: str, resume: bool) -> dict | None:
     ckpt_dir = workdir / "checkpoints"
     if workdir.exists() and not workdir.is_dir():
         raise ConfigError(f"--workdir {workdir} is a file, not a folder")
-    if resume:
+    if wants_checkpoint(resume, ckpt_dir):
         return latest_meta(ckpt_dir, kind)
+    if resume == "auto":
+        check_fresh_folder(workdir)
+        return None
     if list_checkpoints(ckpt_dir):
         raise ConfigError(
             f"{ckpt_dir} already holds checkpoints "
@@ -145,23 +177,61 @@ def _saved_run(workdir: Path, kind: str, resume: bool) -> dict | None:
     return None
 
 
+def _check_run_record(workdir: Path, task: Task) -> None:
+    """``--resume auto`` starting afresh where a run was killed before its first checkpoint:
+    that run's settings (``run.json``) must be this one's, as a resume's must."""
+    path = workdir / RUN_RECORD
+    if not path.exists():
+        return
+    record = json.loads(path.read_text())
+    identity = record.get("identity", {})
+    normalize = getattr(task, "normalize_identity", None)
+    if normalize is not None:
+        identity = normalize(identity)
+    diff = (
+        [f"kind: {record.get('kind')!r}, now {task.kind!r}"]
+        if record.get("kind") != task.kind
+        else []
+    )
+    diff += identity_diff(identity, task.identity(), task.may_change)
+    if diff:
+        raise ConfigError(
+            f"--resume auto: {workdir} holds a run started with other data or settings "
+            f"(killed before its first checkpoint): {'; '.join(diff)}; give another --workdir"
+        )
+
+
 class _Book:
     """One run's books: the loop's counters (``loop``, saved in every checkpoint's metadata),
-    the metrics history, the checkpointer and the TensorBoard log."""
+    the metrics history, the checkpointer, the TensorBoard log, and the signals watched."""
 
     def __init__(
-        self, task: Task, workdir: Path, saved: dict | None, log: Callable, tensorboard: bool
+        self,
+        task: Task,
+        workdir: Path,
+        saved: dict | None,
+        log: Callable,
+        tensorboard: bool,
+        watch: SignalWatch,
+        saving: Saving,
     ):
         self.task, self.workdir, self.log = task, workdir, log
+        self.watch, self.saving, self.schedule = watch, saving, SaveSchedule(saving)
         self.ckpt_dir = workdir / "checkpoints"
         self.loop = _start_loop(saved, task, log)
         self.start = self.loop["epoch"]
+        # a resume within an epoch: where that epoch stands (its steps done, its sums)
+        self.resume_within = saved.get("within") if saved is not None else None
         self.metrics_path = workdir / "metrics.jsonl"
         self.history = read_history(self.metrics_path, upto=self.start) if saved is not None else []
         self.primary = _is_primary()  # the one process of a multi-host run that writes files
+        self.identity = task.identity()
         if self.primary:
             self.metrics_path.write_text("".join(json.dumps(h) + "\n" for h in self.history))
-        self.identity = task.identity()
+            (workdir / "partial.json").unlink(missing_ok=True)
+            if saved is None:  # what --resume auto compares before the first checkpoint
+                record = {"kind": task.kind, "identity": self.identity}
+                (workdir / RUN_RECORD).write_text(json.dumps(record, indent=1))
         self.checkpointer = EpochCheckpointer(self.ckpt_dir, task.kind)
         self.board = Board(workdir / LOGDIR if self.primary and tensorboard else None)
         self.board.config(self.identity)
@@ -190,13 +260,25 @@ class _Book:
         task = self.task
         if saved is not None:
             restore = getattr(task, "restore", None)  # a task that restores its own way
+            if self.resume_within is not None:
+                within = self.resume_within
+                state = self.checkpointer.restore_within(
+                    within["global_step"], task.abstract_state()
+                )
+                self.log(
+                    f"resuming from {saved['path']} (step {within['step']} of epoch "
+                    f"{within['epoch']}; step {within['global_step']} of the run)"
+                )
+                return state
             state = (
                 restore(self.checkpointer, self.start)
                 if restore is not None
                 else self.checkpointer.restore(self.start, task.abstract_state())
             )
+            steps = f" (step {self.loop['steps']} of the run)" if "steps" in self.loop else ""
             self.log(
-                f"resuming from {self.ckpt_dir / checkpoint_name(task.kind, self.start, False)}"
+                "resuming from "
+                f"{self.ckpt_dir / checkpoint_name(task.kind, self.start, False)}{steps}"
             )
             return state
         state = task.init_state()
@@ -223,16 +305,74 @@ class _Book:
                     callback(epoch, state, self.history[-1], stop or epoch == task.epochs)
                 if bar is not None:
                     bar.update(1)
+                if epoch < task.epochs and not stop and self._stop_at_epoch_end(epoch):
+                    with self.watch.saving():
+                        self.checkpointer.manager.wait_until_finished()
+                    self.preempted(
+                        self.ckpt_dir / checkpoint_name(task.kind, epoch, False),
+                        f"epoch {epoch}",
+                    )
         finally:
             if bar is not None:
                 bar.close()
         return state
 
+    def _stop_at_epoch_end(self, epoch: int) -> bool:
+        """A signal honoured at an epoch's end: its checkpoint is the save. On several
+        processes, a task without steps within (the DQN) asks the sync point by epoch."""
+        if self.watch.multi:
+            return not getattr(self.task, "steps_within", False) and self.watch.should_stop(epoch)
+        return self.watch.received is not None
+
+    def global_step(self, steps_in_epoch: int) -> int:
+        """The run's optimizer steps after ``steps_in_epoch`` steps of the epoch in flight."""
+        return self.loop.get("steps", 0) + steps_in_epoch
+
+    def after_step(self, state, epoch: int, steps: int, sums: Callable[[], dict]) -> None:
+        """What a task calls after each step of an epoch (``steps``: the epoch's steps done,
+        ``sums``: the epoch's running sums, read only for a save): a checkpoint when one is
+        due or a signal asks for it, then for a signal :class:`Preempted`."""
+        g = self.global_step(steps)
+        stop = self.watch.should_stop(g)
+        if not (stop or self.schedule.due(g)):
+            return
+        within = {"epoch": epoch, "step": steps, "global_step": g, **sums()}
+        meta = {**self.meta({}, False, self.loop["best_epoch"]), "within": within}
+        with self.watch.saving():
+            path = self.checkpointer.save_within(g, state, meta, keep=self.saving.keep, wait=stop)
+        self.schedule.saved()
+        if stop:
+            self.preempted(path, f"step {steps} of epoch {epoch}", within)
+
+    def preempted(self, path: Path, where: str, within: dict | None = None) -> None:
+        """The metrics so far (``partial.json``: where the run stopped, and the epoch in
+        flight's running loss), the TensorBoard log closed, then :class:`Preempted`."""
+        import datetime
+
+        signal_name = self.watch.received or "SIGTERM"
+        if self.primary:
+            record = {
+                "signal": signal_name,
+                "stopped_after": where,
+                "checkpoint": str(path),
+                "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "epochs_done": self.loop["epoch"] if within is None else within["epoch"] - 1,
+            }
+            if within is not None:
+                record["epoch_in_flight"] = within
+            (self.workdir / "partial.json").write_text(json.dumps(record, indent=1))
+        self.board.close()
+        raise Preempted(f"{signal_name}: saved after {where} in {path}; resume with --resume auto")
+
     def epoch(self, state, epoch: int, say: Callable):
         """Train, validate, rank, record and checkpoint one epoch: ``(state, stop)``."""
         task, loop = self.task, self.loop
+        kw = {}
+        if getattr(task, "steps_within", False):
+            resumed = self.resume_within if epoch == self.start + 1 else None
+            kw["within"] = Within(self, epoch, resumed)
         try:
-            state, train_m = task.train_epoch(state, epoch)
+            state, train_m = task.train_epoch(state, epoch, **kw)
         except TrainingDiverged as e:
             raise TrainingDiverged(
                 f"{e}; stopped without saving epoch {epoch} (last good "
@@ -260,7 +400,9 @@ class _Book:
             and loop["bad_epochs"] >= task.patience
             and getattr(task, "may_stop", lambda e, m: True)(epoch, metrics)
         )
-        loop.update(epoch=epoch, stopped_early=stop)
+        loop.update(
+            epoch=epoch, stopped_early=stop, steps=self.global_step(train_m.get("steps", 0))
+        )
         self.record(metrics)
         self.board.epoch(epoch, metrics, memory_stats())
         say(
@@ -334,6 +476,24 @@ class _Book:
         self.log(f"weights of epoch {loop['best_epoch']} (best {task.score}) from {final}")
         self.log(text)
         return summary
+
+
+class Within:
+    """What a task with ``steps_within`` is given for one epoch: where a resumed epoch
+    starts (``first``: the steps done before, ``sums``: its running sums then) and
+    :meth:`after`, called after each step."""
+
+    def __init__(self, book: _Book, epoch: int, resumed: dict | None):
+        self.book, self.epoch = book, epoch
+        self.first = resumed["step"] if resumed is not None else 0
+        self.sums = (
+            {k: v for k, v in resumed.items() if k not in ("epoch", "step", "global_step")}
+            if resumed is not None
+            else None
+        )
+
+    def after(self, state, steps: int, sums: Callable[[], dict]) -> None:
+        self.book.after_step(state, self.epoch, steps, sums)
 
 
 def _start_loop(saved: dict | None, task: Task, log: Callable) -> dict:

@@ -6,9 +6,49 @@ from __future__ import annotations
 from pathlib import Path
 
 from tftjax.errors import ConfigError
-from tftjax.runner.checkpoints import checkpoint_name, epoch_checkpoints, read_meta
+from tftjax.runner.checkpoints import (
+    checkpoint_name,
+    epoch_checkpoints,
+    list_checkpoints,
+    read_meta,
+    step_checkpoints,
+    step_name,
+)
 
 KINDS = ("tft", "dqn")
+
+RUN_RECORD = "run.json"
+"""Written when a run starts (its kind and identity): ``--resume auto`` knows a folder a
+run was killed in before its first checkpoint, and what that run was."""
+RUN_FILES = frozenset({"checkpoints", "metrics.jsonl", "tensorboard", RUN_RECORD, "partial.json"})
+"""What a run writes before its first checkpoint: a folder of nothing else (or nothing) is
+one ``--resume auto`` may start afresh in."""
+
+
+def wants_checkpoint(resume, ckpt_dir: str | Path) -> bool:
+    """Whether a run continues a checkpoint: ``--resume`` (True) always, ``--resume auto``
+    where ``ckpt_dir`` holds one (of any kind: another kind's is refused by name later)."""
+    if resume == "auto":
+        return bool(list_checkpoints(ckpt_dir))
+    return bool(resume)
+
+
+def check_fresh_folder(workdir: Path) -> None:
+    """``--resume auto`` with no checkpoint: the folder must hold nothing but a run's own
+    partial files (:data:`RUN_FILES`) or nothing at all.
+
+    Raises:
+      ConfigError: naming the files that are not a run's.
+    """
+    if not workdir.is_dir():
+        return
+    foreign = sorted(p.name for p in workdir.iterdir() if p.name not in RUN_FILES)
+    if foreign:
+        raise ConfigError(
+            f"--resume auto: {workdir} holds no checkpoint and files that are not a run's "
+            f"({', '.join(foreign[:4])}{', …' if len(foreign) > 4 else ''}); give a new or "
+            "empty --workdir"
+        )
 
 
 def identity_diff(saved: dict, now: dict, may_change=(), prefix: str = "") -> list[str]:
@@ -100,7 +140,9 @@ def _data(d: dict) -> str:
 
 
 def latest_meta(ckpt_dir: str | Path, kind: str | None = None) -> dict:
-    """The metadata of the latest complete epoch checkpoint in ``ckpt_dir``.
+    """The metadata of the checkpoint furthest along in ``ckpt_dir``: the latest complete
+    epoch checkpoint, or a later step checkpoint within the next epoch (its meta's
+    ``within`` says where the epoch stands, and ``path`` where it lies).
 
     Raises:
       ConfigError: there is none (``--resume`` into an empty or mistyped folder), it is
@@ -108,16 +150,28 @@ def latest_meta(ckpt_dir: str | Path, kind: str | None = None) -> dict:
     """
     ckpt_dir = Path(ckpt_dir)
     epochs = {k: epoch_checkpoints(ckpt_dir, k) for k in KINDS}
-    found, latest = max(epochs.items(), key=lambda kv: kv[1][-1] if kv[1] else -1)
-    if not latest:
+    steps = {k: step_checkpoints(ckpt_dir, k) for k in KINDS}
+    found = max(KINDS, key=lambda k: (bool(epochs[k] or steps[k]), epochs[k][-1:], steps[k][-1:]))
+    if not (epochs[found] or steps[found]):
         raise ConfigError(
             f"--resume: no checkpoint to resume in {ckpt_dir}"
             + (" (no such folder)" if not ckpt_dir.exists() else "")
-            + "; drop --resume to start a new run"
+            + "; drop --resume to start a new run (--resume auto starts one where none is)"
         )
     if kind is not None and found != kind:
         raise ConfigError(f"--resume: {ckpt_dir} holds {found} checkpoints, not {kind}")
-    path = ckpt_dir / checkpoint_name(found, latest[-1], False)
+    meta = None
+    if epochs[found]:
+        meta = _meta(ckpt_dir / checkpoint_name(found, epochs[found][-1], False))
+    if steps[found]:  # a step checkpoint of an epoch after the latest epoch checkpoint's
+        within = _meta(ckpt_dir / step_name(found, steps[found][-1]))
+        if meta is None or within["within"]["epoch"] > meta["loop"]["epoch"]:
+            meta = within
+    assert meta is not None
+    return meta
+
+
+def _meta(path: Path) -> dict:
     try:
         meta = read_meta(path)
     except Exception as e:  # Orbax raises several types for a damaged checkpoint
@@ -127,4 +181,4 @@ def latest_meta(ckpt_dir: str | Path, kind: str | None = None) -> dict:
             f"--resume: {path} was written by an older tftjax (no data identity "
             "in its metadata); train another --workdir"
         )
-    return meta
+    return {**meta, "path": str(path)}

@@ -155,19 +155,20 @@ def say_overlap(parent: dict, ds: Dataset, log: Callable) -> None:
 
 def run_settings(parsed, opts, workdir) -> tuple[TFTConfig, TrainConfig] | None:
     """The settings ``python -m tftjax.train`` starts from before its flags: on ``--resume``
-    the checkpoint's (a ``--preset`` given sets the model, so that a different one is
+    (``--resume auto`` where a checkpoint is) the checkpoint's (a ``--preset`` given sets the model, so that a different one is
     refused); with ``--init-from`` and no ``--preset``, the parent's; else None (the
     preset's).
 
     Raises:
       ConfigError: no such parent, or not a TFT's.
     """
+    from tftjax.cli.options import resume_mode
     from tftjax.config import get_preset
-    from tftjax.runner.resume import latest_meta
+    from tftjax.runner.resume import latest_meta, wants_checkpoint
     from tftjax.training.restore import open_checkpoint
 
     preset = parsed.given_flag("options", "preset")
-    if opts.resume:
+    if wants_checkpoint(resume_mode(opts.resume), workdir / "checkpoints"):
         meta = latest_meta(workdir / "checkpoints", "tft")
         model = TFTConfig.from_json(meta["identity"]["model"])
         model = get_preset(opts.preset).model if preset else model

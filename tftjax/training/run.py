@@ -9,6 +9,7 @@ from typing import Any
 from tftjax.config import NUM_HISTORICAL, NUM_KNOWN, NUM_STATIC, ConfigError, TFTConfig, TrainConfig
 from tftjax.data import Dataset, find_data_files, load_dataset, saved_featurisation
 from tftjax.runner import loop as runloop
+from tftjax.runner.preemption import Saving
 from tftjax.training.anchoring import resolve_anchor
 from tftjax.training.finetune import lineage, on_new_bars
 from tftjax.training.restore import initial_weights
@@ -31,13 +32,13 @@ def model_inputs(cfg: TFTConfig, ds: Dataset) -> TFTConfig:
     )
 
 
-def train_and_evaluate(
+def train_and_evaluate(  # noqa: PLR0913 - the run's options, each a flag of train
     cfg: TFTConfig,
     tc: TrainConfig,
     workdir: str | Path,
     data: str | Path | list | Dataset | None = None,
     *,
-    resume: bool = False,
+    resume: bool | str = False,
     progress: bool = True,
     profile_dir: str | None = None,
     callback: Callable | None = None,
@@ -45,6 +46,7 @@ def train_and_evaluate(
     par=None,
     plots: bool = True,
     tensorboard: bool = True,
+    saving: Saving | None = None,
 ) -> tuple[Any, dict]:
     """Train, validate every epoch, checkpoint, and evaluate the best epoch on the test split.
 
@@ -55,14 +57,17 @@ def train_and_evaluate(
         default: the bundled ES bars; on resume, the files the run was trained on, found
         again by their content hashes), or a prepared :class:`~tftjax.data.Dataset` (a
         walk-forward fold's, a search's).
-      resume: continue the latest checkpoint in ``workdir`` (data, model and
-        training config must match it; only ``tc.epochs`` may grow).
+      resume: continue the checkpoint furthest along in ``workdir`` (data, model and
+        training config must match it; only ``tc.epochs`` may grow); ``"auto"``: that where
+        one exists, else a fresh run (:func:`tftjax.runner.loop.run`).
       progress: a per-epoch progress bar; profile_dir: a ``jax.profiler``
         trace of steps 2-6 of epoch 1.
       callback: ``(epoch, state, metrics, is_final)`` after each epoch.
       plots: draw the loss curves, quantile fans and variable importance (off for the
         walk-forward's and the tuner's many runs).
       tensorboard: write ``workdir/tensorboard`` (:mod:`tftjax.runner.tensorboard`).
+      saving: checkpoints within an epoch (:class:`tftjax.runner.preemption.Saving`); a
+        signal saves and raises :class:`~tftjax.runner.preemption.Preempted` whatever it is.
       par: the device mesh (:func:`tftjax.runner.mesh.make_parallel`; default: every local
         device, features replicated).
 
@@ -132,6 +137,7 @@ def train_and_evaluate(
         callback=callback,
         log=log,
         tensorboard=tensorboard,
+        saving=saving,
     )
 
 

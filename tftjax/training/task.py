@@ -16,13 +16,13 @@ import numpy as np
 from tftjax.config import ConfigError, TFTConfig, TrainConfig
 from tftjax.data import Dataset
 from tftjax.data.calendar import format_interval
-from tftjax.errors import TrainingDiverged
 from tftjax.models.compute import grn_kernel
 from tftjax.models.remat import is_gpu
 from tftjax.models.remat import plan as remat_plan
 from tftjax.models.tft import init_variables
 from tftjax.quant.tree import QUANT_FORMAT, layer_names, unmatched
 from tftjax.runner.mesh import is_primary, make_parallel
+from tftjax.training.epoch import RunningSums, StepTrace
 from tftjax.training.evaluation import format_summary, summarize
 from tftjax.training.optimizer import learning_rate
 from tftjax.training.restore import OLD_QAT, Initial, quant_format, restore_without_observers
@@ -34,6 +34,7 @@ class TFTTask:
     """The TFT for :func:`tftjax.runner.loop.run`: an epoch of jitted steps, validation, summary."""
 
     kind, score, mode, epoch_bar = "tft", "val_loss", "min", False
+    steps_within = True  # checkpoints within an epoch; a resume continues its batch order
     may_change = ("train.epochs", "train.accumulate", "model.execution")
 
     def __init__(
@@ -242,7 +243,7 @@ class TFTTask:
             )
         )
 
-    def train_epoch(self, state: TrainState, epoch: int):
+    def train_epoch(self, state: TrainState, epoch: int, within=None):
         """One pass over the training windows.
 
         The host reads the running loss of step ``i-1`` right after dispatching
@@ -250,66 +251,44 @@ class TFTTask:
         loss is checked for NaN/inf (a diverged run stops within its epoch), and
         the samples/s shown are of *completed* steps. The first step of the
         process includes the compile, timed apart.
+
+        ``within`` (:class:`tftjax.runner.loop.Within`): a resumed epoch starts after its
+        ``first`` steps, from the running sums saved then (the batch order is a function of
+        the seed and the epoch, the dropout masks of the step: the same steps follow), and
+        ``within.after`` is called after every step (a save, a signal).
         """
         data_epoch, part = divmod(epoch - 1, self.checks)
         idx = np.array_split(
             epoch_indices(self.tc, self.ds.splits.train, data_epoch + 1), self.checks
         )[part]  # this check's share of the data epoch
-        valid = (idx >= 0).sum(axis=1)
-        bar = self._bar(len(idx), epoch)
-        profiling = False
-        loss_sum, grad_norm, pending = jnp.zeros(()), jnp.zeros(()), None
-        t0, compile_s, done = time.perf_counter(), None, 0
-
-        def settle(i, running_loss):  # waits for step i; checks and shows it
-            nonlocal done
-            loss = float(running_loss)
-            done += int(valid[i])
-            if not np.isfinite(loss):
-                raise TrainingDiverged(
-                    f"training loss became {loss} at step {i + 1} of epoch {epoch}"
-                )
-            if bar is not None:
-                rate = done / max(time.perf_counter() - t0, 1e-9)
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{loss / max(valid[: i + 1].sum(), 1):.4f}", samples_s=f"{rate:.1f}"
-                )
-            return loss
-
+        first = within.first if within is not None else 0
+        books = RunningSums(epoch, idx, self._bar(len(idx), epoch), within)
+        profile = StepTrace(self.profile_dir if epoch == 1 else None, len(idx))
+        t0, compile_s = time.perf_counter(), None
         try:
-            for i, b in enumerate(idx):
-                if self.profile_dir and epoch == 1 and i == 1:
-                    jax.profiler.start_trace(self.profile_dir)
-                    profiling = True
+            for i, b in enumerate(idx[first:], start=first):
+                profile.before(i)
                 state, m = self.trainer.train_step(state, b, self.dropout_key)
                 if not self.compiled:  # the call returns once compiled and dispatched
                     compile_s, self.compiled = time.perf_counter() - t0, True
-                    t0 = time.perf_counter()
-                loss_sum = loss_sum + m["loss"] * m["count"]
-                grad_norm = grad_norm + m["grad_norm"]
-                if pending is not None:
-                    settle(*pending)
-                pending = (i, loss_sum)
-                if profiling and i == min(5, len(idx) - 1):
-                    jax.block_until_ready(state)
-                    jax.profiler.stop_trace()
-                    profiling = False
-            assert pending is not None, "an epoch of no steps"
-            total = settle(*pending)
+                    t0 = books.t0 = time.perf_counter()
+                books.add(i, m)
+                if within is not None:
+                    within.after(state, i + 1, books.sums)
+                profile.after(i, state)
+            total = books.settle_last()
         finally:
-            if profiling:
-                jax.profiler.stop_trace()
-            if bar is not None:
-                bar.close()
+            profile.stop()
+            books.close()
         elapsed = time.perf_counter() - t0
+        valid = books.valid
         out = {
             "train_loss": total / max(int(valid.sum()), 1),
             "data_epoch": epoch / self.checks,
-            "samples_per_s": int(valid.sum()) / elapsed,
+            "samples_per_s": int(valid[first:].sum()) / elapsed,  # this process's steps
             "epoch_time_s": elapsed,
             "steps": int(len(idx)),
-            "grad_norm": float(grad_norm) / max(len(idx), 1),
+            "grad_norm": float(books.grad_norm) / max(len(idx), 1),
             "learning_rate": learning_rate(
                 self.tc,
                 self.total_steps,  # members share it
