@@ -340,6 +340,10 @@ class _Book:
         meta = {**self.meta({}, False, self.loop["best_epoch"]), "within": within}
         with self.watch.saving():
             path = self.checkpointer.save_within(g, state, meta, keep=self.saving.keep, wait=stop)
+            if not stop and not self.watch.multi and self.watch.received is not None:
+                # a signal during a scheduled save: that save is the one the run stops with
+                self.checkpointer.within.wait_until_finished()  # type: ignore[union-attr]
+                stop = True
         self.schedule.saved()
         if stop:
             self.preempted(path, f"step {steps} of epoch {epoch}", within)

@@ -10,8 +10,9 @@ metrics so far are written, and the process ends with :data:`EXIT_SAVED`.
 
 * A repeated SIGTERM or SIGUSR1 changes nothing (schedulers may send several); a second
   Ctrl-C before the save starts aborts at once (:class:`KeyboardInterrupt`: the previous
-  checkpoint stays the one that resumes); any signal during the save is ignored, so a save
-  is never cut by one (a SIGKILL can cut it: Orbax writes into a temporary folder renamed on
+  checkpoint stays the one that resumes); a signal during a save never cuts it: a save the
+  signal did not ask for (``--save-every-steps``) runs to its end and becomes the one the
+  run stops with (a SIGKILL can cut a save: Orbax writes into a temporary folder renamed on
   commit, and the previous checkpoint stays the one that resumes).
 * On several processes every process must save the same step: the decision is JAX's
   preemption sync point (:func:`jax.experimental.multihost_utils.reached_preemption_sync_point`,
@@ -93,8 +94,8 @@ class SignalWatch:
     thread; elsewhere nothing is installed and no signal is seen), then the previous
     handlers back.
 
-    ``received``: the first signal's name, or None. ``saving()``: a block during which
-    every signal is ignored."""
+    ``received``: the first signal's name, or None. ``saving()``: a block no signal
+    interrupts (one that comes is recorded, and honoured after it)."""
 
     def __init__(self, multi_process: bool | None = None):
         if multi_process is None:
@@ -123,14 +124,12 @@ class SignalWatch:
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
-        if self._saving:
-            return
-        if self.received == "SIGINT" and name == "SIGINT":
-            raise KeyboardInterrupt  # a second Ctrl-C before the save: stop now
-        if self.received is None:
+        if self.received is None:  # honoured at the next step boundary, or after a save
             self.received = name
-        if self.multi:  # the preemption service decides the step every process saves
-            os.kill(os.getpid(), signal.SIGTERM)
+            if self.multi:  # the preemption service decides the step every process saves
+                os.kill(os.getpid(), signal.SIGTERM)
+        elif name == "SIGINT" == self.received and not self._saving:
+            raise KeyboardInterrupt  # a second Ctrl-C before the save: stop now
 
     def should_stop(self, global_step: int) -> bool:
         """Whether to save and stop after ``global_step`` (every process at the same step)."""
@@ -141,7 +140,7 @@ class SignalWatch:
         return self.received is not None
 
     def saving(self):
-        """A context in which signals are ignored (the save runs to its end)."""
+        """A context no signal interrupts (the save runs to its end)."""
         watch = self
 
         class _Saving:
