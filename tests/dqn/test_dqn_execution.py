@@ -357,27 +357,11 @@ def test_seeds_in_one_program_equal_separate_runs(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def early_tft(tmp_path_factory):
-    """A tiny TFT trained (one short epoch) on the first 700 ES bars: its data ends long
+def early_tft(predict_run):
+    """A tiny TFT trained (one short epoch) on the first 700 ES bars, its run folder and its
+    bars: conftest.predict_run (runloop_base's, built once per worker). Its data ends long
     before the validation split of a DQN on the whole ES file."""
-    from conftest import short_es
-
-    from tftjax.config import TrainConfig, preset
-    from tftjax.data import load_dataset
-    from tftjax.training import train_and_evaluate
-
-    run_dir = tmp_path_factory.mktemp("tft") / "tft"
-    # the tiny CLI runs' settings (test_loop.TINY_TFT): their compiled steps are reused
-    cfg = preset("tiny", remat="off")
-    train_and_evaluate(
-        cfg,
-        TrainConfig(epochs=1, batch_size=32, max_steps_per_epoch=3, patience=0),
-        run_dir,
-        data=load_dataset(short_es(), cfg.data),
-        plots=False,
-        **quiet,
-    )
-    return run_dir, short_es()
+    return predict_run / "run", str(predict_run / "bars.parquet")
 
 
 @pytest.mark.slow

@@ -99,11 +99,12 @@ def test_tier_gradients_equal_off_for_every_leaf(tier, inputs, reference):
         assert np.abs(g - g_ref).max() <= max(1e-5 * scale, floor), f"{tier}: {name}"
 
 
-@pytest.mark.slow
+@pytest.mark.gpu  # on CPU the default is float32's full precision: test_tier_gradients' own
 @pytest.mark.xdist_group("remat_reference")
 def test_tier_gradients_at_the_default_matmul_precision(inputs, reference):
     # the backend's default (TF32 on NVIDIA GPUs): the float32 tolerance scaled by the
-    # mantissa bits the default gives up (conftest.matmul_mantissa_bits)
+    # mantissa bits the default gives up (conftest.matmul_mantissa_bits); run by the GPU
+    # check's tests row (experiments/gpu_check.py)
     from conftest import matmul_mantissa_bits
 
     params, ref_loss, ref_grads = reference

@@ -208,20 +208,22 @@ def test_observers_follow_the_moving_average_and_freeze(model):
     params = {"params": v["params"]}
     stats = init_variables(cfg, jax.random.key(1))["quant_stats"]
     history, lo, hi = [], None, None
+    # independent reference: the quantile head's input is the output gate's output, captured
+    # in the same forward pass; PyTorch's moving average written out (one compile: the
+    # function is made once, outside the loop)
+    step = jax.jit(
+        lambda v, x: observed(
+            TFT(cfg),
+            quant_spec(cfg),
+            v,
+            *x[:3],
+            capture_intermediates=True,
+            mutable=["intermediates"],
+        )
+    )
     for seed in (10, 11, 12):
         x = inputs(cfg, seed)
-        # independent reference: the quantile head's input is the output gate's output,
-        # captured in the same forward pass; PyTorch's moving average written out
-        _, stats, upd = jax.jit(
-            lambda v, x: observed(
-                TFT(cfg),
-                quant_spec(cfg),
-                v,
-                *x[:3],
-                capture_intermediates=True,
-                mutable=["intermediates"],
-            )
-        )({**params, "quant_stats": stats}, x)
+        _, stats, upd = step({**params, "quant_stats": stats}, x)
         head_in = np.asarray(upd["intermediates"]["output_gate"]["__call__"][0])
         if len(history) < 2:
             lo = head_in.min() if lo is None else lo + 0.01 * (head_in.min() - lo)
@@ -496,7 +498,9 @@ def test_qat_resume_equals_the_uninterrupted_run(qat_run, tmp_path):
 @RUN
 def test_init_from_a_float_run_and_ptq(qat_run, tmp_path, capsys):
     flt = tmp_path / "float"
-    with xla_optimised(False):  # a float run: the suite's other tiny runs compile these steps
+    # a float run at the suite's own compile and precision (this module's fixture sets
+    # "highest"): the suite's other tiny runs compile these steps
+    with xla_optimised(False), jax.default_matmul_precision(None):
         assert call(train_cli.main, *tiny_tft("--epochs", "1", "--workdir", flt)) == 0
     capsys.readouterr()
     assert call(evaluate_cli.main, "--checkpoint", flt, "--int8", "--calibrate", "2") == 0

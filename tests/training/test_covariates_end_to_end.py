@@ -104,7 +104,16 @@ def test_the_panel_trains_forecasts_exports_and_walks_forward(tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     record = json.loads((bt / "backtest.json").read_text())
     assert len(record["folds"]) == 2
+    flow = []
     for k in (1, 2):  # each fold fitted its own schema on its own training rows
         ck = next((bt / f"fold_{k}" / "checkpoints").glob("tft_final_epoch*"))
-        cov = read_meta(ck)["covariates"]
+        meta = read_meta(ck)
+        cov = meta["covariates"]
         assert [c["levels"] for c in cov if c["name"] == "event"] == [["none", "opex", "qend"]]
+        flow.append({s["name"]: s["feature_stats"]["covariates"] for s in meta["series"]})
+    # the levels are the whole file's too; the observed real's statistics tell the fits
+    # apart: fold 2 trains on more rows, so every series' mean and scale of flow move
+    for name, fit in flow[0].items():
+        later = flow[1][name]
+        assert fit["mean"]["flow"] != later["mean"]["flow"], name
+        assert fit["std"]["flow"] != later["std"]["flow"], name

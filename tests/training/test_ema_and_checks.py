@@ -108,9 +108,11 @@ def test_checks_inside_an_epoch_split_its_batches(tmp_path):
             short_es(),
             "--workdir",
             run,
+            "--no-tensorboard",
         )
         == 0
     )
+    assert not (run / "tensorboard").exists()  # --no-tensorboard writes none
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5, 6]  # 3 checks a data epoch
     assert [r["steps"] for r in rows] == [3, 2, 2, 3, 2, 2]  # 7 steps split in 3
