@@ -281,3 +281,57 @@ def test_which_environments_start_jax_distributed(monkeypatch):
     monkeypatch.delenv("SLURM_STEP_NUM_TASKS")
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "node0:1234")
     assert parallel.wants_distributed()
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_two_processes_save_the_same_step_on_a_signal_to_one(tmp_path):
+    """jax.distributed over localhost: SIGTERM to process 0 alone stops both at one step
+    (JAX's preemption sync point), both exit 75 after saving it, and ``--resume auto`` on
+    both ends the run."""
+    import signal
+    import time
+
+    from conftest import short_es
+
+    from tftjax.runner.checkpoints import list_checkpoints, step_checkpoints
+    from tftjax.runner.preemption import EXIT_SAVED
+
+    wd = tmp_path / "multi"
+    args = [
+        *("--preset", "tiny", "--remat", "off", "--epochs", "2", "--batch-size", "32"),
+        *("--max-steps-per-epoch", "8", "--no-progress", "--no-plots", "--no-tensorboard"),
+        *("--parquet-file", short_es(), "--workdir", str(wd), "--resume", "auto"),
+    ]
+
+    def start():
+        port = free_port()
+        return [
+            subprocess.Popen(
+                [sys.executable, "-m", "tftjax.train", *args, "--coordinator", f"localhost:{port}"]
+                + ["--num-processes", "2", "--process-id", str(i)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+                env=env(fast=True),
+            )
+            for i in range(2)
+        ]
+
+    procs = start()
+    deadline = time.monotonic() + 600
+    while "tft_epoch_1" not in list_checkpoints(wd / "checkpoints"):  # training in epoch 2
+        assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].stderr.read()
+        time.sleep(0.05)
+    procs[0].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=600) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert codes == [EXIT_SAVED, EXIT_SAVED], [o[1][-2000:] for o in outs]
+    (saved,) = step_checkpoints(wd / "checkpoints", "tft")  # one step, saved by both
+    assert 8 < saved < 16 and "Traceback" not in outs[1][1]
+    procs = start()
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert f"(step {saved - 8} of epoch 2; step {saved} of the run)" in outs[0][0]
+    assert "tft_final_epoch2" in list_checkpoints(wd / "checkpoints")
