@@ -208,3 +208,16 @@ def test_the_save_schedule_counts_steps_and_minutes():
     by_time.saved()
     now[0] = 59.0
     assert not by_time.due(3)
+
+
+def test_an_epoch_saved_after_its_last_step_resumes_to_its_end():
+    # a signal (or --save-every-steps) at an epoch's last step: the resumed epoch runs no
+    # step, and its books are the saved sums (a review found it failing an assertion)
+    from types import SimpleNamespace
+
+    from tftjax.training.epoch import RunningSums
+
+    idx = np.arange(6, dtype=np.int32).reshape(3, 2)
+    within = SimpleNamespace(first=3, sums={"loss_sum": 1.5, "grad_norm": 0.25})
+    books = RunningSums(2, idx, None, within)
+    assert books.settle_last() == 1.5 and books.sums() == {"loss_sum": 1.5, "grad_norm": 0.25}

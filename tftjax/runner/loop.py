@@ -150,8 +150,15 @@ def run(
         finally:  # an interrupted run still completes (or cleanly abandons) the saves started
             with watch.saving():
                 book.checkpointer.close()
-        # a signal from here on is not acted on: the run ends as it would have
-        return best_state, book.summarize(best_state, final)
+        # a signal from here on lets the run end as it would have; then it is reported (a
+        # walk-forward or a search must not start its next run)
+        summary = book.summarize(best_state, final)
+        if watch.received is not None and not watch.multi:
+            raise Preempted(
+                f"{watch.received}: the run ended and its summary is written ({workdir}); "
+                "rerun the same command with --resume auto (backtest, tune: --resume) to go on"
+            )
+        return best_state, summary
 
 
 def _saved_run(workdir: Path, kind: str, resume: bool | str) -> dict | None:
@@ -222,6 +229,8 @@ class _Book:
         self.start = self.loop["epoch"]
         # a resume within an epoch: where that epoch stands (its steps done, its sums)
         self.resume_within = saved.get("within") if saved is not None else None
+        if self.resume_within is not None and self.resume_within["epoch"] > task.epochs:
+            self.resume_within = None  # --epochs ends before it: its last epoch's weights
         self.metrics_path = workdir / "metrics.jsonl"
         self.history = read_history(self.metrics_path, upto=self.start) if saved is not None else []
         self.primary = _is_primary()  # the one process of a multi-host run that writes files
@@ -366,7 +375,10 @@ class _Book:
                 record["epoch_in_flight"] = within
             (self.workdir / "partial.json").write_text(json.dumps(record, indent=1))
         self.board.close()
-        raise Preempted(f"{signal_name}: saved after {where} in {path}; resume with --resume auto")
+        raise Preempted(
+            f"{signal_name}: saved after {where} in {path}; rerun the same command with "
+            "--resume auto (backtest, tune: --resume)"
+        )
 
     def epoch(self, state, epoch: int, say: Callable):
         """Train, validate, rank, record and checkpoint one epoch: ``(state, stop)``."""

@@ -68,6 +68,13 @@ class Saving:
             raise ConfigError(f"--save-every-minutes must be above 0, got {self.every_minutes}")
         if self.keep < 1:
             raise ConfigError(f"--keep must be at least 1, got {self.keep}")
+        import jax
+
+        if self.every_minutes is not None and jax.process_count() > 1:
+            raise ConfigError(
+                "--save-every-minutes reads each process's own clock: on several processes "
+                "they would save at different steps; give --save-every-steps"
+            )
 
 
 class SaveSchedule:
@@ -128,8 +135,9 @@ class SignalWatch:
             self.received = name
             if self.multi:  # the preemption service decides the step every process saves
                 os.kill(os.getpid(), signal.SIGTERM)
-        elif name == "SIGINT" == self.received and not self._saving:
-            raise KeyboardInterrupt  # a second Ctrl-C before the save: stop now
+        elif name == "SIGINT" == self.received and not self._saving and not self.multi:
+            raise KeyboardInterrupt  # a second Ctrl-C before the save: stop now (one process:
+            # on several, the others would wait for it at the sync point)
 
     def should_stop(self, global_step: int) -> bool:
         """Whether to save and stop after ``global_step`` (every process at the same step)."""

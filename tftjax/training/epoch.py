@@ -46,14 +46,18 @@ class RunningSums:
     def sums(self) -> dict:
         """The sums after the step dispatched last (waits for it): what a checkpoint within
         the epoch saves."""
-        loss = float(self.loss_sum)
-        if not np.isfinite(loss):
-            raise TrainingDiverged(f"training loss became {loss} in epoch {self.epoch}")
-        return {"loss_sum": loss, "grad_norm": float(self.grad_norm)}
+        loss, grad_norm = float(self.loss_sum), float(self.grad_norm)
+        if not (np.isfinite(loss) and np.isfinite(grad_norm)):  # never a diverged state saved
+            raise TrainingDiverged(
+                f"training loss became {loss} (gradient norm {grad_norm}) in epoch {self.epoch}"
+            )
+        return {"loss_sum": loss, "grad_norm": grad_norm}
 
     def settle_last(self) -> float:
-        """The last step settled: the epoch's loss sum."""
-        assert self.pending is not None, "an epoch of no steps"
+        """The last step settled: the epoch's loss sum (a resumed epoch saved after its last
+        step runs none: its restored sum)."""
+        if self.pending is None:
+            return float(self.loss_sum)
         return self._settle(*self.pending)
 
     def _settle(self, i: int, running_loss) -> float:
