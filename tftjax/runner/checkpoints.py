@@ -145,10 +145,16 @@ class EpochCheckpointer:
         """The state of step checkpoint ``step``."""
         return restore_state(self.directory / step_name(self.prefix, step), state_like)
 
-    def close(self) -> None:
+    def wait(self) -> None:
+        """Every save started (epoch and step checkpoints) committed."""
         for manager in (self.manager, self.within):
             if manager is not None:
                 manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.wait()
+        for manager in (self.manager, self.within):
+            if manager is not None:
                 manager.close()
 
 

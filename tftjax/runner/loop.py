@@ -316,7 +316,7 @@ class _Book:
                     bar.update(1)
                 if epoch < task.epochs and not stop and self._stop_at_epoch_end(epoch):
                     with self.watch.saving():
-                        self.checkpointer.manager.wait_until_finished()
+                        self.checkpointer.wait()
                     self.preempted(
                         self.ckpt_dir / checkpoint_name(task.kind, epoch, False),
                         f"epoch {epoch}",
@@ -351,7 +351,7 @@ class _Book:
             path = self.checkpointer.save_within(g, state, meta, keep=self.saving.keep, wait=stop)
             if not stop and not self.watch.multi and self.watch.received is not None:
                 # a signal during a scheduled save: that save is the one the run stops with
-                self.checkpointer.within.wait_until_finished()  # type: ignore[union-attr]
+                self.checkpointer.wait()
                 stop = True
         self.schedule.saved()
         if stop:
